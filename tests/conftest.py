@@ -1,0 +1,21 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("TGATTN_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def data_root():
+    """The shared data folder (``TGATTN_DATA`` or ``../shared/data``); skips when absent."""
+    if not DATA.is_dir():
+        pytest.skip(f"shared data folder not found at {DATA} (set TGATTN_DATA)")
+    return DATA

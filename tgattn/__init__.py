@@ -1,0 +1,11 @@
+"""tgattn: transformer self-attention as a PyTorch Geometric message-passing layer.
+
+Attention patterns (full, causal, window, ...) are edge sets built by :mod:`tgattn.builders`;
+:class:`GraphAttention` and :func:`tgattn.functional.graph_attention` attend along them and
+equal dense masked attention (:func:`tgattn.reference.dense_attention`).
+"""
+from . import builders, functional, reference
+from .layer import GraphAttention
+
+__version__ = "0.1.0"
+__all__ = ["GraphAttention", "builders", "functional", "reference", "__version__"]
