@@ -1,0 +1,22 @@
+"""Command line: ``python -m tgattn <command>``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tgattn", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    verify = commands.add_parser("verify", help="check graph attention against dense attention on every builder")
+    verify.add_argument("--backend", default="auto", help="attention backend to verify (default: auto)")
+    args = parser.parse_args(argv)
+    if args.command == "verify":
+        from .verify import main as verify_main
+
+        return verify_main(backend=args.backend)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
