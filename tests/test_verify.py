@@ -1,0 +1,36 @@
+"""The main job, `python -m tgattn verify`."""
+import subprocess
+import sys
+
+import torch
+
+from conftest import REPO
+from tgattn import verify
+
+
+def test_every_case_passes():
+    results = [verify.check(case) for case in verify.CASES]
+    assert all(r.passed for r in results), verify.format_table(results)
+    assert all(r.edges > 0 for r in results)
+
+
+def test_a_wrong_result_fails():
+    # The check must be able to fail: drop one edge inside graph_attention only.
+    def corrupt():
+        ei = verify.builders.causal(8)
+        return ei, 8, 8
+
+    case = verify.Case("corrupt", corrupt)
+    original = verify.graph_attention
+    try:
+        verify.graph_attention = lambda q, k, v, ei, **kw: original(q, k, v, ei[:, 1:], **kw)
+        assert not verify.check(case).passed
+    finally:
+        verify.graph_attention = original
+
+
+def test_command_line_prints_table_and_exit_code():
+    run = subprocess.run([sys.executable, "-m", "tgattn", "verify"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "causal(64)" in run.stdout and "FAIL" not in run.stdout
+    assert f"{len(verify.CASES)} passed, 0 failed" in run.stdout
