@@ -1,6 +1,7 @@
 """Attention rollout: how much each input token reaches each output token through the layers."""
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Sequence, Union
 
 import torch
@@ -63,7 +64,7 @@ def attention_rollout(
     if queries is None:
         result = matrices[0]
         for matrix in matrices[1:]:
-            result = torch.sparse.mm(matrix, result)  # [N, N]
+            result = _mm(matrix, result)  # [N, N]
         return result.coalesce()
     rows = torch.as_tensor(queries, dtype=torch.long).reshape(-1)  # [Q]
     if rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n):
@@ -77,5 +78,12 @@ def attention_rollout(
     )
     result = select
     for matrix in reversed(matrices):
-        result = torch.sparse.mm(result, matrix)  # [Q, N]
+        result = _mm(result, matrix)  # [Q, N]
     return result.coalesce()
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """Sparse @ sparse, without torch's note that it goes through (beta) CSR inside."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse.mm(a, b)
