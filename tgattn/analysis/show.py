@@ -1,0 +1,163 @@
+"""``python -m tgattn show``: draw who influences whom in a short text.
+
+Without ``--checkpoint`` the attention comes from seeded random projections (a stack of
+:class:`tgattn.GraphAttention` layers over word embeddings); with one, from a trained tiny
+GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import List, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import builders
+from ..layer import GraphAttention
+from .influence import top_influencers
+from .weights import Layer
+
+PATTERNS = ("full", "causal", "window", "causal_window")
+
+
+def pattern_edges(pattern: str, n: int, *, window: int = 2):
+    """The edge set named by ``--pattern`` for ``n`` tokens."""
+    if pattern == "full":
+        return builders.full(n)
+    if pattern == "causal":
+        return builders.causal(n)
+    if pattern == "window":
+        return builders.window(n, window)
+    if pattern == "causal_window":
+        return builders.window(n, window, causal=True)
+    raise ValueError(f"pattern must be one of {PATTERNS} (got {pattern!r})")
+
+
+def random_attention(
+    tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = 32, seed: int = 0
+) -> List[Layer]:
+    """Attention of ``layers`` random (seeded) GraphAttention layers with residuals over ``tokens``.
+
+    Equal tokens share a random embedding; a random position embedding tells them apart.
+    The global random state is left untouched.
+
+    Example:
+        >>> ei = builders.causal(4)
+        >>> att = random_attention("The sky is blue".split(), ei, layers=3)
+        >>> len(att), att[0][1].shape
+        (3, torch.Size([10, 2]))
+        >>> torch.equal(att[2][1], random_attention("The sky is blue".split(), ei, layers=3)[2][1])
+        True
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vocab = {token: number for number, token in enumerate(sorted(set(tokens)))}
+        embed = torch.randn(len(vocab), dim)  # [V, D]
+        position = 0.5 * torch.randn(len(tokens), dim)  # [T, D]
+        stack = [GraphAttention(dim, heads) for _ in range(layers)]
+    x = embed[torch.tensor([vocab[t] for t in tokens], dtype=torch.long)] + position  # [T, D]
+    attention = []
+    with torch.no_grad():
+        for layer in stack:
+            out, (ei, alpha) = layer(x, edge_index, return_attention_weights=True)
+            attention.append((ei, alpha))
+            x = F.layer_norm(x + out, (dim,))
+    return attention
+
+
+def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
+    """Characters of ``text`` and the attention of the tiny GPT saved at ``path``.
+
+    The checkpoint is a ``torch.save`` dict with ``"model"`` (state dict), ``"config"``
+    (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"`` (its characters in id
+    order); ``GPT.forward(idx, return_attention=True)`` returns ``(logits, attentions)``.
+    """
+    try:
+        from ..models import GPT, GPTConfig
+    except ImportError as error:
+        raise RuntimeError(
+            "--checkpoint needs the tiny GPT of tgattn.models, which this installation lacks "
+            f"({error}); run without --checkpoint to use random projections"
+        ) from None
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    missing = {"model", "config", "vocab"} - set(checkpoint)
+    if missing:
+        raise ValueError(f"{path} is not a tgattn GPT checkpoint: keys {sorted(missing)} are missing")
+    vocab = checkpoint["vocab"]
+    unknown = sorted(set(text) - set(vocab))
+    if unknown:
+        raise ValueError(f"characters {unknown} of --text are not in the checkpoint's vocabulary")
+    model = GPT(GPTConfig(**checkpoint["config"]))
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    idx = torch.tensor([[vocab.index(c) for c in text]], dtype=torch.long)  # [1, T]
+    with torch.no_grad():
+        _, attention = model(idx, return_attention=True)
+    return list(text), [(ei, alpha) for ei, alpha in attention]
+
+
+def show_figure(tokens: Sequence[str], attention: Sequence[Layer], *, query: int = -1, top_k: int = 5, title: str = ""):
+    """Four panels: heatmap and graph of the last layer, rollout and flow into ``query``."""
+    from matplotlib.figure import Figure
+
+    from .plots import plot_attention, plot_graph, plot_influencers
+
+    n = len(tokens)
+    query %= n
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    grid = fig.add_gridspec(2, 2)
+    last = len(attention)
+    plot_attention(*attention[-1], tokens=tokens, title=f"layer {last} attention (mean over heads)", ax=fig.add_subplot(grid[0, 0]))
+    plot_graph(*attention[-1], tokens=tokens, title=f"layer {last}: top-2 keys per query", ax=fig.add_subplot(grid[0, 1]))
+    for column, method in enumerate(("rollout", "flow")):
+        ranked = top_influencers(query, top_k, attention, method=method, num_nodes=n)
+        plot_influencers(
+            ranked,
+            tokens=tokens,
+            query=query,
+            method=method,
+            title=f"attention {method} into {tokens[query]!r} (#{query}) over {last} layers",
+            ax=fig.add_subplot(grid[1, column]),
+        )
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m tgattn show``."""
+    parser.add_argument("--text", default="The sky is blue", help="the text (words; characters with --checkpoint)")
+    parser.add_argument("--pattern", default="causal", choices=PATTERNS, help="edge set (default: causal)")
+    parser.add_argument("--window", type=int, default=2, help="radius w of the window patterns (default: 2)")
+    parser.add_argument("--layers", type=int, default=2, help="random layers (default: 2)")
+    parser.add_argument("--heads", type=int, default=2, help="heads per random layer (default: 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random projections (default: 0)")
+    parser.add_argument("--query", type=int, default=-1, help="token whose influencers are ranked (default: last)")
+    parser.add_argument("--top-k", type=int, default=5, help="influencers to show (default: 5)")
+    parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
+    parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``show`` with parsed arguments: write the picture, print the top influencers."""
+    if args.checkpoint:
+        tokens, attention = checkpoint_attention(args.checkpoint, args.text)
+        source = f"tiny GPT {args.checkpoint}"
+    else:
+        tokens = args.text.split()
+        if not tokens:
+            raise ValueError("--text has no words")
+        edge_index = pattern_edges(args.pattern, len(tokens), window=args.window)
+        attention = random_attention(tokens, edge_index, layers=args.layers, heads=args.heads, seed=args.seed)
+        source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
+    if not -len(tokens) <= args.query < len(tokens):
+        raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
+    fig = show_figure(tokens, attention, query=args.query, top_k=args.top_k, title=f"{args.text!r}: {source}")
+    fig.savefig(args.out, dpi=110)
+    query = args.query % len(tokens)
+    for method in ("rollout", "flow"):
+        ranked = top_influencers(query, args.top_k, attention, method=method, num_nodes=len(tokens))
+        pairs = ", ".join(f"{tokens[j]!r} {s:.3f}" for j, s in zip(ranked.index.tolist(), ranked.score.tolist()))
+        print(f"{method} into {tokens[query]!r}: {pairs}")
+    print(f"wrote {args.out}")
+    return 0
