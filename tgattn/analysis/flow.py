@@ -6,6 +6,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import networkx as nx
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from .weights import Head, Layer, as_layers, count_nodes, layer_matrix
 
@@ -87,8 +88,6 @@ def attention_flow(
     sink = (len(matrices), output)
     values = torch.zeros(n, dtype=torch.float64)
     residual_network = None
-    from tqdm.auto import tqdm
-
     for j in tqdm(inputs, disable=not progress, desc=f"flow into token {output}"):
         residual_network = flow_func(graph, (0, j), sink, residual=residual_network, value_only=True)
         values[j] = residual_network.graph["flow_value"]
