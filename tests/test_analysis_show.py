@@ -40,11 +40,20 @@ class FakeGPT(nn.Module):
         return (logits, attention) if return_attention else logits
 
 
-@pytest.fixture
-def fake_models(monkeypatch):
+class FakeGPTWithLoss(FakeGPT):
+    """The gpt branch's variant: ``(logits, loss, attention)`` with ``return_attention=True``."""
+
+    def forward(self, idx, *, return_attention=False):
+        logits, attention = super().forward(idx, return_attention=True)
+        return (logits, None, attention) if return_attention else (logits, None)
+
+
+@pytest.fixture(params=[FakeGPT, FakeGPTWithLoss])
+def fake_models(monkeypatch, request):
     module = types.ModuleType("tgattn.models")
-    module.GPT, module.GPTConfig = FakeGPT, FakeConfig
+    module.GPT, module.GPTConfig = request.param, FakeConfig
     monkeypatch.setitem(sys.modules, "tgattn.models", module)
+    return request.param
 
 
 @pytest.mark.slow
@@ -59,19 +68,19 @@ def test_show_with_random_projections(tmp_path, capsys):
     assert f"flow into 'blue': {expected}\n" in capsys.readouterr().out
 
 
-def save_fake_checkpoint(path):
+def save_fake_checkpoint(path, gpt=FakeGPT):
     torch.manual_seed(3)
     config = FakeConfig()
-    model = FakeGPT(config)
+    model = gpt(config)
     torch.save({"model": model.state_dict(), "config": asdict(config), "vocab": "abc"}, path)
     return model
 
 
 def test_checkpoint_attention_follows_the_contract(tmp_path, fake_models):
     path = tmp_path / "gpt.pt"
-    model = save_fake_checkpoint(path)
+    model = save_fake_checkpoint(path, fake_models)
     tokens, attention = checkpoint_attention(str(path), "abca")
-    _, expected = model(torch.tensor([[0, 1, 2, 0]]), return_attention=True)
+    expected = model(torch.tensor([[0, 1, 2, 0]]), return_attention=True)[-1]
     assert tokens == ["a", "b", "c", "a"] and len(attention) == 2
     for (ei, alpha), (ei_ref, alpha_ref) in zip(attention, expected):
         assert torch.equal(ei, ei_ref)
@@ -83,7 +92,7 @@ def test_checkpoint_attention_follows_the_contract(tmp_path, fake_models):
 @pytest.mark.slow
 def test_show_with_checkpoint(tmp_path, fake_models, capsys):
     path = tmp_path / "gpt.pt"
-    save_fake_checkpoint(path)
+    save_fake_checkpoint(path, fake_models)
     out = tmp_path / "gpt.png"
     assert main(["show", "--text", "abca", "--checkpoint", str(path), "--query", "2", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == PNG and "rollout into 'c'" in capsys.readouterr().out

@@ -70,7 +70,9 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
 
     The checkpoint is a ``torch.save`` dict with ``"model"`` (state dict), ``"config"``
     (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"`` (its characters in id
-    order); ``GPT.forward(idx, return_attention=True)`` returns ``(logits, attentions)``.
+    order); ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is
+    the attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits,
+    attention)`` in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
     """
     try:
         from ..models import GPT, GPTConfig
@@ -92,7 +94,7 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
     model.eval()
     idx = torch.tensor([[vocab.index(c) for c in text]], dtype=torch.long)  # [1, T]
     with torch.no_grad():
-        _, attention = model(idx, return_attention=True)
+        attention = model(idx, return_attention=True)[-1]
     return list(text), [(ei, alpha) for ei, alpha in attention]
 
 
