@@ -4,7 +4,8 @@ import torch
 
 from analysis_cases import HAND, dense_residual, random_edges, random_stack
 from tgattn import builders
-from tgattn.analysis import attention_flow
+from tgattn.analysis import attention_flow, layer_matrix, top_flow
+from tgattn.analysis.flow import flow_cone, flow_upper_bounds
 
 
 def test_hand_example():
@@ -76,3 +77,38 @@ def test_flow_errors():
         attention_flow(HAND, 3)
     with pytest.raises(ValueError, match="head"):
         attention_flow(HAND, 0, head="max")
+
+
+@pytest.mark.slow
+def test_top_flow_equals_sorting_all_flows():
+    n = 12
+    layers, _ = random_stack([builders.window(n, 2), random_edges(n, 0.2, 5), builders.window(n, 2)], n, heads=2)
+    for output in (0, 6, 11):
+        flow = attention_flow(layers, output)
+        for k in (0, 1, 3, 8):
+            order = sorted(range(n), key=lambda j: (-float(flow[j]), j))[:k]
+            order = [j for j in order if flow[j] > 0]
+            index, value = top_flow(layers, output, k)
+            assert index.tolist() == order
+            torch.testing.assert_close(value, flow[order], atol=1e-12, rtol=0)
+
+
+def test_cut_bounds_hold_and_prune():
+    n = 24
+    layers, _ = random_stack([builders.window(n, 2)] * 3, n, heads=2, seed=4)
+    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    graph, levels = flow_cone(matrices, 12)
+    assert levels[-1].tolist() == [12] and levels[0].tolist() == list(range(6, 19))  # |j - 12| <= 3 w
+    bound = flow_upper_bounds(matrices, levels)
+    flow = attention_flow(layers, 12)[levels[0]]
+    assert (flow <= bound + 1e-12).all()
+    # The two outermost inputs reach the output along one path only: the bound is the flow.
+    torch.testing.assert_close(bound[[0, -1]], flow[[0, -1]], atol=1e-12, rtol=0)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return nx.algorithms.flow.boykov_kolmogorov(*args, **kwargs)
+
+    top_flow(layers, 12, 2, flow_func=counted)
+    assert 2 <= len(calls) < len(levels[0])

@@ -6,7 +6,7 @@
   attention through layers; :func:`top_influencers` ranks tokens by either, or by direct weight.
 * :mod:`tgattn.analysis.plots`: pictures (matplotlib, imported only when drawing).
 """
-from .flow import attention_flow
+from .flow import attention_flow, top_flow
 from .graph import to_networkx, to_networkx_layered
 from .influence import Influencers, top_influencers
 from .rollout import attention_rollout
@@ -20,5 +20,6 @@ __all__ = [
     "select_head",
     "to_networkx",
     "to_networkx_layered",
+    "top_flow",
     "top_influencers",
 ]

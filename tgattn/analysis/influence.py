@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..builders._common import check_count
-from .flow import attention_flow
+from .flow import top_flow
 from .rollout import attention_rollout
 from .weights import Head, Layer, as_layers, count_nodes, layer_matrix
 
@@ -37,7 +37,9 @@ def top_influencers(
     * ``"direct"`` (default): the attention weights of query i in one layer (``attention`` is
       one ``(edge_index, alpha)`` pair or a list of one);
     * ``"rollout"``: row i of :func:`attention_rollout` over all layers;
-    * ``"flow"``: :func:`attention_flow` into token i after the last layer.
+    * ``"flow"``: :func:`attention_flow` into token i after the last layer, computed by
+      :func:`tgattn.analysis.flow.top_flow` (max-flows only for inputs that can still
+      reach the top k).
 
     ``head`` and, for rollout and flow, ``residual`` are passed on. Tokens with score 0 are
     left out (so fewer than k may come back); ties go to the smaller token id.
@@ -69,8 +71,8 @@ def top_influencers(
         scores[row.indices()[1][mine]] = row.values()[mine]
     elif method == "rollout":
         scores = attention_rollout(layers, queries=i, head=head, residual=residual, num_nodes=n).to_dense()[0]
-    else:
-        scores = attention_flow(layers, i, head=head, residual=residual, num_nodes=n, flow_func=flow_func)
+    else:  # solves only the inputs whose cut bound can still reach the top k
+        return Influencers(*top_flow(layers, i, k, head=head, residual=residual, num_nodes=n, flow_func=flow_func))
     order = torch.sort(-scores, stable=True).indices[:k]
     order = order[scores[order] > 0]
     return Influencers(order, scores[order])

@@ -109,8 +109,9 @@ def show_figure(tokens: Sequence[str], attention: Sequence[Layer], *, query: int
     fig = Figure(figsize=(12, 8.5), layout="constrained")
     grid = fig.add_gridspec(2, 2)
     last = len(attention)
-    plot_attention(*attention[-1], tokens=tokens, title=f"layer {last} attention (mean over heads)", ax=fig.add_subplot(grid[0, 0]))
-    plot_graph(*attention[-1], tokens=tokens, title=f"layer {last}: top-2 keys per query", ax=fig.add_subplot(grid[0, 1]))
+    heatmap, graph = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    plot_attention(*attention[-1], tokens=tokens, title=f"layer {last} attention (mean over heads)", ax=heatmap)
+    plot_graph(*attention[-1], tokens=tokens, title=f"layer {last}: top-2 keys per query", ax=graph)
     for column, method in enumerate(("rollout", "flow")):
         ranked = top_influencers(query, top_k, attention, method=method, num_nodes=n)
         plot_influencers(

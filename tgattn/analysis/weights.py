@@ -51,7 +51,8 @@ def as_layers(attention: Union[Layer, Sequence[Layer]]) -> List[Layer]:
     layers = list(attention)
     for number, layer in enumerate(layers):
         if not (isinstance(layer, (tuple, list)) and len(layer) == 2 and all(isinstance(t, Tensor) for t in layer)):
-            raise ValueError(f"layer {number} must be a pair (edge_index, alpha) of tensors (got {type(layer).__name__})")
+            got = type(layer).__name__
+            raise ValueError(f"layer {number} must be a pair (edge_index, alpha) of tensors (got {got})")
         if layer[1].shape[0] != layer[0].shape[1]:
             raise ValueError(
                 f"layer {number}: alpha has {layer[1].shape[0]} rows but edge_index has {layer[0].shape[1]} edges"

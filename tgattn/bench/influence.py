@@ -3,8 +3,9 @@
 For each n and window radius w, a stack of L layers with random attention on
 ``window(n, w)`` is analysed: sparse rollout of all rows, of one row, the same rollout
 with dense ``[n, n]`` matrices (side by side, for the ratio), and the attention flow into
-the middle token (its cone size, number of max-flows, time). Flow for every output is
-``n`` such computations; the table states that estimate, it does not run it.
+the middle token (its cone size, number of max-flows, time), and the top 8 of that flow
+with cut bounds (:func:`tgattn.analysis.flow.top_flow`). Flow for every output is ``n``
+such computations; the table states that estimate, it does not run it.
 """
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import argparse
 import time
 from typing import Callable, Iterator, List
 
+import networkx as nx
 import torch
 
 from .. import builders
 from ..analysis import attention_flow, attention_rollout, layer_matrix
-from ..analysis.flow import flow_cone
+from ..analysis.flow import flow_cone, top_flow
 from ..functional import edge_softmax
+
+TOP = 8  # influencers ranked by top_flow
 
 
 def _best(fn: Callable[[], object], repeats: int) -> float:
@@ -54,8 +58,9 @@ def run(sizes, windows, layers: int, heads: int, repeats: int, max_flow_edges: i
         f"L = {layers} layers, H = {heads} heads, float64 rollout, torch threads = {torch.get_num_threads()}",
         "",
         "| n | w | rollout, all rows (sparse) | nnz | rollout, all rows (dense) | dense / sparse | rollout, one row | "
-        "flow cone V / E | max-flows | flow into one token | flow, all n tokens (estimate) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "flow cone V / E | max-flows | flow into one token | flow, all n tokens (estimate) | "
+        f"top-{TOP} flow (max-flows) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         for w in windows:
@@ -66,16 +71,24 @@ def run(sizes, windows, layers: int, heads: int, repeats: int, max_flow_edges: i
             if not torch.allclose(full.to_dense(), dense_rollout(stack, n), atol=1e-10, rtol=0):
                 raise RuntimeError(f"sparse and dense rollout differ at n={n}, w={w}")
             row = _best(lambda: attention_rollout(stack, queries=n // 2), repeats)
-            graph, inputs = flow_cone([layer_matrix(ei, a, n) for ei, a in stack], n // 2)
+            graph, levels = flow_cone([layer_matrix(ei, a, n) for ei, a in stack], n // 2)
             cone = f"{graph.number_of_nodes()} / {graph.number_of_edges()}"
             if graph.number_of_edges() <= max_flow_edges:
                 flow = _best(lambda: attention_flow(stack, n // 2), 1)
                 flow_one, flow_all = f"{flow:.2f} s", f"{flow * n / 60:.0f} min"
+                calls = []
+
+                def counted(*args, **kwargs):
+                    calls.append(1)
+                    return nx.algorithms.flow.boykov_kolmogorov(*args, **kwargs)
+
+                top = _best(lambda: top_flow(stack, n // 2, TOP, flow_func=counted), 1)
+                flow_top = f"{top:.2f} s ({len(calls)})"
             else:
-                flow_one = flow_all = f"skipped (E > {max_flow_edges})"
+                flow_one = flow_all = flow_top = f"skipped (E > {max_flow_edges})"
             yield (
                 f"| {n} | {w} | {sparse * 1e3:.0f} ms | {full._nnz()} | {dense * 1e3:.0f} ms | {dense / sparse:.1f}x | "
-                f"{row * 1e3:.1f} ms | {cone} | {len(inputs)} | {flow_one} | {flow_all} |"
+                f"{row * 1e3:.1f} ms | {cone} | {len(levels[0])} | {flow_one} | {flow_all} | {flow_top} |"
             )
 
 
