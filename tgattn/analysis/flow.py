@@ -46,11 +46,11 @@ def attention_flow(
 
     Cost: for ``window(n, w)`` and L layers, away from the sequence ends, the cone has
     :math:`V = (L + 1)(L w + 1)` nodes and :math:`E = (2w + 1)(L + w L (L - 1))` edges,
-    whatever n is, and one output needs ``2 L w + 1`` max-flows on it (Edmonds–Karp: :math:`O(V E^2)` each; the default Boykov–Kolmogorov has
-    no better worst-case bound but is faster on these graphs). It is pure Python; measured
-    here (``python -m tgattn.bench.influence``, L = 4): w = 8, a cone of 1,700 edges, about
-    1 s per output; w = 16, 6,500 edges, about 12 s; cones of 10^5 edges (w = 64) are
-    impractical. Full or causal patterns make the cone the whole graph: there a few hundred
+    whatever n is, and one output needs ``2 L w + 1`` max-flows on it (Edmonds–Karp:
+    :math:`O(V E^2)` each; the default Boykov–Kolmogorov has no better worst-case bound but
+    is faster on these graphs). It is pure Python; measured here
+    (``python -m tgattn.bench.influence``, L = 4): w = 8, a cone of 1,700 edges, about 1 s
+    per output; w = 16, 6,500 edges, about 12 s; cones of 10^5 edges (w = 64) are impractical. Full or causal patterns make the cone the whole graph: there a few hundred
     tokens is the limit. For a top-k question use :func:`top_flow`, which skips inputs.
 
     Args:

@@ -7,14 +7,14 @@ GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge s
 from __future__ import annotations
 
 import argparse
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .. import builders
 from ..layer import GraphAttention
-from .influence import top_influencers
+from .influence import Influencers, top_influencers
 from .weights import Layer
 
 PATTERNS = ("full", "causal", "window", "causal_window")
@@ -98,24 +98,29 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
     return list(text), [(ei, alpha) for ei, alpha in attention]
 
 
-def show_figure(tokens: Sequence[str], attention: Sequence[Layer], *, query: int = -1, top_k: int = 5, title: str = ""):
-    """Four panels: heatmap and graph of the last layer, rollout and flow into ``query``."""
+def rank(attention: Sequence[Layer], query: int, k: int, num_nodes: int) -> Dict[str, Influencers]:
+    """The top ``k`` influencers of ``query`` by rollout and by flow."""
+    return {m: top_influencers(query, k, attention, method=m, num_nodes=num_nodes) for m in ("rollout", "flow")}
+
+
+def show_figure(
+    tokens: Sequence[str], attention: Sequence[Layer], ranked: Dict[str, Influencers], *, query: int, title: str = ""
+):
+    """Four panels: heatmap and graph of the last layer, then the ``ranked`` bars into ``query``."""
     from matplotlib.figure import Figure
 
     from .plots import plot_attention, plot_graph, plot_influencers
 
-    n = len(tokens)
-    query %= n
+    query %= len(tokens)
     fig = Figure(figsize=(12, 8.5), layout="constrained")
     grid = fig.add_gridspec(2, 2)
     last = len(attention)
     heatmap, graph = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     plot_attention(*attention[-1], tokens=tokens, title=f"layer {last} attention (mean over heads)", ax=heatmap)
     plot_graph(*attention[-1], tokens=tokens, title=f"layer {last}: top-2 keys per query", ax=graph)
-    for column, method in enumerate(("rollout", "flow")):
-        ranked = top_influencers(query, top_k, attention, method=method, num_nodes=n)
+    for column, (method, influencers) in enumerate(ranked.items()):
         plot_influencers(
-            ranked,
+            influencers,
             tokens=tokens,
             query=query,
             method=method,
@@ -155,12 +160,12 @@ def main(args: argparse.Namespace) -> int:
         source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
     if not -len(tokens) <= args.query < len(tokens):
         raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
-    fig = show_figure(tokens, attention, query=args.query, top_k=args.top_k, title=f"{args.text!r}: {source}")
-    fig.savefig(args.out, dpi=110)
     query = args.query % len(tokens)
-    for method in ("rollout", "flow"):
-        ranked = top_influencers(query, args.top_k, attention, method=method, num_nodes=len(tokens))
-        pairs = ", ".join(f"{tokens[j]!r} {s:.3f}" for j, s in zip(ranked.index.tolist(), ranked.score.tolist()))
+    ranked = rank(attention, query, args.top_k, len(tokens))
+    fig = show_figure(tokens, attention, ranked, query=query, title=f"{args.text!r}: {source}")
+    fig.savefig(args.out, dpi=110)
+    for method, (index, score) in ranked.items():
+        pairs = ", ".join(f"{tokens[j]!r} {s:.3f}" for j, s in zip(index.tolist(), score.tolist()))
         print(f"{method} into {tokens[query]!r}: {pairs}")
     print(f"wrote {args.out}")
     return 0
