@@ -1,0 +1,114 @@
+import networkx as nx
+import pytest
+import torch
+
+from analysis_cases import HAND, dense_residual, random_edges, random_stack
+from tgattn import builders
+from tgattn.analysis import attention_flow, layer_matrix, top_flow
+from tgattn.analysis.flow import flow_cone, flow_upper_bounds
+
+
+def test_hand_example():
+    # Capacities A~ = rownorm(0.5 A + 0.5 I) (see test_analysis_rollout.test_hand_example):
+    #   A~1 = [[1, 0, 0], [.25, .75, 0], [.25, .125, .625]]   A~2 = [[1, 0, 0], [.5, .5, 0], [0, .25, .75]]
+    # Into (2, 2): in-edges (1,1) .25 and (1,2) .75; (1,1) gets (0,0) .25, (0,1) .75;
+    # (1,2) gets (0,0) .25, (0,1) .125, (0,2) .625. Paths from one input share no edge, so
+    #   from (0,0): min(.25, .25) + min(.25, .75) = .5
+    #   from (0,1): min(.75, .25) + min(.125, .75) = .375
+    #   from (0,2): min(.625, .75) = .625
+    # (The three values sum to 1.5 > 1: inputs are measured one at a time, they share capacity.)
+    expected = torch.tensor([0.5, 0.375, 0.625], dtype=torch.float64)
+    torch.testing.assert_close(attention_flow(HAND, 2), expected, atol=1e-12, rtol=0)
+    # Into (2, 1): in-edges (1,0) .5 and (1,1) .5; (1,0) gets (0,0) 1; (1,1) gets (0,0) .25, (0,1) .75
+    #   from (0,0): min(1, .5) + min(.25, .5) = .75;  from (0,1): min(.75, .5) = .5;  (0,2): no path.
+    torch.testing.assert_close(attention_flow(HAND, 1), torch.tensor([0.75, 0.5, 0.0], dtype=torch.float64))
+    # Into (2, 0): the single path (0,0) -> (1,0) -> (2,0) of capacity 1.
+    torch.testing.assert_close(attention_flow(HAND, -3), torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+
+
+def dense_layered_flows(dense, head="mean"):
+    """Oracle: every (input, output) max flow on the full layered graph built from dense matrices."""
+    n, depth = dense[0].shape[1], len(dense)
+    graph = nx.DiGraph()
+    graph.add_nodes_from((layer, i) for layer in range(depth + 1) for i in range(n))
+    for layer, weights in enumerate(dense, start=1):
+        cap = dense_residual(weights, head)
+        for i in range(n):
+            for j in range(n):
+                if cap[i, j] > 0:
+                    graph.add_edge((layer - 1, j), (layer, i), capacity=float(cap[i, j]))
+    flows = torch.zeros(n, n, dtype=torch.float64)  # [output i, input j]
+    for i in range(n):
+        for j in range(n):
+            flows[i, j] = nx.maximum_flow_value(graph, (0, j), (depth, i))
+    return flows
+
+
+@pytest.mark.parametrize("pattern", ["window", "random"])
+def test_flow_equals_networkx_on_dense_layered_graph(pattern):
+    n = 6
+    make = {"window": lambda s: builders.window(n, 1), "random": lambda s: random_edges(n, 0.3, s)}[pattern]
+    layers, dense = random_stack([make(s) for s in range(3)], n, heads=2, seed=1)
+    expected = dense_layered_flows(dense)
+    got = torch.stack([attention_flow(layers, i) for i in range(n)])
+    torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
+
+
+def test_flow_with_other_algorithm_and_head():
+    n = 5
+    layers, dense = random_stack([builders.causal(n)] * 2, n, heads=3, seed=2)
+    expected = dense_layered_flows(dense, head=2)[4]
+    edmonds_karp = nx.algorithms.flow.edmonds_karp
+    torch.testing.assert_close(attention_flow(layers, 4, head=2, flow_func=edmonds_karp), expected, atol=1e-10, rtol=0)
+
+
+def test_inputs_outside_the_cone_get_zero():
+    # window(n, 1) over 2 layers: token 10 after layer 2 is reached from inputs 8..12 only.
+    n = 20
+    layers, _ = random_stack([builders.window(n, 1)] * 2, n, heads=1)
+    flow = attention_flow(layers, 10)
+    assert (flow[8:13] > 0).all() and flow[:8].eq(0).all() and flow[13:].eq(0).all()
+    # A flow is at most what enters the output: the in-capacity of (2, 10), which sums to 1.
+    assert float(flow.max()) <= 1 + 1e-12
+
+
+def test_flow_errors():
+    with pytest.raises(ValueError, match="output"):
+        attention_flow(HAND, 3)
+    with pytest.raises(ValueError, match="head"):
+        attention_flow(HAND, 0, head="max")
+
+
+@pytest.mark.slow
+def test_top_flow_equals_sorting_all_flows():
+    n = 12
+    layers, _ = random_stack([builders.window(n, 2), random_edges(n, 0.2, 5), builders.window(n, 2)], n, heads=2)
+    for output in (0, 6, 11):
+        flow = attention_flow(layers, output)
+        for k in (0, 1, 3, 8):
+            order = sorted(range(n), key=lambda j: (-float(flow[j]), j))[:k]
+            order = [j for j in order if flow[j] > 0]
+            index, value = top_flow(layers, output, k)
+            assert index.tolist() == order
+            torch.testing.assert_close(value, flow[order], atol=1e-12, rtol=0)
+
+
+def test_cut_bounds_hold_and_prune():
+    n = 24
+    layers, _ = random_stack([builders.window(n, 2)] * 3, n, heads=2, seed=4)
+    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    graph, levels = flow_cone(matrices, 12)
+    assert levels[-1].tolist() == [12] and levels[0].tolist() == list(range(6, 19))  # |j - 12| <= 3 w
+    bound = flow_upper_bounds(matrices, levels)
+    flow = attention_flow(layers, 12)[levels[0]]
+    assert (flow <= bound + 1e-12).all()
+    # The two outermost inputs reach the output along one path only: the bound is the flow.
+    torch.testing.assert_close(bound[[0, -1]], flow[[0, -1]], atol=1e-12, rtol=0)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return nx.algorithms.flow.boykov_kolmogorov(*args, **kwargs)
+
+    top_flow(layers, 12, 2, flow_func=counted)
+    assert 2 <= len(calls) < len(levels[0])

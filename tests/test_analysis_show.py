@@ -1,0 +1,106 @@
+import sys
+import types
+from dataclasses import asdict, dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from tgattn import GraphAttention, builders
+from tgattn.__main__ import main
+from tgattn.analysis import top_influencers
+from tgattn.analysis.show import checkpoint_attention, random_attention
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass
+class FakeConfig:
+    vocab_size: int = 3
+    n_embd: int = 8
+    n_head: int = 2
+    n_layer: int = 2
+
+
+class FakeGPT(nn.Module):
+    """Stands in for tgattn.models.GPT with the checkpoint contract of the tiny-GPT issue."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(GraphAttention(config.n_embd, config.n_head) for _ in range(config.n_layer))
+
+    def forward(self, idx, *, return_attention=False):
+        x, edge_index, attention = self.embed(idx[0]), builders.causal(idx.shape[1]), []
+        for block in self.blocks:
+            out, weights = block(x, edge_index, return_attention_weights=True)
+            x = x + out
+            attention.append(weights)
+        logits = (x @ self.embed.weight.t()).unsqueeze(0)  # [1, T, V]
+        return (logits, attention) if return_attention else logits
+
+
+class FakeGPTWithLoss(FakeGPT):
+    """The gpt branch's variant: ``(logits, loss, attention)`` with ``return_attention=True``."""
+
+    def forward(self, idx, *, return_attention=False):
+        logits, attention = super().forward(idx, return_attention=True)
+        return (logits, None, attention) if return_attention else (logits, None)
+
+
+@pytest.fixture(params=[FakeGPT, FakeGPTWithLoss])
+def fake_models(monkeypatch, request):
+    module = types.ModuleType("tgattn.models")
+    module.GPT, module.GPTConfig = request.param, FakeConfig
+    monkeypatch.setitem(sys.modules, "tgattn.models", module)
+    return request.param
+
+
+@pytest.mark.slow
+def test_show_with_random_projections(tmp_path, capsys):
+    out = tmp_path / "attn.png"
+    assert main(["show", "--text", "The sky is blue", "--pattern", "window", "--window", "1", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG
+    tokens = "The sky is blue".split()
+    attention = random_attention(tokens, builders.window(4, 1))
+    flow = top_influencers(3, 5, attention, method="flow")
+    expected = ", ".join(f"{tokens[j]!r} {s:.3f}" for j, s in zip(flow.index.tolist(), flow.score.tolist()))
+    assert f"flow into 'blue': {expected}\n" in capsys.readouterr().out
+
+
+def save_fake_checkpoint(path, gpt=FakeGPT):
+    torch.manual_seed(3)
+    config = FakeConfig()
+    model = gpt(config)
+    torch.save({"model": model.state_dict(), "config": asdict(config), "vocab": "abc"}, path)
+    return model
+
+
+def test_checkpoint_attention_follows_the_contract(tmp_path, fake_models):
+    path = tmp_path / "gpt.pt"
+    model = save_fake_checkpoint(path, fake_models)
+    tokens, attention = checkpoint_attention(str(path), "abca")
+    expected = model(torch.tensor([[0, 1, 2, 0]]), return_attention=True)[-1]
+    assert tokens == ["a", "b", "c", "a"] and len(attention) == 2
+    for (ei, alpha), (ei_ref, alpha_ref) in zip(attention, expected):
+        assert torch.equal(ei, ei_ref)
+        torch.testing.assert_close(alpha, alpha_ref, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"characters \['z'\]"):
+        checkpoint_attention(str(path), "abz")
+
+
+@pytest.mark.slow
+def test_show_with_checkpoint(tmp_path, fake_models, capsys):
+    path = tmp_path / "gpt.pt"
+    save_fake_checkpoint(path, fake_models)
+    out = tmp_path / "gpt.png"
+    assert main(["show", "--text", "abca", "--checkpoint", str(path), "--query", "2", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG and "rollout into 'c'" in capsys.readouterr().out
+
+
+def test_show_errors(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tgattn.models", None)  # as if tgattn.models did not exist
+    with pytest.raises(RuntimeError, match="tgattn.models"):
+        checkpoint_attention(str(tmp_path / "none.pt"), "abc")
+    with pytest.raises(ValueError, match="--query"):
+        main(["show", "--text", "a b", "--query", "2", "--out", str(tmp_path / "x.png")])

@@ -1,0 +1,171 @@
+"""``python -m tgattn show``: draw who influences whom in a short text.
+
+Without ``--checkpoint`` the attention comes from seeded random projections (a stack of
+:class:`tgattn.GraphAttention` layers over word embeddings); with one, from a trained tiny
+GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import builders
+from ..layer import GraphAttention
+from .influence import Influencers, top_influencers
+from .weights import Layer
+
+PATTERNS = ("full", "causal", "window", "causal_window")
+
+
+def pattern_edges(pattern: str, n: int, *, window: int = 2):
+    """The edge set named by ``--pattern`` for ``n`` tokens."""
+    if pattern == "full":
+        return builders.full(n)
+    if pattern == "causal":
+        return builders.causal(n)
+    if pattern == "window":
+        return builders.window(n, window)
+    if pattern == "causal_window":
+        return builders.window(n, window, causal=True)
+    raise ValueError(f"pattern must be one of {PATTERNS} (got {pattern!r})")
+
+
+def random_attention(
+    tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = 32, seed: int = 0
+) -> List[Layer]:
+    """Attention of ``layers`` random (seeded) GraphAttention layers with residuals over ``tokens``.
+
+    Equal tokens share a random embedding; a random position embedding tells them apart.
+    The global random state is left untouched.
+
+    Example:
+        >>> ei = builders.causal(4)
+        >>> att = random_attention("The sky is blue".split(), ei, layers=3)
+        >>> len(att), att[0][1].shape
+        (3, torch.Size([10, 2]))
+        >>> torch.equal(att[2][1], random_attention("The sky is blue".split(), ei, layers=3)[2][1])
+        True
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vocab = {token: number for number, token in enumerate(sorted(set(tokens)))}
+        embed = torch.randn(len(vocab), dim)  # [V, D]
+        position = 0.5 * torch.randn(len(tokens), dim)  # [T, D]
+        stack = [GraphAttention(dim, heads) for _ in range(layers)]
+    x = embed[torch.tensor([vocab[t] for t in tokens], dtype=torch.long)] + position  # [T, D]
+    attention = []
+    with torch.no_grad():
+        for layer in stack:
+            out, (ei, alpha) = layer(x, edge_index, return_attention_weights=True)
+            attention.append((ei, alpha))
+            x = F.layer_norm(x + out, (dim,))
+    return attention
+
+
+def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
+    """Characters of ``text`` and the attention of the tiny GPT saved at ``path``.
+
+    The checkpoint is a ``torch.save`` dict with ``"model"`` (state dict), ``"config"``
+    (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"`` (its characters in id
+    order); ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is
+    the attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits,
+    attention)`` in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
+    """
+    try:
+        from ..models import GPT, GPTConfig
+    except ImportError as error:
+        raise RuntimeError(
+            "--checkpoint needs the tiny GPT of tgattn.models, which this installation lacks "
+            f"({error}); run without --checkpoint to use random projections"
+        ) from None
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    missing = {"model", "config", "vocab"} - set(checkpoint)
+    if missing:
+        raise ValueError(f"{path} is not a tgattn GPT checkpoint: keys {sorted(missing)} are missing")
+    vocab = checkpoint["vocab"]
+    unknown = sorted(set(text) - set(vocab))
+    if unknown:
+        raise ValueError(f"characters {unknown} of --text are not in the checkpoint's vocabulary")
+    model = GPT(GPTConfig(**checkpoint["config"]))
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    idx = torch.tensor([[vocab.index(c) for c in text]], dtype=torch.long)  # [1, T]
+    with torch.no_grad():
+        attention = model(idx, return_attention=True)[-1]
+    return list(text), [(ei, alpha) for ei, alpha in attention]
+
+
+def rank(attention: Sequence[Layer], query: int, k: int, num_nodes: int) -> Dict[str, Influencers]:
+    """The top ``k`` influencers of ``query`` by rollout and by flow."""
+    return {m: top_influencers(query, k, attention, method=m, num_nodes=num_nodes) for m in ("rollout", "flow")}
+
+
+def show_figure(
+    tokens: Sequence[str], attention: Sequence[Layer], ranked: Dict[str, Influencers], *, query: int, title: str = ""
+):
+    """Four panels: heatmap and graph of the last layer, then the ``ranked`` bars into ``query``."""
+    from matplotlib.figure import Figure
+
+    from .plots import plot_attention, plot_graph, plot_influencers
+
+    query %= len(tokens)
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    grid = fig.add_gridspec(2, 2)
+    last = len(attention)
+    heatmap, graph = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    plot_attention(*attention[-1], tokens=tokens, title=f"layer {last} attention (mean over heads)", ax=heatmap)
+    plot_graph(*attention[-1], tokens=tokens, title=f"layer {last}: top-2 keys per query", ax=graph)
+    for column, (method, influencers) in enumerate(ranked.items()):
+        plot_influencers(
+            influencers,
+            tokens=tokens,
+            query=query,
+            method=method,
+            title=f"attention {method} into {tokens[query]!r} (#{query}) over {last} layers",
+            ax=fig.add_subplot(grid[1, column]),
+        )
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m tgattn show``."""
+    parser.add_argument("--text", default="The sky is blue", help="the text (words; characters with --checkpoint)")
+    parser.add_argument("--pattern", default="causal", choices=PATTERNS, help="edge set (default: causal)")
+    parser.add_argument("--window", type=int, default=2, help="radius w of the window patterns (default: 2)")
+    parser.add_argument("--layers", type=int, default=2, help="random layers (default: 2)")
+    parser.add_argument("--heads", type=int, default=2, help="heads per random layer (default: 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random projections (default: 0)")
+    parser.add_argument("--query", type=int, default=-1, help="token whose influencers are ranked (default: last)")
+    parser.add_argument("--top-k", type=int, default=5, help="influencers to show (default: 5)")
+    parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
+    parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``show`` with parsed arguments: write the picture, print the top influencers."""
+    if args.checkpoint:
+        tokens, attention = checkpoint_attention(args.checkpoint, args.text)
+        source = f"tiny GPT {args.checkpoint}"
+    else:
+        tokens = args.text.split()
+        if not tokens:
+            raise ValueError("--text has no words")
+        edge_index = pattern_edges(args.pattern, len(tokens), window=args.window)
+        attention = random_attention(tokens, edge_index, layers=args.layers, heads=args.heads, seed=args.seed)
+        source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
+    if not -len(tokens) <= args.query < len(tokens):
+        raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
+    query = args.query % len(tokens)
+    ranked = rank(attention, query, args.top_k, len(tokens))
+    fig = show_figure(tokens, attention, ranked, query=query, title=f"{args.text!r}: {source}")
+    fig.savefig(args.out, dpi=110)
+    for method, (index, score) in ranked.items():
+        pairs = ", ".join(f"{tokens[j]!r} {s:.3f}" for j, s in zip(index.tolist(), score.tolist()))
+        print(f"{method} into {tokens[query]!r}: {pairs}")
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,112 @@
+"""Attention weights of one or more layers as per-edge values and sparse matrices.
+
+Every function here takes what :class:`tgattn.GraphAttention` returns with
+``return_attention_weights=True``: one layer is ``(edge_index [2, E], alpha [E, H])`` (or
+``alpha [E]`` for a single head), a stack is a list of them, first layer first. Rows of a
+layer matrix are queries i, columns are keys j: ``A[i, j] = alpha`` of edge ``(j, i)``.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..builders._common import check_count
+from ..functional import check_edge_index
+
+Head = Union[None, int, str]
+Layer = Tuple[Tensor, Tensor]
+
+
+def select_head(alpha: Tensor, head: Head = "mean") -> Tensor:
+    """The weight of each edge ``[E]`` for one head (``int``) or averaged over heads (``"mean"``).
+
+    ``alpha`` may be ``[E]`` (one head; then ``head`` must be ``None``, ``"mean"`` or 0) or
+    ``[E, H]``. ``head=None`` means ``"mean"`` here; :func:`tgattn.analysis.to_networkx`
+    additionally keeps every head as an attribute.
+
+    Example:
+        >>> alpha = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> select_head(alpha, 1), select_head(alpha, "mean")
+        (tensor([0., 1.]), tensor([0.5000, 0.5000]))
+    """
+    if alpha.dim() == 1:
+        alpha = alpha.unsqueeze(-1)
+    if alpha.dim() != 2:
+        raise ValueError(f"alpha must have shape [E] or [E, H] (got {list(alpha.shape)})")
+    if head is None or head == "mean":
+        return alpha.mean(dim=1)
+    if isinstance(head, bool) or not isinstance(head, int):
+        raise ValueError(f"head must be None, an int or 'mean' (got {head!r})")
+    if not -alpha.shape[1] <= head < alpha.shape[1]:
+        raise ValueError(f"head {head} does not exist: alpha has {alpha.shape[1]} heads")
+    return alpha[:, head]
+
+
+def as_layers(attention: Union[Layer, Sequence[Layer]]) -> List[Layer]:
+    """One ``(edge_index, alpha)`` pair or a sequence of them, as a list of pairs."""
+    if isinstance(attention, tuple) and len(attention) == 2 and isinstance(attention[0], Tensor):
+        return [attention]
+    layers = list(attention)
+    for number, layer in enumerate(layers):
+        if not (isinstance(layer, (tuple, list)) and len(layer) == 2 and all(isinstance(t, Tensor) for t in layer)):
+            got = type(layer).__name__
+            raise ValueError(f"layer {number} must be a pair (edge_index, alpha) of tensors (got {got})")
+        if layer[1].shape[0] != layer[0].shape[1]:
+            raise ValueError(
+                f"layer {number}: alpha has {layer[1].shape[0]} rows but edge_index has {layer[0].shape[1]} edges"
+            )
+    if not layers:
+        raise ValueError("attention must hold at least one layer (got an empty sequence)")
+    return layers
+
+
+def count_nodes(layers: Sequence[Layer], num_nodes: Optional[int] = None) -> int:
+    """``num_nodes`` checked against the edges, or the largest node id + 1 over all layers."""
+    if num_nodes is None:
+        return max((int(ei.max()) + 1 if ei.numel() else 0) for ei, _ in layers)
+    num_nodes = check_count("num_nodes", num_nodes)
+    for edge_index, _ in layers:
+        check_edge_index(edge_index, num_nodes, num_nodes)
+    return num_nodes
+
+
+def layer_matrix(
+    edge_index: Tensor,
+    alpha: Tensor,
+    num_nodes: int,
+    *,
+    head: Head = "mean",
+    residual: bool = True,
+) -> Tensor:
+    r"""The attention of one layer as a sparse ``float64`` matrix ``[N, N]`` (rows = queries i).
+
+    With ``residual=True`` this is Abnar & Zuidema's account of the skip connection,
+    :math:`\tilde A = \operatorname{rownorm}(0.5\,A + 0.5\,I)`; a query without edges keeps
+    only itself. Duplicate edges add up. The result is coalesced (sorted by row, column).
+
+    Example:
+        >>> ei = torch.tensor([[0, 0, 1], [0, 1, 1]])
+        >>> alpha = torch.tensor([1.0, 0.5, 0.5])
+        >>> layer_matrix(ei, alpha, 2).to_dense()
+        tensor([[1.0000, 0.0000],
+                [0.2500, 0.7500]], dtype=torch.float64)
+    """
+    edge_index = check_edge_index(edge_index, num_nodes, num_nodes)
+    weight = select_head(alpha.detach().to("cpu", torch.float64), head)  # [E]
+    rows, cols = edge_index[1].cpu(), edge_index[0].cpu()
+    if residual:
+        eye = torch.arange(num_nodes)
+        rows, cols = torch.cat([rows, eye]), torch.cat([cols, eye])
+        weight = torch.cat([0.5 * weight, weight.new_full((num_nodes,), 0.5)])
+    matrix = torch.sparse_coo_tensor(
+        torch.stack([rows, cols]), weight, (num_nodes, num_nodes), check_invariants=False
+    ).coalesce()
+    if residual:
+        index, value = matrix.indices(), matrix.values()
+        total = torch.zeros(num_nodes, dtype=torch.float64).index_add_(0, index[0], value)  # [N]
+        matrix = torch.sparse_coo_tensor(
+            index, value / total[index[0]], matrix.shape, is_coalesced=True, check_invariants=False
+        )
+    return matrix
