@@ -45,20 +45,22 @@ def total_nodes(n: Sizes) -> int:
     return int(n) if lengths is None else sum(lengths)
 
 
-def packed(n: Sizes, single: Callable[[int], Tensor], device=None) -> Tensor:
+def packed(n: Sizes, single: Callable[[int], Tensor], device=None, *, cache: bool = True) -> Tensor:
     """Apply a one-sequence builder to ``n``, or to each packed sequence with node offsets.
 
     The result is block-diagonal (no edge crosses two sequences) and stays sorted by
-    (target, source) because every block is sorted and offsets grow.
+    (target, source) because every block is sorted and offsets grow. With ``cache=True``
+    sequences of equal length share one call of ``single``; random builders pass
+    ``cache=False`` so that every sequence gets its own draw.
     """
     lengths = as_lengths(n)
     if lengths is None:
         return single(int(n)).to(device)
-    cache, parts, offset = {}, [], 0
+    memo, parts, offset = {}, [], 0
     for length in lengths:
-        if length not in cache:
-            cache[length] = single(length).to(device)
-        parts.append(cache[length] + offset)
+        block = memo[length] if cache and length in memo else single(length).to(device)
+        memo[length] = block
+        parts.append(block + offset)
         offset += length
     if not parts:
         return torch.empty(2, 0, dtype=torch.long, device=device)
