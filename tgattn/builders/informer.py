@@ -44,6 +44,8 @@ def sample_keys(n_q: int, n_k: int, factor: int, *, causal: bool = False, genera
     """
     u = budget(n_k, factor)
     gen_device = generator.device if generator is not None else torch.device("cpu")
+    if u == 0:
+        return torch.empty(n_q, 0, dtype=torch.long, device=device)
     if not causal:
         return torch.randint(n_k, (n_q, u), generator=generator, device=gen_device).to(device)
     r = torch.rand(n_q, u, generator=generator, dtype=torch.float64, device=gen_device).to(device)
