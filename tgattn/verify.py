@@ -82,7 +82,7 @@ CASES: List[Case] = [
     Case("cross(30 q x 50 k)", lambda: (builders.cross(30, 50), 30, 50)),
     Case("cross_window(packed [12, 20] x [30, 25], 2)", lambda: (builders.cross_window([12, 20], [30, 25], 2), 32, 55)),
     _square("topk(64, k_top=6) union of heads", lambda: _topk_edges(64, 6), 64),
-    _square("probsparse(100, factor=2, causal) union of heads", lambda: _probsparse_edges(100, 2), 100),
+    _square("probsparse(100, c=2, causal) head union", lambda: _probsparse_edges(100, 2), 100),
     _square("from_networkx(gnp(60, 0.1, directed))", lambda: _networkx_edges(60, 0.1), 60),
 ]
 
