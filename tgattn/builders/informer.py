@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import math
-from typing import List, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ._common import as_lengths, check_count
+from .cross import cross
 from .dense import causal as causal_edges
 from .dense import full
-from .cross import cross
 from .scored import head_pattern
 
 
@@ -96,8 +96,8 @@ def probsparse(
     Edges: ``a * L_K`` for ``a`` queries active in some head (``u <= a <= u H``).
 
     Differences from the Informer code, on purpose: ``M`` uses the mean of the sampled scores
-    (the code divides their sum by ``L_K``, which for ``U << L_K`` ranks queries by their
-    maximum alone); with ``causal=True`` keys are sampled among ``j <= i`` (the code samples
+    (the code divides their sum by ``L_K``, i.e. shrinks the mean by ``U / L_K``, so for
+    ``U << L_K`` it ranks queries mostly by their maximum); with ``causal=True`` keys are sampled among ``j <= i`` (the code samples
     future keys too). Pass ``sample=`` to score on your own indices. The selection is not
     differentiable; the active queries' scores are.
     Zhou et al., "Informer: Beyond Efficient Transformer for Long Sequence Time-Series
@@ -113,6 +113,19 @@ def probsparse(
         lengths: lengths of a packed batch; each sequence is selected on its own.
 
     Example:
+        >>> from tgattn.builders import draw
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k = torch.randn(8, 1, 4, generator=g), torch.randn(8, 1, 4, generator=g)
+        >>> p = probsparse(q, k, 1, causal=True, generator=g)  # u = ceil(ln 8) = 3 active queries
+        >>> print(draw(p.edge_index, 8))
+        . . . . . . . .
+        . . . . . . . .
+        x x x . . . . .
+        . . . . . . . .
+        x x x x x . . .
+        . . . . . . . .
+        . . . . . . . .
+        x x x x x x x x
         >>> q, k = torch.randn(50, 2, 8), torch.randn(50, 2, 8)
         >>> p = probsparse(q, k, 2, generator=torch.Generator().manual_seed(0))
         >>> p.active.sum(0).tolist()  # u = 2 * ceil(ln 50) = 8 active queries per head

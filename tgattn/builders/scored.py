@@ -66,6 +66,14 @@ def topk(q: Tensor, k: Tensor, k_top: int, *, base: Optional[Tensor] = None) -> 
     Example:
         >>> from tgattn import builders
         >>> from tgattn.functional import graph_attention
+        >>> q = torch.ones(5, 1, 1)  # one head, scores q_i . k_j = k_j = 3 1 4 1 5
+        >>> k = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0]).view(5, 1, 1)
+        >>> print(builders.draw(topk(q, k, 2, base=builders.causal(5)).edge_index))
+        x . . . .
+        x x . . .
+        x . x . .
+        x . x . .
+        . . x . x
         >>> q, k, v = torch.randn(6, 2, 4), torch.randn(6, 2, 4), torch.randn(6, 2, 4)
         >>> sel = topk(q, k, 2, base=builders.causal(6))
         >>> bool((sel.bias == 0).sum(0).eq(1 + 2 * 5).all())  # per head: 1 + 2 + 2 + ... keys
