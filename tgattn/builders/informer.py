@@ -97,8 +97,8 @@ def probsparse(
 
     Differences from the Informer code, on purpose: ``M`` uses the mean of the sampled scores
     (the code divides their sum by ``L_K``, i.e. shrinks the mean by ``U / L_K``, so for
-    ``U << L_K`` it ranks queries mostly by their maximum); with ``causal=True`` keys are sampled among ``j <= i`` (the code samples
-    future keys too). Pass ``sample=`` to score on your own indices. The selection is not
+    ``U << L_K`` it ranks queries mostly by their maximum); with ``causal=True`` keys are
+    sampled among ``j <= i`` (the code samples future keys too). Pass ``sample=`` to score on your own indices. The selection is not
     differentiable; the active queries' scores are.
     Zhou et al., "Informer: Beyond Efficient Transformer for Long Sequence Time-Series
     Forecasting", AAAI 2021, section 3.1 (Eq. 4 and "ProbSparse Self-attention").
