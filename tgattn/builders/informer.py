@@ -93,13 +93,14 @@ def probsparse(
     queries get no edges here; :func:`tgattn.probsparse.probsparse_attention` gives them the
     mean of V (running mean when causal). Heads choose different queries: the result is the
     union edge set with a per-head bias, as for :func:`topk`.
-    Edges: ``a * L_K`` for ``a`` queries active in some head (``u <= a <= u H``).
+    Edges: ``a * L_K`` for ``a`` queries active in some head (``u <= a <= u H``); causal:
+    ``sum (i + 1)`` over those queries.
 
     Differences from the Informer code, on purpose: ``M`` uses the mean of the sampled scores
     (the code divides their sum by ``L_K``, i.e. shrinks the mean by ``U / L_K``, so for
     ``U << L_K`` it ranks queries mostly by their maximum); with ``causal=True`` keys are
-    sampled among ``j <= i`` (the code samples future keys too). Pass ``sample=`` to score on your own indices. The selection is not
-    differentiable; the active queries' scores are.
+    sampled among ``j <= i`` (the code samples future keys too). Pass ``sample=`` to score
+    on your own indices. The selection is not differentiable; the active queries' scores are.
     Zhou et al., "Informer: Beyond Efficient Transformer for Long Sequence Time-Series
     Forecasting", AAAI 2021, section 3.1 (Eq. 4 and "ProbSparse Self-attention").
 
