@@ -8,10 +8,7 @@ import torch
 from torch import Tensor
 
 from ._common import as_lengths, check_count
-from .cross import cross
-from .dense import causal as causal_edges
-from .dense import full
-from .scored import head_pattern
+from .scored import edge_scores, head_pattern
 
 
 class ProbSparsePattern(NamedTuple):
@@ -55,8 +52,19 @@ def sample_keys(n_q: int, n_k: int, factor: int, *, causal: bool = False, genera
 
 def sparsity(q: Tensor, k: Tensor, sample: Tensor) -> Tensor:
     """Informer's query sparsity measurement ``M = max - mean`` of the sampled scores: ``[Nq, H]``."""
-    scores = torch.einsum("ihd,iuhd->iuh", q, k[sample]) * q.shape[-1] ** -0.5  # [Nq, U, H]
+    n_q, u = sample.shape
+    queries = torch.arange(n_q, device=q.device).repeat_interleave(u)
+    scores = edge_scores(q, k, sample.reshape(-1), queries).view(n_q, u, -1) * q.shape[-1] ** -0.5  # [Nq, U, H]
     return scores.amax(dim=1) - scores.mean(dim=1)
+
+
+def _rows(rows: Tensor, start: Tensor, count: Tensor) -> Tensor:
+    """Edges from keys ``start[i] .. start[i] + count[i] - 1`` to each query i in sorted ``rows``."""
+    counts = count[rows]
+    dst = rows.repeat_interleave(counts)
+    first = torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [E] where my row begins
+    src = start[dst] + torch.arange(dst.numel(), device=rows.device) - first
+    return torch.stack([src, dst])
 
 
 def _select(q: Tensor, k: Tensor, factor: int, causal: bool, generator, sample: Optional[Tensor]):
@@ -145,7 +153,8 @@ def probsparse(
         raise ValueError(f"lengths sum to {sum(seq_lengths)}, but q has {n_q} nodes")
     if seq_lengths is None:
         active, sample = _select(q, k, factor, causal, generator, sample)
-        base = causal_edges(n_q, device=q.device) if causal else cross(n_q, n_k, device=q.device)
+        start = torch.zeros(n_q, dtype=torch.long, device=q.device)  # keys of query i: 0 .. count_i - 1
+        count = torch.arange(1, n_q + 1, device=q.device) if causal else torch.full_like(start, n_k)
     else:
         if sample is not None:
             raise ValueError("sample= works on one sequence; call probsparse per sequence to give samples")
@@ -158,8 +167,10 @@ def probsparse(
             active[part], own = _select(q[part], k[part], factor, causal, generator, None)
             sample[part, : own.shape[1]] = own + offset
             offset += length
-        base = (causal_edges if causal else full)(seq_lengths, device=q.device)
-    keep = active[base[1]]  # [E, H]: edge kept by a head when its query is active there
-    edges, bias = head_pattern(base, keep, q.dtype)
+        sizes = torch.tensor(seq_lengths, device=q.device)
+        start = torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)  # [N] first node of my sequence
+        count = torch.arange(n_q, device=q.device) - start + 1 if causal else torch.repeat_interleave(sizes, sizes)
+    edges = _rows(active.any(dim=1).nonzero().view(-1), start, count)  # all allowed keys of active rows
+    edges, bias = head_pattern(edges, active[edges[1]], q.dtype)  # kept by a head where its query is active
     return ProbSparsePattern(edges, bias, active, sample)
 

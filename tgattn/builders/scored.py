@@ -28,6 +28,16 @@ def head_pattern(edge_index: Tensor, keep: Tensor, dtype: torch.dtype) -> HeadPa
     return HeadPattern(edge_index[:, used], bias)
 
 
+def edge_scores(q: Tensor, k: Tensor, src: Tensor, dst: Tensor, *, chunk: int = 1 << 22) -> Tensor:
+    """Per-edge, per-head dot products ``<q_dst, k_src>``: ``[E, H]``, gathered ``chunk`` floats at a time."""
+    scores = q.new_empty(src.numel(), q.shape[1])  # [E, H]
+    step = max(1, chunk // max(q.shape[1] * q.shape[2], 1))
+    for start in range(0, src.numel(), step):
+        part = slice(start, start + step)
+        scores[part] = torch.einsum("ehd,ehd->eh", q[dst[part]], k[src[part]])
+    return scores
+
+
 def head_masks(pattern: HeadPattern, n_q: int, n_k: int) -> Tensor:
     """The dense per-head twin ``[H, Nq, Nk]`` of a :class:`HeadPattern` (True = attended)."""
     src, dst = pattern.edge_index
@@ -92,7 +102,7 @@ def topk(q: Tensor, k: Tensor, k_top: int, *, base: Optional[Tensor] = None) -> 
         base = sort_unique(check_edge_index(base, n_k, n_q), n_k)
     src, dst = base
     with torch.no_grad():
-        scores = (q[dst] * k[src]).sum(-1)  # [E, H]
+        scores = edge_scores(q, k, src, dst)  # [E, H]
         by_score = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [E, H]
         by_target = torch.sort(dst[by_score], dim=0, stable=True).indices  # [E, H]
         order = by_score.gather(0, by_target)  # [E, H]: edges by (target, score desc)
