@@ -62,7 +62,9 @@ def topk(q: Tensor, k: Tensor, k_top: int, *, base: Optional[Tensor] = None) -> 
     The selection is not differentiable (it is computed without gradient, and changing
     which keys win is a step function); the kept scores are: gradients flow to ``q``, ``k``
     and ``v`` through the softmax over the selected keys, as in dense attention under a
-    fixed mask. Cf. Gupta et al., "Memory-efficient Transformers via Top-k Attention", 2021;
+    fixed mask. Cost: one score per base edge and head (``O(E H d)``, chunked) and two
+    stable sorts of ``[E, H]``; the default base (all pairs) makes that ``O(Nq Nk)``.
+    Cf. Gupta et al., "Memory-efficient Transformers via Top-k Attention", 2021;
     Zhao et al., "Explicit Sparse Transformer", 2019.
 
     Args:
