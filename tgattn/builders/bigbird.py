@@ -27,11 +27,12 @@ def _sample_keys(lengths: List[int], r: int, generator: Optional[torch.Generator
     start = torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)  # [N] first node of my sequence
     queries = torch.arange(n)
     m = queries - start + 1 if causal else torch.repeat_interleave(sizes, sizes)  # [N] allowed keys
+    # Row-major [N, r]: query i uses the numbers i*r .. i*r + r - 1 of the stream, whatever N.
+    uniform = torch.rand(n, r, generator=generator, dtype=torch.float64, device=gen_device).cpu()
     chosen = torch.empty(n, r, dtype=torch.long)  # [N, r] offsets in 0 .. m_i - 1
     for step in range(r):
         top = m - r + step  # Floyd: draw from 0..top; on a repeat take top itself
-        u = torch.rand(n, generator=generator, dtype=torch.float64, device=gen_device).cpu()
-        draw = torch.minimum((u * (top + 1)).long(), top)
+        draw = torch.minimum((uniform[:, step] * (top + 1)).long(), top)
         repeat = (chosen[:, :step] == draw.unsqueeze(1)).any(dim=1)
         chosen[:, step] = torch.where(repeat, top, draw)
     keep = torch.ones(n, r, dtype=torch.bool)
@@ -56,7 +57,11 @@ def random(
     the allowed keys (all keys of the sequence, or ``j <= i`` with ``causal=True``; a query
     with fewer than ``r`` allowed keys takes them all). The draw is element-wise (per token,
     not per 64-token block) and deterministic for a given ``generator`` state; each packed
-    sequence gets its own draw. Edges: ``n r`` for ``r <= n`` (causal: ``n r - r (r - 1) / 2``).
+    sequence gets its own draw. With ``causal=True`` and a CPU generator the draw is
+    prefix-stable: query i's keys depend only on the seed and i, not on ``n``, so
+    ``random(t, r, ...)`` equals the first t rows of ``random(T, r, ...)`` (KV-cache decoding
+    sees the pattern it was trained with). Edges: ``n r`` for ``r <= n`` (causal:
+    ``n r - r (r - 1) / 2``).
     Zaheer et al., "Big Bird: Transformers for Longer Sequences", NeurIPS 2020 (random part).
 
     Args:
@@ -72,10 +77,10 @@ def random(
         >>> print(draw(random(6, 2, generator=g, causal=True)))
         x . . . . .
         x x . . . .
+        . x x . . .
         x x . . . .
         . x x . . .
-        . . x . x .
-        . x . x . .
+        . x x . . .
         >>> random(6, 2, generator=g).shape[1] == 6 * 2
         True
     """
@@ -102,7 +107,8 @@ def bigbird(
     allowed keys, so some may fall inside the window or on a global token; the union keeps
     one edge, hence the count is a range: ``|window ∪ global| <= E <= |window ∪ global| + n r``.
     Deterministic for a given ``generator`` state: the random part is exactly
-    ``random(n, r, generator=..., causal=causal)`` drawn from the same state.
+    ``random(n, r, generator=..., causal=causal)`` drawn from the same state, so the causal
+    pattern is prefix-stable like :func:`random`'s.
     Zaheer et al., "Big Bird: Transformers for Longer Sequences", NeurIPS 2020.
 
     Args:
