@@ -49,7 +49,8 @@ def packed(n: Sizes, single: Callable[[int], Tensor], device=None) -> Tensor:
     """Apply a one-sequence builder to ``n``, or to each packed sequence with node offsets.
 
     The result is block-diagonal (no edge crosses two sequences) and stays sorted by
-    (target, source) because every block is sorted and offsets grow.
+    (target, source) because every block is sorted and offsets grow. Sequences of equal
+    length share one call of ``single`` (so ``single`` must be deterministic).
     """
     lengths = as_lengths(n)
     if lengths is None:
@@ -86,3 +87,27 @@ def sort_unique(edge_index: Tensor, num_keys: int) -> Tensor:
     key = edge_index[1] * max(num_keys, 1) + edge_index[0]
     key = torch.unique(key)  # sorted
     return torch.stack([key % max(num_keys, 1), key // max(num_keys, 1)])
+
+
+def packed_pairs(n_q: Sizes, n_k: Sizes, single: Callable[[int, int], Tensor], device=None) -> Tensor:
+    """Apply a bipartite builder to ``(n_q, n_k)``, or to each pair of packed lengths.
+
+    For packed batches ``n_q = [Lq_1, ...]`` and ``n_k = [Lk_1, ...]`` pair up item by item:
+    query ``i`` of item ``b`` is node ``sum(Lq[:b]) + i`` and key ``j`` is ``sum(Lk[:b]) + j``,
+    so no edge links a query of one item to a key of another.
+    """
+    q_lengths, k_lengths = as_lengths(n_q), as_lengths(n_k)
+    if (q_lengths is None) != (k_lengths is None):
+        raise ValueError(f"n_q and n_k must both be ints or both be packed lengths (got {n_q!r} and {n_k!r})")
+    if q_lengths is None:
+        return single(int(n_q), int(n_k)).to(device)
+    if len(q_lengths) != len(k_lengths):
+        raise ValueError(f"n_q and n_k must pair up: {len(q_lengths)} query lengths vs {len(k_lengths)} key lengths")
+    parts, q_offset, k_offset = [], 0, 0
+    for lq, lk in zip(q_lengths, k_lengths):
+        block = single(lq, lk).to(device)
+        parts.append(block + torch.tensor([[k_offset], [q_offset]], device=device))
+        q_offset, k_offset = q_offset + lq, k_offset + lk
+    if not parts:
+        return torch.empty(2, 0, dtype=torch.long, device=device)
+    return torch.cat(parts, dim=1)
