@@ -66,3 +66,11 @@ def test_weights_rows_sum_to_one():
     _, weights = dense_attention(q, k, v, mask, return_weights=True)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 5, dtype=torch.float64))
     assert (weights[:, ~mask] == 0).all()
+
+
+def test_no_keys_gives_zeros():
+    q, k, v = (t.requires_grad_() for t in _qkv(3, 0, 2, 4, 5))
+    out = dense_attention(q, k, v, torch.zeros(3, 0, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros(3, 2, 5, dtype=torch.float64))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))

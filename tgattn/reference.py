@@ -63,13 +63,16 @@ def dense_attention(
         scores = scores + bias.expand(h, nq, nk)
     if mask is None:
         mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
-    allowed = mask.expand(h, nq, nk) & (scores != float("-inf"))
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    # The row maximum only shifts the exponent; empty rows use 0 to avoid inf - inf.
-    row_max = scores.amax(dim=-1, keepdim=True).detach()
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    expd = torch.exp(scores - row_max) * allowed
-    denom = expd.sum(dim=-1, keepdim=True)
-    weights = expd / torch.where(denom > 0, denom, torch.ones_like(denom))  # [H, Nq, Nk]
+    if nk == 0:
+        weights = scores  # [H, Nq, 0]: nothing to normalise, every row is empty
+    else:
+        allowed = mask.expand(h, nq, nk) & (scores != float("-inf"))
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        # The row maximum only shifts the exponent; empty rows use 0 to avoid inf - inf.
+        row_max = scores.amax(dim=-1, keepdim=True).detach()
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        expd = torch.exp(scores - row_max) * allowed
+        denom = expd.sum(dim=-1, keepdim=True)
+        weights = expd / torch.where(denom > 0, denom, torch.ones_like(denom))  # [H, Nq, Nk]
     out = torch.einsum("hij,jhd->ihd", weights, v)  # [Nq, H, dv]
     return (out, weights) if return_weights else out
