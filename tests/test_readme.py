@@ -1,4 +1,8 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written.
+
+Blocks fenced ```python run here; long reproductions (tens of seconds) are fenced ```py and
+are covered by the test of the function they call instead.
+"""
 import re
 
 import pytest
