@@ -4,8 +4,43 @@ Every builder returns ``LongTensor[2, E]`` sorted by (target, source), without d
 ``edge_index[0]`` = key j, ``edge_index[1]`` = query i (rows = queries i, columns = keys j
 in the dense twin ``to_mask``). Each accepts a length ``n`` or the lengths of a packed batch.
 """
+from .bigbird import bigbird, random
+from .combine import add_self_loops, difference, intersection, union
+from .cross import cross, cross_window
 from .dense import causal, full
+from .informer import ProbSparsePattern, probsparse
+from .local import block_local, dilated
+from .longformer import global_tokens
 from .mask import draw, from_mask, to_mask
+from .prefix import prefix_lm
+from .scored import HeadPattern, head_masks, topk
+from .sparse_transformer import fixed, strided
 from .window import window
 
-__all__ = ["causal", "draw", "from_mask", "full", "to_mask", "window"]
+__all__ = [
+    "HeadPattern",
+    "ProbSparsePattern",
+    "add_self_loops",
+    "bigbird",
+    "block_local",
+    "causal",
+    "cross",
+    "cross_window",
+    "difference",
+    "dilated",
+    "draw",
+    "fixed",
+    "from_mask",
+    "full",
+    "global_tokens",
+    "head_masks",
+    "intersection",
+    "prefix_lm",
+    "probsparse",
+    "random",
+    "strided",
+    "to_mask",
+    "topk",
+    "union",
+    "window",
+]

@@ -45,20 +45,22 @@ def total_nodes(n: Sizes) -> int:
     return int(n) if lengths is None else sum(lengths)
 
 
-def packed(n: Sizes, single: Callable[[int], Tensor], device=None) -> Tensor:
+def packed(n: Sizes, single: Callable[[int], Tensor], device=None, *, cache: bool = True) -> Tensor:
     """Apply a one-sequence builder to ``n``, or to each packed sequence with node offsets.
 
     The result is block-diagonal (no edge crosses two sequences) and stays sorted by
-    (target, source) because every block is sorted and offsets grow.
+    (target, source) because every block is sorted and offsets grow. With ``cache=True``
+    sequences of equal length share one call of ``single``; random builders pass
+    ``cache=False`` so that every sequence gets its own draw.
     """
     lengths = as_lengths(n)
     if lengths is None:
         return single(int(n)).to(device)
-    cache, parts, offset = {}, [], 0
+    memo, parts, offset = {}, [], 0
     for length in lengths:
-        if length not in cache:
-            cache[length] = single(length).to(device)
-        parts.append(cache[length] + offset)
+        block = memo[length] if cache and length in memo else single(length).to(device)
+        memo[length] = block
+        parts.append(block + offset)
         offset += length
     if not parts:
         return torch.empty(2, 0, dtype=torch.long, device=device)
@@ -86,3 +88,27 @@ def sort_unique(edge_index: Tensor, num_keys: int) -> Tensor:
     key = edge_index[1] * max(num_keys, 1) + edge_index[0]
     key = torch.unique(key)  # sorted
     return torch.stack([key % max(num_keys, 1), key // max(num_keys, 1)])
+
+
+def packed_pairs(n_q: Sizes, n_k: Sizes, single: Callable[[int, int], Tensor], device=None) -> Tensor:
+    """Apply a bipartite builder to ``(n_q, n_k)``, or to each pair of packed lengths.
+
+    For packed batches ``n_q = [Lq_1, ...]`` and ``n_k = [Lk_1, ...]`` pair up item by item:
+    query ``i`` of item ``b`` is node ``sum(Lq[:b]) + i`` and key ``j`` is ``sum(Lk[:b]) + j``,
+    so no edge links a query of one item to a key of another.
+    """
+    q_lengths, k_lengths = as_lengths(n_q), as_lengths(n_k)
+    if (q_lengths is None) != (k_lengths is None):
+        raise ValueError(f"n_q and n_k must both be ints or both be packed lengths (got {n_q!r} and {n_k!r})")
+    if q_lengths is None:
+        return single(int(n_q), int(n_k)).to(device)
+    if len(q_lengths) != len(k_lengths):
+        raise ValueError(f"n_q and n_k must pair up: {len(q_lengths)} query lengths vs {len(k_lengths)} key lengths")
+    parts, q_offset, k_offset = [], 0, 0
+    for lq, lk in zip(q_lengths, k_lengths):
+        block = single(lq, lk).to(device)
+        parts.append(block + torch.tensor([[k_offset], [q_offset]], device=device))
+        q_offset, k_offset = q_offset + lq, k_offset + lk
+    if not parts:
+        return torch.empty(2, 0, dtype=torch.long, device=device)
+    return torch.cat(parts, dim=1)

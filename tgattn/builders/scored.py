@@ -1,0 +1,96 @@
+"""Data-dependent selection: per query and per head, keep the ``k_top`` best-scoring keys."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from ..functional import check_edge_index
+from ._common import check_count, sort_unique
+from .cross import cross
+
+
+class HeadPattern(NamedTuple):
+    """Per-head patterns as one edge set: heads share ``edge_index``; ``bias [E, H]`` is 0 where
+    head h keeps edge e and ``-inf`` where it drops it. Pass both to the layer / functional:
+    ``graph_attention(q, k, v, p.edge_index, bias=p.bias)``."""
+
+    edge_index: Tensor
+    bias: Tensor
+
+
+def head_pattern(edge_index: Tensor, keep: Tensor, dtype: torch.dtype) -> HeadPattern:
+    """The union of the per-head edge sets ``keep [E, H]`` over ``edge_index``, with its bias."""
+    used = keep.any(dim=1)  # [E]
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    bias = torch.where(keep[used], zero, torch.full_like(zero, float("-inf")))  # [E', H]
+    return HeadPattern(edge_index[:, used], bias)
+
+
+def head_masks(pattern: HeadPattern, n_q: int, n_k: int) -> Tensor:
+    """The dense per-head twin ``[H, Nq, Nk]`` of a :class:`HeadPattern` (True = attended)."""
+    src, dst = pattern.edge_index
+    h = pattern.bias.shape[1]
+    mask = torch.zeros(h, n_q, n_k, dtype=torch.bool, device=pattern.bias.device)
+    heads, edges = (pattern.bias == 0).T.nonzero(as_tuple=True)
+    mask[heads, dst[edges], src[edges]] = True
+    return mask
+
+
+def topk(q: Tensor, k: Tensor, k_top: int, *, base: Optional[Tensor] = None) -> HeadPattern:
+    """Per query i and per head h, keep the ``k_top`` keys of ``base`` with the largest ``<q_i, k_j>``.
+
+    Heads choose different keys, so the result is a :class:`HeadPattern`: the union edge
+    set (sorted by (target, source)) plus a bias ``[E, H]`` of 0 (kept by this head) or
+    ``-inf`` (dropped); attention with that bias equals dense attention under the per-head
+    mask :func:`head_masks` (the layer's softmax gives ``-inf`` scores weight 0).
+    Rows = queries i, columns = keys j; rule per head: ``j`` among the ``k_top`` largest
+    ``q_i . k_j`` over ``base``'s keys of i (a query with fewer keys keeps them all; ties go
+    to the smaller j). Edges: at most ``n_q * min(k_top * H, n_k)``; ``n_q * k_top`` per head.
+
+    The selection is not differentiable (it is computed without gradient, and changing
+    which keys win is a step function); the kept scores are: gradients flow to ``q``, ``k``
+    and ``v`` through the softmax over the selected keys, as in dense attention under a
+    fixed mask. Cf. Gupta et al., "Memory-efficient Transformers via Top-k Attention", 2021;
+    Zhao et al., "Explicit Sparse Transformer", 2019.
+
+    Args:
+        q: queries ``[Nq, H, d]`` (e.g. from ``GraphAttention.project``).
+        k: keys ``[Nk, H, d]``.
+        k_top: keys kept per query and head, ``0 <= k_top <= Nk``.
+        base: candidate edges ``[2, E]`` (default: all ``Nq x Nk`` pairs). For a packed
+            batch pass ``builders.full(lengths)`` (or any builder) so that no query picks a
+            key of another sequence; ``builders.causal(n)`` gives causal top-k.
+
+    Example:
+        >>> from tgattn import builders
+        >>> from tgattn.functional import graph_attention
+        >>> q, k, v = torch.randn(6, 2, 4), torch.randn(6, 2, 4), torch.randn(6, 2, 4)
+        >>> sel = topk(q, k, 2, base=builders.causal(6))
+        >>> bool((sel.bias == 0).sum(0).eq(1 + 2 * 5).all())  # per head: 1 + 2 + 2 + ... keys
+        True
+        >>> out = graph_attention(q, k, v, sel.edge_index, bias=sel.bias)
+    """
+    if q.dim() != 3 or k.dim() != 3 or q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q and k must have shapes [Nq, H, d] and [Nk, H, d] (got {list(q.shape)} and {list(k.shape)})")
+    n_q, n_k = q.shape[0], k.shape[0]
+    k_top = check_count("k_top", k_top)
+    if k_top > n_k:
+        raise ValueError(f"k_top must be <= the number of keys {n_k} (got {k_top})")
+    if base is None:
+        base = cross(n_q, n_k, device=q.device)
+    else:
+        base = sort_unique(check_edge_index(base, n_k, n_q), n_k)
+    src, dst = base
+    with torch.no_grad():
+        scores = (q[dst] * k[src]).sum(-1)  # [E, H]
+        by_score = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [E, H]
+        by_target = torch.sort(dst[by_score], dim=0, stable=True).indices  # [E, H]
+        order = by_score.gather(0, by_target)  # [E, H]: edges by (target, score desc)
+        first = torch.zeros(n_q + 1, dtype=torch.long, device=base.device)
+        first[1:] = torch.bincount(dst, minlength=n_q).cumsum(0)  # where each target starts
+        position = torch.arange(base.shape[1], device=base.device)
+        rank = position - first[dst]  # dst is sorted, so this is the rank at each sorted position
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(0, order, (rank < k_top).unsqueeze(1).expand_as(order))
+    return head_pattern(base, keep, q.dtype)
