@@ -19,6 +19,8 @@ PATTERNS = {
     "causal": (dict(pattern="causal"), None),
     "window2": (dict(pattern="window", window=2), None),
     "window5": (dict(pattern="window", window=5), None),
+    "dilated": (dict(pattern="dilated", window=3, dilation=2), None),
+    "bigbird": (dict(pattern="bigbird", window=2, num_global=1, num_random=2), None),
     "injected": (dict(), random_causal),
 }
 
@@ -104,3 +106,18 @@ def test_tied_head_and_parameter_count():
     d, v, t, layers = 16, 11, 12, 2
     per_block = 2 * d + 4 * d * d + 8 * d * d  # two LayerNorm weights, attention, MLP (no biases)
     assert model.num_params() == v * d + t * d + layers * per_block + d
+
+
+def test_sparse_patterns_match_their_rules():
+    t = 12
+    i, j = torch.arange(t).unsqueeze(1), torch.arange(t)
+    dilated = GPT(GPTConfig(**SMALL, pattern="dilated", window=3, dilation=2)).edges(1, t)
+    rule = (i >= j) & ((i - j) % 2 == 0) & ((i - j) <= 6)
+    assert torch.equal(builders.to_mask(dilated, t, t), rule)
+    bigbird = GPT(GPTConfig(**SMALL, pattern="bigbird", window=2, num_global=1, num_random=2)).edges(2, t)
+    mask = builders.to_mask(bigbird, 2 * t, 2 * t)
+    for b in range(2):
+        block = mask[b * t : (b + 1) * t, b * t : (b + 1) * t]
+        assert bool((block >= (((i - j) <= 2) & (i >= j)) | ((j == 0) & (i >= j))).all())  # window + global
+        assert bool((block <= (i >= j)).all()) and block.sum() <= 3 * t + 2 * t  # causal, few random keys
+    assert torch.equal(bigbird, GPT(GPTConfig(**SMALL, pattern="bigbird", window=2, num_global=1, num_random=2)).edges(2, t))
