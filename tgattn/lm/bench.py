@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -30,12 +31,14 @@ def _ints(text: str):
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("bench-decode", help="incremental decoding vs full recomputation (window pattern)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--lengths", type=_ints, default=[256, 1024, 4096], help="context lengths (default: 256,1024,4096)")
     p.add_argument("--window", type=int, default=32, help="window radius w (default: 32)")
     p.add_argument("--tokens", type=int, default=16, help="timed tokens per length (default: 16)")
     p.set_defaults(func=bench_decode)
 
     p = sub.add_parser("bench-train", help="time per training step: graph GPT vs dense twin, interleaved")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--pattern", default="causal")
     p.add_argument("--window", type=int, default=32)
     p.add_argument("--block-size", type=int, default=64)
@@ -44,13 +47,17 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=bench_train)
 
     p = sub.add_parser("bench-memory", help="peak training memory; longest window context in dense memory")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--dense-block", type=int, default=64, help="the dense model's context (default: 64)")
     p.add_argument("--window", type=int, default=32)
-    p.add_argument("--lengths", type=_ints, default=[64, 128, 256, 512, 1024, 2048, 4096])
+    p.add_argument("--lengths", type=_ints, default=[64, 96, 128, 256, 512, 1024])
+    p.add_argument("--tokens", type=int, default=0, help="keep batch * context at this many tokens (default: off)")
+    p.add_argument("--with-dense", action="store_true", help="also measure the dense model at each length")
     p.set_defaults(func=bench_memory)
 
-    p = sub.add_parser("memory-probe", help=argparse_suppress())
+    p = sub.add_parser("memory-probe", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--attention", default="graph")
     p.add_argument("--pattern", default="causal")
     p.add_argument("--window", type=int, default=32)
@@ -59,13 +66,13 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=memory_probe)
 
 
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
+def _threads(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
 
 def bench_decode(args) -> int:
+    _threads(args)
     torch.manual_seed(0)
     longest = max(args.lengths) + args.tokens + 1
     config = GPTConfig(block_size=longest, pattern="window", window=args.window)
@@ -111,6 +118,7 @@ def _train_step(model, optimizer, x, y) -> None:
 
 
 def bench_train(args) -> int:
+    _threads(args)
     torch.manual_seed(0)
     common = dict(block_size=args.block_size, pattern=args.pattern, window=args.window)
     graph = GPT(GPTConfig(**common)).train()
@@ -146,6 +154,7 @@ def _rss_bytes() -> int:
 
 def memory_probe(args) -> int:
     """One configuration, in this (fresh) process: peak RSS growth over two training steps."""
+    _threads(args)
     torch.manual_seed(0)
     config = GPTConfig(block_size=args.block_size, attention=args.attention, pattern=args.pattern, window=args.window)
     model = GPT(config).train()
@@ -170,13 +179,23 @@ def _probe(**kw) -> dict:
 
 def bench_memory(args) -> int:
     b = args.batch_size
-    budget = _probe(attention="dense", pattern="causal", block_size=args.dense_block, batch_size=b)
+
+    def _probe_t(**kw):
+        return _probe(**kw, threads=args.threads)
+
+    budget = _probe_t(attention="dense", pattern="causal", block_size=args.dense_block, batch_size=b)
     print(json.dumps({"model": "dense causal", "block_size": args.dense_block, "batch_size": b, **budget}), flush=True)
     longest = None
     for length in args.lengths:
-        row = _probe(attention="graph", pattern="window", window=args.window, block_size=length, batch_size=b)
-        fits = row["peak_extra_mb"] <= budget["peak_extra_mb"]
-        longest = length if fits else longest
-        print(json.dumps({"model": f"graph window w={args.window}", "block_size": length, "batch_size": b, **row, "fits": fits}), flush=True)
-    print(json.dumps({"longest_window_context_within_dense_memory": longest, "dense_budget_mb": budget["peak_extra_mb"]}))
+        batch = max(args.tokens // length, 1) if args.tokens else b
+        for name, kw in (("dense causal", dict(attention="dense", pattern="causal")),
+                         (f"graph window w={args.window}", dict(attention="graph", pattern="window", window=args.window))):
+            if name.startswith("dense") and not args.with_dense:
+                continue
+            row = _probe_t(**kw, block_size=length, batch_size=batch)
+            fits = row["peak_extra_mb"] <= budget["peak_extra_mb"]
+            if name.startswith("graph") and fits:
+                longest = length
+            print(json.dumps({"model": name, "block_size": length, "batch_size": batch, **row, "fits_dense_budget": fits}), flush=True)
+    print(json.dumps({"longest_window_context_within_dense_budget": longest, "dense_budget_mb": budget["peak_extra_mb"]}))
     return 0

@@ -157,7 +157,7 @@ def train(
         if bar is not None:
             bar.write(f"iter {it}: train loss {row['train']:.4f}, val loss {row['val']:.4f}")
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     history = {"steps": [], "evals": [], "model": model}
     bar = tqdm(total=cfg.max_iters, initial=start, disable=not progress, desc=f"train {model_config.attention}")
