@@ -45,8 +45,8 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
 
     Example:
         >>> cfg = TrainConfig()
-        >>> lr_at(0, cfg), lr_at(100, cfg), round(lr_at(1050, cfg), 6), lr_at(5000, cfg)
-        (1e-05, 0.001, 0.00055, 0.0001)
+        >>> round(lr_at(0, cfg), 8), lr_at(100, cfg), round(lr_at(1050, cfg), 6), lr_at(5000, cfg)
+        (9.9e-06, 0.001, 0.00055, 0.0001)
     """
     if it < cfg.warmup_iters:
         return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)
