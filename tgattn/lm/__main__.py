@@ -41,7 +41,8 @@ def _corpus(args):
 
 def cmd_train(args) -> int:
     tok, train_ids, val_ids = _corpus(args)
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model_config = _pick(args, GPTConfig, vocab_size=len(tok))
     cfg = _pick(args, TrainConfig)
     ckpt = Path(args.out) / "ckpt.pt"

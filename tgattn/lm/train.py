@@ -160,8 +160,7 @@ def train(
     from tqdm import tqdm
 
     history = {"steps": [], "evals": [], "model": model}
-    bar = tqdm(total=cfg.max_iters, initial=start, disable=not progress, desc=f"train {model_config.attention}")
-    bar = None if not progress else bar
+    bar = tqdm(total=cfg.max_iters, initial=start, desc=f"train {model_config.attention}") if progress else None
     model.train()
     tokens = cfg.batch_size * model_config.block_size
     for it in range(start, cfg.max_iters):
