@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from builder_checks import assert_edge_set, assert_layer_matches_dense, assert_matches_dense, block_diag, ij
+from builder_checks import assert_edge_set, assert_layer_matches_dense, assert_matches_dense, block_diag, ij, packed_twin
 from tgattn import builders
 
 
@@ -34,20 +34,33 @@ def test_random_deterministic_per_seed_and_independent_per_sequence():
     assert_edge_set(a, block_diag([builders.to_mask(first, 20), builders.to_mask(second, 20)]))
 
 
+@pytest.mark.parametrize("make", [
+    lambda n, g: builders.random(n, 3, generator=g, causal=True),
+    lambda n, g: builders.bigbird(n, 2, 1, 3, generator=g, causal=True),
+])
+def test_causal_draw_is_prefix_stable(make):
+    # query i's random keys depend on the seed and i only: decoding token by token sees the training pattern
+    full = make(40, gen(9))
+    for t in (0, 1, 7, 25, 40):
+        assert torch.equal(make(t, gen(9)), full[:, full[1] < t])
+
+
 def test_random_is_uniform():
-    # 2000 draws of 3 keys out of 10 for query 0: every key appears with frequency 3/10.
-    g = gen(1)
-    counts = torch.zeros(10)
-    for _ in range(2000):
-        e = builders.random(10, 3, generator=g)
-        counts += builders.to_mask(e, 10)[0].double()
-    freq = counts / 2000
-    assert (freq - 0.3).abs().max() < 0.04  # 4 sigma of a binomial(2000, 0.3) frequency is 0.041
-    # causal query 4 draws 3 of its 5 allowed keys: frequency 3/5 each
-    counts = torch.zeros(10)
-    for _ in range(2000):
-        counts += builders.to_mask(builders.random(10, 3, generator=g, causal=True), 10)[4].double()
-    assert (counts[:5] / 2000 - 0.6).abs().max() < 0.045 and counts[5:].sum() == 0
+    # 600 packed sequences of 10 tokens, 3 keys per query: every query row is an independent draw.
+    masks = builders.to_mask(builders.random([10] * 600, 3, generator=gen(1)), 6000).view(600, 10, 600, 10)
+    rows = torch.stack([masks[b, :, b] for b in range(600)])  # [600, 10 queries, 10 keys]
+    freq = rows.double().mean(dim=(0, 1))  # each key is picked with probability 3/10
+    assert (freq - 0.3).abs().max() < 0.025  # 4 sigma of a mean of 6000 Bernoulli(0.3)
+    # whole subsets: 2 of 5 keys, the 10 pairs equally likely (3000 draws, 300 +- 16.4 each)
+    pairs = builders.to_mask(builders.random([5] * 600, 2, generator=gen(2)), 3000).view(600, 5, 600, 5)
+    picks = torch.stack([pairs[b, :, b] for b in range(600)]).reshape(3000, 5)
+    codes = (picks.long() * (2 ** torch.arange(5))).sum(1)
+    counts = torch.bincount(codes, minlength=32)[codes.unique()]
+    assert len(counts) == 10 and (counts - 300).abs().max() < 82
+    # causal query 4 draws 3 of its 5 allowed keys: frequency 3/5 each, never a future key
+    causal = builders.to_mask(builders.random([10] * 600, 3, generator=gen(3), causal=True), 6000).view(600, 10, 600, 10)
+    row4 = torch.stack([causal[b, 4, b] for b in range(600)]).double()
+    assert (row4[:, :5].mean(0) - 0.6).abs().max() < 0.08 and row4[:, 5:].sum() == 0
 
 
 def bigbird_twin(n, w, g, r, seed, causal):
@@ -62,6 +75,15 @@ def bigbird_twin(n, w, g, r, seed, causal):
 def test_bigbird_rule(n, w, g, r, causal):
     e = builders.bigbird(n, w, g, r, generator=gen(3), causal=causal)
     assert_edge_set(e, bigbird_twin(n, w, g, r, 3, causal))
+
+
+def test_bigbird_packed_twin():
+    lengths = [5, 0, 1, 12, 9]
+    e = builders.bigbird(lengths, 1, 2, 2, generator=gen(4), causal=True)
+    rand = builders.to_mask(builders.random(lengths, 2, generator=gen(4), causal=True), 27)
+    local = packed_twin(lengths, lambda n: bigbird_twin(n, 1, 2, 0, 0, True))
+    i, j = ij(27)
+    assert_edge_set(e, (local | rand) & (j <= i))
 
 
 def test_bigbird_packed_is_block_diagonal():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from builder_checks import TOL, assert_edge_set, assert_matches_dense, block_diag, ij
+from builder_checks import TOL, assert_edge_set, assert_matches_dense, ij
 from tgattn import GraphAttention, builders
 from tgattn.reference import dense_attention
 

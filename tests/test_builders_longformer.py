@@ -44,7 +44,7 @@ def test_errors():
         builders.global_tokens(6, [1, 6])
     with pytest.raises(ValueError, match="position -1, outside"):
         builders.global_tokens(6, [-1])
-    with pytest.raises(ValueError, match="position 5, outside a sequence of length 5"):
+    with pytest.raises(ValueError, match=r"position 5, outside every packed sequence \(the longest has length 5\)"):
         builders.global_tokens([5, 2], [3, 5])
     with pytest.raises(ValueError, match="integer positions"):
         builders.global_tokens(6, [0.5])

@@ -35,6 +35,24 @@ def _random_edges(n_q: int, n_k: int, p: float, seed: int = 0) -> Tensor:
     return builders.from_mask(torch.rand(n_q, n_k, generator=g) < p)
 
 
+def _topk_edges(n: int, k_top: int, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(n, 4, 8, generator=g), torch.randn(n, 4, 8, generator=g)
+    return builders.topk(q, k, k_top).edge_index
+
+
+def _probsparse_edges(n: int, factor: int, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(n, 4, 8, generator=g), torch.randn(n, 4, 8, generator=g)
+    return builders.probsparse(q, k, factor, causal=True, generator=g).edge_index
+
+
+def _networkx_edges(n: int, p: float, seed: int = 0) -> Tensor:
+    import networkx as nx
+
+    return builders.from_networkx(nx.gnp_random_graph(n, p, seed=seed, directed=True))
+
+
 CASES: List[Case] = [
     _square("full(64)", lambda: builders.full(64), 64),
     _square("causal(64)", lambda: builders.causal(64), 64),
@@ -44,6 +62,28 @@ CASES: List[Case] = [
     _square("full(packed [1, 30, 33])", lambda: builders.full([1, 30, 33]), [1, 30, 33]),
     Case("cross random(40 q x 70 k, p=0.1)", lambda: (_random_edges(40, 70, 0.1), 40, 70)),
     _square("random(100, p=0.05) with empty rows", lambda: _random_edges(100, 100, 0.05, seed=1), 100),
+    # pattern families of tgattn.builders (one representative each)
+    _square("dilated(96, w=3, dilation=4)", lambda: builders.dilated(96, 3, 4), 96),
+    _square("block_local(packed [20, 45], 8, causal)", lambda: builders.block_local([20, 45], 8, causal=True), [20, 45]),
+    _square("strided(100, 10, causal)", lambda: builders.strided(100, 10, causal=True), 100),
+    _square("fixed(96, block=16, c=2, causal)", lambda: builders.fixed(96, 16, 2, causal=True), 96),
+    _square(
+        "longformer: window(80, 4) | global [0, 40]",
+        lambda: builders.union(builders.window(80, 4), builders.global_tokens(80, [0, 40])),
+        80,
+    ),
+    _square("random(90, r=5)", lambda: builders.random(90, 5, generator=torch.Generator().manual_seed(0)), 90),
+    _square(
+        "bigbird(packed [30, 70], 3, 2, 3, causal)",
+        lambda: builders.bigbird([30, 70], 3, 2, 3, generator=torch.Generator().manual_seed(0), causal=True),
+        [30, 70],
+    ),
+    _square("prefix_lm(64, prefix=16)", lambda: builders.prefix_lm(64, 16), 64),
+    Case("cross(30 q x 50 k)", lambda: (builders.cross(30, 50), 30, 50)),
+    Case("cross_window(packed [12, 20] x [30, 25], 2)", lambda: (builders.cross_window([12, 20], [30, 25], 2), 32, 55)),
+    _square("topk(64, k_top=6) union of heads", lambda: _topk_edges(64, 6), 64),
+    _square("probsparse(100, c=2, causal) head union", lambda: _probsparse_edges(100, 2), 100),
+    _square("from_networkx(gnp(60, 0.1, directed))", lambda: _networkx_edges(60, 0.1), 60),
 ]
 
 

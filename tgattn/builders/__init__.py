@@ -8,6 +8,7 @@ from .bigbird import bigbird, random
 from .combine import add_self_loops, difference, intersection, union
 from .cross import cross, cross_window
 from .dense import causal, full
+from .graphs import from_networkx
 from .informer import ProbSparsePattern, probsparse
 from .local import block_local, dilated
 from .longformer import global_tokens
@@ -15,9 +16,11 @@ from .mask import draw, from_mask, to_mask
 from .prefix import prefix_lm
 from .scored import HeadPattern, head_masks, topk
 from .sparse_transformer import fixed, strided
+from .structure import Degrees, degree, density, receptive_field, receptive_field_growth
 from .window import window
 
 __all__ = [
+    "Degrees",
     "HeadPattern",
     "ProbSparsePattern",
     "add_self_loops",
@@ -26,11 +29,14 @@ __all__ = [
     "causal",
     "cross",
     "cross_window",
+    "degree",
+    "density",
     "difference",
     "dilated",
     "draw",
     "fixed",
     "from_mask",
+    "from_networkx",
     "full",
     "global_tokens",
     "head_masks",
@@ -38,6 +44,8 @@ __all__ = [
     "prefix_lm",
     "probsparse",
     "random",
+    "receptive_field",
+    "receptive_field_growth",
     "strided",
     "to_mask",
     "topk",

@@ -45,22 +45,21 @@ def total_nodes(n: Sizes) -> int:
     return int(n) if lengths is None else sum(lengths)
 
 
-def packed(n: Sizes, single: Callable[[int], Tensor], device=None, *, cache: bool = True) -> Tensor:
+def packed(n: Sizes, single: Callable[[int], Tensor], device=None) -> Tensor:
     """Apply a one-sequence builder to ``n``, or to each packed sequence with node offsets.
 
     The result is block-diagonal (no edge crosses two sequences) and stays sorted by
-    (target, source) because every block is sorted and offsets grow. With ``cache=True``
-    sequences of equal length share one call of ``single``; random builders pass
-    ``cache=False`` so that every sequence gets its own draw.
+    (target, source) because every block is sorted and offsets grow. Sequences of equal
+    length share one call of ``single`` (so ``single`` must be deterministic).
     """
     lengths = as_lengths(n)
     if lengths is None:
         return single(int(n)).to(device)
-    memo, parts, offset = {}, [], 0
+    cache, parts, offset = {}, [], 0
     for length in lengths:
-        block = memo[length] if cache and length in memo else single(length).to(device)
-        memo[length] = block
-        parts.append(block + offset)
+        if length not in cache:
+            cache[length] = single(length).to(device)
+        parts.append(cache[length] + offset)
         offset += length
     if not parts:
         return torch.empty(2, 0, dtype=torch.long, device=device)

@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import math
-from typing import List, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ._common import as_lengths, check_count
-from .dense import causal as causal_edges
-from .dense import full
-from .cross import cross
-from .scored import head_pattern
+from .scored import edge_scores, head_pattern
 
 
 class ProbSparsePattern(NamedTuple):
@@ -55,8 +52,19 @@ def sample_keys(n_q: int, n_k: int, factor: int, *, causal: bool = False, genera
 
 def sparsity(q: Tensor, k: Tensor, sample: Tensor) -> Tensor:
     """Informer's query sparsity measurement ``M = max - mean`` of the sampled scores: ``[Nq, H]``."""
-    scores = torch.einsum("ihd,iuhd->iuh", q, k[sample]) * q.shape[-1] ** -0.5  # [Nq, U, H]
+    n_q, u = sample.shape
+    queries = torch.arange(n_q, device=q.device).repeat_interleave(u)
+    scores = edge_scores(q, k, sample.reshape(-1), queries).view(n_q, u, -1) * q.shape[-1] ** -0.5  # [Nq, U, H]
     return scores.amax(dim=1) - scores.mean(dim=1)
+
+
+def _rows(rows: Tensor, start: Tensor, count: Tensor) -> Tensor:
+    """Edges from keys ``start[i] .. start[i] + count[i] - 1`` to each query i in sorted ``rows``."""
+    counts = count[rows]
+    dst = rows.repeat_interleave(counts)
+    first = torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [E] where my row begins
+    src = start[dst] + torch.arange(dst.numel(), device=rows.device) - first
+    return torch.stack([src, dst])
 
 
 def _select(q: Tensor, k: Tensor, factor: int, causal: bool, generator, sample: Optional[Tensor]):
@@ -93,13 +101,14 @@ def probsparse(
     queries get no edges here; :func:`tgattn.probsparse.probsparse_attention` gives them the
     mean of V (running mean when causal). Heads choose different queries: the result is the
     union edge set with a per-head bias, as for :func:`topk`.
-    Edges: ``a * L_K`` for ``a`` queries active in some head (``u <= a <= u H``).
+    Edges: ``a * L_K`` for ``a`` queries active in some head (``u <= a <= u H``); causal:
+    ``sum (i + 1)`` over those queries.
 
     Differences from the Informer code, on purpose: ``M`` uses the mean of the sampled scores
-    (the code divides their sum by ``L_K``, which for ``U << L_K`` ranks queries by their
-    maximum alone); with ``causal=True`` keys are sampled among ``j <= i`` (the code samples
-    future keys too). Pass ``sample=`` to score on your own indices. The selection is not
-    differentiable; the active queries' scores are.
+    (the code divides their sum by ``L_K``, i.e. shrinks the mean by ``U / L_K``, so for
+    ``U << L_K`` it ranks queries mostly by their maximum); with ``causal=True`` keys are
+    sampled among ``j <= i`` (the code samples future keys too). Pass ``sample=`` to score
+    on your own indices. The selection is not differentiable; the active queries' scores are.
     Zhou et al., "Informer: Beyond Efficient Transformer for Long Sequence Time-Series
     Forecasting", AAAI 2021, section 3.1 (Eq. 4 and "ProbSparse Self-attention").
 
@@ -113,6 +122,19 @@ def probsparse(
         lengths: lengths of a packed batch; each sequence is selected on its own.
 
     Example:
+        >>> from tgattn.builders import draw
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k = torch.randn(8, 1, 4, generator=g), torch.randn(8, 1, 4, generator=g)
+        >>> p = probsparse(q, k, 1, causal=True, generator=g)  # u = ceil(ln 8) = 3 active queries
+        >>> print(draw(p.edge_index, 8))
+        . . . . . . . .
+        . . . . . . . .
+        x x x . . . . .
+        . . . . . . . .
+        x x x x x . . .
+        . . . . . . . .
+        . . . . . . . .
+        x x x x x x x x
         >>> q, k = torch.randn(50, 2, 8), torch.randn(50, 2, 8)
         >>> p = probsparse(q, k, 2, generator=torch.Generator().manual_seed(0))
         >>> p.active.sum(0).tolist()  # u = 2 * ceil(ln 50) = 8 active queries per head
@@ -131,7 +153,8 @@ def probsparse(
         raise ValueError(f"lengths sum to {sum(seq_lengths)}, but q has {n_q} nodes")
     if seq_lengths is None:
         active, sample = _select(q, k, factor, causal, generator, sample)
-        base = causal_edges(n_q, device=q.device) if causal else cross(n_q, n_k, device=q.device)
+        start = torch.zeros(n_q, dtype=torch.long, device=q.device)  # keys of query i: 0 .. count_i - 1
+        count = torch.arange(1, n_q + 1, device=q.device) if causal else torch.full_like(start, n_k)
     else:
         if sample is not None:
             raise ValueError("sample= works on one sequence; call probsparse per sequence to give samples")
@@ -144,8 +167,10 @@ def probsparse(
             active[part], own = _select(q[part], k[part], factor, causal, generator, None)
             sample[part, : own.shape[1]] = own + offset
             offset += length
-        base = (causal_edges if causal else full)(seq_lengths, device=q.device)
-    keep = active[base[1]]  # [E, H]: edge kept by a head when its query is active there
-    edges, bias = head_pattern(base, keep, q.dtype)
+        sizes = torch.tensor(seq_lengths, device=q.device)
+        start = torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)  # [N] first node of my sequence
+        count = torch.arange(n_q, device=q.device) - start + 1 if causal else torch.repeat_interleave(sizes, sizes)
+    edges = _rows(active.any(dim=1).nonzero().view(-1), start, count)  # all allowed keys of active rows
+    edges, bias = head_pattern(edges, active[edges[1]], q.dtype)  # kept by a head where its query is active
     return ProbSparsePattern(edges, bias, active, sample)
 

@@ -1,7 +1,7 @@
 """Global attention (Longformer): chosen tokens attend to all tokens and are attended by all."""
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -11,8 +11,8 @@ from ._common import Sizes, as_lengths, packed, sort_unique
 Indices = Union[Sequence[int], Tensor]
 
 
-def check_indices(idx: Indices, length: int, name: str = "idx") -> Tensor:
-    """``idx`` as a sorted LongTensor of distinct positions, or ``ValueError`` naming a bad one."""
+def check_indices(idx: Indices, length: int, name: str = "idx", *, where: Optional[str] = None) -> Tensor:
+    """``idx`` as a sorted LongTensor of distinct positions in ``[0, length)``, or ``ValueError`` naming a bad one."""
     idx = torch.as_tensor(idx).reshape(-1)
     if idx.numel() == 0:
         return torch.empty(0, dtype=torch.long)
@@ -21,7 +21,7 @@ def check_indices(idx: Indices, length: int, name: str = "idx") -> Tensor:
     idx = torch.unique(idx.long().cpu())
     if idx.numel() and (int(idx[0]) < 0 or int(idx[-1]) >= length):
         bad = int(idx[0]) if int(idx[0]) < 0 else int(idx[-1])
-        raise ValueError(f"{name} holds position {bad}, outside a sequence of length {length}")
+        raise ValueError(f"{name} holds position {bad}, outside {where or f'a sequence of length {length}'}")
     return idx
 
 
@@ -68,5 +68,9 @@ def global_tokens(n: Sizes, idx: Indices, *, causal: bool = False, device=None) 
     lengths = as_lengths(n)
     if lengths == []:  # an empty batch
         return torch.empty(2, 0, dtype=torch.long, device=device)
-    positions = check_indices(idx, int(n) if lengths is None else max(lengths))
+    if lengths is None:
+        positions = check_indices(idx, int(n))
+    else:
+        longest = max(lengths)
+        positions = check_indices(idx, longest, where=f"every packed sequence (the longest has length {longest})")
     return packed(n, lambda length: global_part(length, positions[positions < length], causal), device)
