@@ -10,6 +10,9 @@ of the call, never from the values of ``q``, ``k``, ``v``:
    duplicated edges;
 3. ``csr`` otherwise; it honours every option.
 
+Inputs holding NaN or infinity always run on ``csr``, which touches nothing but the edges, so
+that a bad key or value reaches exactly the queries that attend to it.
+
 A named backend that cannot honour a call falls back along dense -> tile -> csr, so that
 every backend name is always exact; :func:`plan` tells which one will run.
 """
@@ -72,6 +75,10 @@ def run(
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     chosen = plan(s, backend, bias=bias is not None, dropout=dropout_p > 0, weights=return_weights)
+    if chosen != "csr" and not all(bool(torch.isfinite(t).all()) for t in (q, k, v)):
+        # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
+        # touch the bad key. The CSR kernels only ever touch edges.
+        chosen = "csr"
     if s.perm is not None and bias is not None:
         bias = bias[s.perm]  # sorted edge order
     if chosen == "dense":
