@@ -56,7 +56,8 @@ def _sorted_edges(edge_index: Tensor, n_k: int):
     src, dst = edge_index[0], edge_index[1]
     key = dst * max(n_k, 1) + src  # [E]
     if key.numel() < 2 or bool((key[1:] >= key[:-1]).all()):
-        return None, src, dst, key
+        # Copies, not views: a view would keep the caller's tensor (the cache key) alive.
+        return None, src.clone(), dst.clone(), key
     perm = torch.argsort(key, stable=True)
     key = key[perm]
     return perm, src[perm], dst[perm], key
