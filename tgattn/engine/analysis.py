@@ -148,6 +148,7 @@ class _Cache:
         ref, version, eq, ek, s = entry
         if ref() is not edge_index or version != edge_index._version or (eq, ek) != (n_q, n_k):
             return None
+        self.hits += 1
         return s
 
     def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
@@ -180,7 +181,6 @@ def structure_of(edge_index: Tensor, n_q: int, n_k: int, *, original: Optional[T
     key = edge_index if original is None else original
     s = CACHE.get(key, n_q, n_k)
     if s is not None:
-        CACHE.hits += 1
         return s
     CACHE.misses += 1
     with torch.no_grad():

@@ -11,7 +11,8 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 3. ``csr`` otherwise; it honours every option.
 
 Inputs holding NaN or infinity always run on ``csr``, which touches nothing but the edges, so
-that a bad key or value reaches exactly the queries that attend to it.
+that a bad key or value reaches exactly the queries that attend to it. (The check is one sum
+per tensor; sums that overflow to infinity also send the call to ``csr``: slower, still exact.)
 
 A named backend that cannot honour a call falls back along dense -> tile -> csr, so that
 every backend name is always exact; :func:`plan` tells which one will run.
@@ -75,7 +76,7 @@ def run(
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     chosen = plan(s, backend, bias=bias is not None, dropout=dropout_p > 0, weights=return_weights)
-    if chosen != "csr" and not all(bool(torch.isfinite(t).all()) for t in (q, k, v)):
+    if chosen != "csr" and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key. The CSR kernels only ever touch edges.
         chosen = "csr"
