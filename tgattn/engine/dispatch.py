@@ -46,15 +46,14 @@ def plan(s: Structure, backend: str = "auto", *, bias: bool = False, dropout: bo
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
     dense_ok = s.kind in DENSE_KINDS and not (bias or dropout or weights)
-    tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates)
-    if backend == "auto":
-        if dense_ok:
-            return "dense"
-        if tile_ok and tile_layout(s).fill >= TILE_FILL:
-            return "tile"
-        return "csr"
+    if backend == "auto" and dense_ok:
+        return "dense"
     if backend == "dense" and dense_ok:
         return "dense"
+    # Tiles are laid out (and cached) only when they may be used.
+    tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates) and tile_layout(s) is not None
+    if backend == "auto":
+        return "tile" if tile_ok and tile_layout(s).fill >= TILE_FILL else "csr"
     if backend in ("dense", "tile") and tile_ok:
         return "tile"
     return "csr"

@@ -29,6 +29,7 @@ from .analysis import Structure
 
 BLOCKS = (32, 64, 128)  # candidate query rows per tile
 CHUNK_CELLS = 1 << 19  # tile cells per step: bounds the working set
+MIN_FILL = 1 / 64  # below this fraction of edge cells no tile layout is built
 
 
 @dataclass
@@ -65,22 +66,30 @@ def _layout(s: Structure, block: int, width: int, pos: Tensor, **where) -> TileL
     return TileLayout(block, width, mask.view(nb, block, width), cell, **where)
 
 
-def band_layout(s: Structure, block: int) -> TileLayout:
-    """Tiles at a fixed offset from the diagonal; ``C`` is a multiple of ``B``."""
+def _too_sparse(s: Structure, block: int, width: int) -> bool:
+    return -(-s.n_q // block) * block * width * MIN_FILL > s.num_edges
+
+
+def band_layout(s: Structure, block: int) -> Optional[TileLayout]:
+    """Tiles at a fixed offset from the diagonal (``C`` a multiple of ``B``); ``None`` if too sparse."""
     diff = s.src - s.dst  # [E]
     lo, hi = int(diff.min()), int(diff.max())
     width = -(-(block + hi - lo) // block) * block
+    if _too_sparse(s, block, width):
+        return None
     pos = diff + s.dst % block - lo
     return _layout(s, block, width, pos, offset=lo)
 
 
-def union_layout(s: Structure, block: int) -> TileLayout:
-    """Tiles over the distinct keys of each block."""
+def union_layout(s: Structure, block: int) -> Optional[TileLayout]:
+    """Tiles over the distinct keys of each block; ``None`` if too sparse."""
     nb = -(-s.n_q // block)
     blk = s.dst // block
     key, inv = torch.unique(blk * s.n_k + s.src, return_inverse=True)  # sorted (block, key) pairs
     ublk, ucol = key // s.n_k, key % s.n_k
     counts = torch.bincount(ublk, minlength=nb)
+    if _too_sparse(s, block, int(counts.max())):
+        return None
     pos = torch.arange(key.numel(), device=key.device) - (torch.cumsum(counts, 0) - counts)[ublk]
     cols = torch.zeros(nb, int(counts.max()), dtype=torch.long, device=key.device)
     cols[ublk, pos] = ucol
@@ -92,8 +101,11 @@ def _cost(lay: TileLayout) -> float:
     return lay.mask.numel() * (1.0 + 12.0 / lay.block)
 
 
-def tile_layout(s: Structure) -> TileLayout:
+def tile_layout(s: Structure) -> Optional[TileLayout]:
     """The cheapest (cached) tile layout of a structure with at least one edge.
+
+    ``None`` when every layout would be less than ``MIN_FILL`` full (e.g. a few global tokens
+    make every block span all keys): such sets never allocate tiles.
 
     Example:
         >>> from tgattn import builders
@@ -103,11 +115,10 @@ def tile_layout(s: Structure) -> TileLayout:
         (-16, 32, 64)
     """
     if "tiles" not in s.extras:
-        band = min((band_layout(s, b) for b in BLOCKS), key=_cost)
-        best = band
-        if band.fill < 0.5:
-            best = min([band] + [union_layout(s, b) for b in BLOCKS], key=_cost)
-        s.extras["tiles"] = best
+        layouts = [lay for lay in (band_layout(s, b) for b in BLOCKS) if lay is not None]
+        if not layouts or max(lay.fill for lay in layouts) < 0.5:
+            layouts += [lay for lay in (union_layout(s, b) for b in BLOCKS) if lay is not None]
+        s.extras["tiles"] = min(layouts, key=_cost) if layouts else None
     return s.extras["tiles"]
 
 
@@ -272,5 +283,8 @@ class TileAttention(torch.autograd.Function):
 
 
 def tile_attention(q, k, v, s: Structure, bias: Optional[Tensor], scale: float) -> Tensor:
-    """Run :class:`TileAttention`; ``bias`` is ``[E, 1 or H]`` in sorted edge order."""
+    """Run :class:`TileAttention`; ``bias`` is ``[E, 1 or H]`` in sorted edge order.
+
+    ``s`` must have a tile layout (:func:`tile_layout` is not ``None``).
+    """
     return TileAttention.apply(q, k, v, bias, s, tile_layout(s), scale)
