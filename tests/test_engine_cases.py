@@ -179,3 +179,15 @@ def test_gradcheck_dense():
     ei = builders.causal([2, 4])
     fn = lambda q, k, v: graph_attention(q, k, v, ei, backend="dense")  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
+
+
+@pytest.mark.parametrize("cells", [64, 1 << 12])
+def test_tile_chunking(monkeypatch, cells):
+    """Small chunks: blocks of one head at a time (64 cells) or a few heads at a time."""
+    from tgattn.engine import tiles
+
+    monkeypatch.setattr(tiles, "CHUNK_CELLS", cells)
+    for ei in (builders.window(70, 4), _random(70, 70, 0.2, seed=4)):
+        engine.CACHE.clear()
+        bias = torch.randn(ei.shape[1], 4, dtype=torch.float64, requires_grad=True)
+        _check(ei, 70, 70, "tile", heads=4, bias=bias)

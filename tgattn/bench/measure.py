@@ -80,8 +80,7 @@ class _LiveBytes(TorchDispatchMode):
 
 
 def peak_extra_mb(fn: Callable, backward: bool, leaves, grad) -> float:
-    """Peak MB of tensors created during one forward (+ backward) beyond the inputs."""
-    run_once(fn, backward, leaves, grad)  # warm caches, so that the probe sees one steady call
+    """Peak MB of tensors created during one forward (+ backward) beyond the inputs (run warm)."""
     probe = _LiveBytes()
     with probe:
         run_once(fn, backward, leaves, grad)

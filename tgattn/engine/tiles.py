@@ -2,7 +2,7 @@
 
 Queries are cut into blocks of ``B`` consecutive rows. Each block meets ``C`` key columns
 (padded to the widest block); the engine runs dense GEMMs on the ``[B, C]`` tiles, one head
-at a time in a head-major layout, and masks the cells that are not edges with ``-inf``.
+at a time (several heads per step) in a head-major layout, and masks the cells that are not edges with ``-inf``.
 Two layouts give the columns of a block:
 
 * **band**: every edge has ``lo <= j - i <= hi``, so block b meets the keys
@@ -28,7 +28,7 @@ from torch import Tensor
 from .analysis import Structure
 
 BLOCKS = (32, 64, 128)  # candidate query rows per tile
-CHUNK_CELLS = 1 << 19  # tile cells per step: bounds the working set
+CHUNK_CELLS = 1 << 21  # tile cells per step (all heads): bounds the working set to ~8 MB per buffer
 MIN_FILL = 1 / 64  # below this fraction of edge cells no tile layout is built
 
 
@@ -160,26 +160,27 @@ class _Keys:
             return self.buf
         return self.buf[self.pad : self.pad + self.h * self.stride].view(self.h, self.stride, self.d)
 
-    def window(self, h: int, b0: int, b1: int) -> Tensor:
-        """``[c, C, d]`` keys of blocks ``b0..b1`` of head h."""
+    def window(self, h0: int, h1: int, b0: int, b1: int) -> Tensor:
+        """``[hc, c, C, d]`` keys of heads ``h0..h1``, blocks ``b0..b1``."""
         lay = self.lay
         if lay.offset is None:
-            return self.buf[h][lay.cols[b0:b1]]
-        B, C = lay.block, lay.width
-        first = self.start + h * self.stride + b0 * B
-        return self.buf.as_strided((b1 - b0, C, self.d), (B * self.d, self.d, 1), first * self.d)
+            return self.buf[h0:h1][:, lay.cols[b0:b1]]
+        B, C, d = lay.block, lay.width, self.d
+        first = self.start + h0 * self.stride + b0 * B
+        return self.buf.as_strided((h1 - h0, b1 - b0, C, d), (self.stride * d, B * d, d, 1), first * d)
 
-    def add(self, h: int, b0: int, b1: int, g: Tensor) -> None:
-        """Accumulate ``g [c, C, d]`` (gradients of ``window(h, b0, b1)``) into the keys."""
-        lay = self.lay
+    def add(self, h0: int, h1: int, b0: int, b1: int, g: Tensor) -> None:
+        """Accumulate ``g [hc, c, C, d]`` (gradients of ``window(h0, h1, b0, b1)``) into the keys."""
+        lay, d = self.lay, self.d
         if lay.offset is None:
-            self.buf[h].index_add_(0, lay.cols[b0:b1].reshape(-1), g.reshape(-1, self.d))
+            self.buf[h0:h1].index_add_(1, lay.cols[b0:b1].reshape(-1), g.reshape(h1 - h0, -1, d))
             return
-        B, c = lay.block, b1 - b0
-        first = self.start + h * self.stride + b0 * B
-        for part in range(lay.width // B):  # overlap-add: slice `part` of each window is contiguous
-            lo = first + part * B
-            self.buf[lo : lo + c * B].view(c, B, self.d).add_(g[:, part * B : (part + 1) * B])
+        B = lay.block
+        first = self.start + h0 * self.stride + b0 * B
+        shape, strides = (h1 - h0, b1 - b0, B, d), (self.stride * d, B * d, d, 1)
+        for part in range(lay.width // B):  # overlap-add: slice `part` of the windows never overlaps itself
+            rows = self.buf.as_strided(shape, strides, (first + part * B) * d)
+            rows.add_(g[:, :, part * B : (part + 1) * B])
 
     def result(self) -> Tensor:
         """The accumulated ``[N, H, d]``."""
@@ -194,12 +195,20 @@ def _rows(x: Tensor, nb: int, B: int) -> Tensor:
     return out.view(x.shape[1], nb, B, x.shape[2])
 
 
-def _steps(s: Structure, lay: TileLayout):
+def _steps(s: Structure, lay: TileLayout, heads: int):
+    """Chunks ``(h0, h1, b0, b1, e0, e1)``: several whole heads, or blocks of one head."""
     nb, B, C = lay.mask.shape
+    per_head = nb * B * C
+    if per_head <= CHUNK_CELLS:
+        step = CHUNK_CELLS // per_head
+        for h0 in range(0, heads, step):
+            yield h0, min(heads, h0 + step), 0, nb, 0, s.num_edges
+        return
     step = max(1, CHUNK_CELLS // (B * C))
-    for b0 in range(0, nb, step):
-        b1 = min(nb, b0 + step)
-        yield b0, b1, int(s.rowptr[min(b0 * B, s.n_q)]), int(s.rowptr[min(b1 * B, s.n_q)])
+    for h in range(heads):
+        for b0 in range(0, nb, step):
+            b1 = min(nb, b0 + step)
+            yield h, h + 1, b0, b1, int(s.rowptr[min(b0 * B, s.n_q)]), int(s.rowptr[min(b1 * B, s.n_q)])
 
 
 def _additive_mask(lay: TileLayout, like: Tensor) -> Tensor:
@@ -212,16 +221,16 @@ def _additive_mask(lay: TileLayout, like: Tensor) -> Tensor:
     return lay.cache[key]
 
 
-def _scores(qb: Tensor, kc: Tensor, bias: Optional[Tensor], lay: TileLayout, h: int, b0, b1, e0, e1, scale):
-    """Masked scores ``[c, B, C]`` of head h, blocks b0..b1: ``scale q k^T + (bias or mask)``."""
+def _scores(qs: Tensor, kc: Tensor, bias: Optional[Tensor], lay: TileLayout, h0, h1, b0, b1, e0, e1) -> Tensor:
+    """Masked scores ``[hc, c, B, C]`` = ``(scale q) k^T + (bias or mask)`` of one chunk."""
+    scores = torch.matmul(qs, kc.transpose(-1, -2))  # [hc, c, B, C]
     if bias is None:
-        base = _additive_mask(lay, qb)[b0:b1]
-    else:
-        B, C = lay.block, lay.width
-        base = qb.new_full(((b1 - b0) * B * C,), float("-inf"))
-        base[lay.cell[e0:e1] - b0 * B * C] = bias[e0:e1, h if bias.shape[1] > 1 else 0]
-        base = base.view(b1 - b0, B, C)
-    return torch.baddbmm(base, qb, kc.transpose(-1, -2), alpha=scale)
+        return scores.add_(_additive_mask(lay, qs)[b0:b1])
+    B, C = lay.block, lay.width
+    base = qs.new_full((h1 - h0, (b1 - b0) * B * C), float("-inf"))
+    cols = bias[e0:e1, h0:h1] if bias.shape[1] > 1 else bias[e0:e1, :1]  # [e, hc or 1]
+    base[:, lay.cell[e0:e1] - b0 * B * C] = cols.T
+    return scores.add_(base.view(h1 - h0, b1 - b0, B, C))
 
 
 class TileAttention(torch.autograd.Function):
@@ -231,20 +240,19 @@ class TileAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, s: Structure, lay: TileLayout, scale: float):
         nb, B, C = lay.mask.shape
         heads, dv = q.shape[1], v.shape[2]
-        qb = _rows(q, nb, B)  # [H, nb, B, d]
+        qs = _rows(q, nb, B).mul_(scale)  # [H, nb, B, d], scaled once
         keys, values = _Keys.of(k, lay, nb), _Keys.of(v, lay, nb)
         out = q.new_empty(heads, nb, B, dv)
         lse = q.new_empty(heads, nb, B, 1)
-        for h in range(heads):
-            for b0, b1, e0, e1 in _steps(s, lay):
-                scores = _scores(qb[h, b0:b1], keys.window(h, b0, b1), bias, lay, h, b0, b1, e0, e1, scale)
-                m = scores.amax(-1, keepdim=True)
-                m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-                probs = torch.exp_(scores.sub_(m))  # [c, B, C], unnormalised
-                denom = probs.sum(-1, keepdim=True)
-                o = torch.matmul(probs, values.window(h, b0, b1))  # [c, B, dv]
-                out[h, b0:b1] = o.div_(torch.where(denom > 0, denom, torch.ones_like(denom)))
-                lse[h, b0:b1] = m + torch.log(denom)  # empty rows: -inf
+        for h0, h1, b0, b1, e0, e1 in _steps(s, lay, heads):
+            scores = _scores(qs[h0:h1, b0:b1], keys.window(h0, h1, b0, b1), bias, lay, h0, h1, b0, b1, e0, e1)
+            m = scores.amax(-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            probs = torch.exp_(scores.sub_(m))  # [hc, c, B, C], unnormalised
+            denom = probs.sum(-1, keepdim=True)
+            o = torch.matmul(probs, values.window(h0, h1, b0, b1))  # [hc, c, B, dv]
+            out[h0:h1, b0:b1] = o.div_(torch.where(denom > 0, denom, torch.ones_like(denom)))
+            lse[h0:h1, b0:b1] = m + torch.log(denom)  # empty rows: -inf
         out = out.view(heads, nb * B, dv)[:, : s.n_q].transpose(0, 1)  # [n_q, H, dv]
         ctx.save_for_backward(q, k, v, bias, out, lse)
         ctx.s, ctx.lay, ctx.scale = s, lay, scale
@@ -256,29 +264,32 @@ class TileAttention(torch.autograd.Function):
         s, lay, scale = ctx.s, ctx.lay, ctx.scale
         nb, B, C = lay.mask.shape
         heads = q.shape[1]
-        qb, gob = _rows(q, nb, B), _rows(grad_out, nb, B)  # [H, nb, B, d]
+        qs, gob = _rows(q, nb, B).mul_(scale), _rows(grad_out, nb, B)  # [H, nb, B, d]
         delta = _rows((grad_out * out).sum(-1, keepdim=True), nb, B)  # [H, nb, B, 1]
         # Empty rows have lse = -inf: shift them by +inf so that all their probabilities are 0.
         lse = torch.where(torch.isfinite(lse), lse, torch.full_like(lse, float("inf")))
         keys, values = _Keys.of(k, lay, nb), _Keys.of(v, lay, nb)
         grad_keys = _Keys(*k.shape, like=k, lay=lay, nb=nb, zero=True)
         grad_values = _Keys(*v.shape, like=v, lay=lay, nb=nb, zero=True)
-        grad_qb = torch.empty_like(qb)
+        grad_q = torch.empty_like(qs)
         grad_bias = None if bias is None else torch.zeros_like(bias)
-        for h in range(heads):
-            for b0, b1, e0, e1 in _steps(s, lay):
-                kc, vc = keys.window(h, b0, b1), values.window(h, b0, b1)  # [c, C, d], [c, C, dv]
-                scores = _scores(qb[h, b0:b1], kc, bias, lay, h, b0, b1, e0, e1, scale)
-                probs = torch.exp_(scores.sub_(lse[h, b0:b1]))  # [c, B, C]
-                grad_values.add(h, b0, b1, torch.matmul(probs.transpose(-1, -2), gob[h, b0:b1]))
-                d_probs = torch.matmul(gob[h, b0:b1], vc.transpose(-1, -2))  # [c, B, C]
-                d_scores = probs.mul_(d_probs.sub_(delta[h, b0:b1]))  # [c, B, C]
-                grad_qb[h, b0:b1] = torch.matmul(d_scores, kc).mul_(scale)
-                grad_keys.add(h, b0, b1, torch.matmul(d_scores.transpose(-1, -2), qb[h, b0:b1]).mul_(scale))
-                if grad_bias is not None:
-                    cells = d_scores.reshape(-1)[lay.cell[e0:e1] - b0 * B * C]  # [e]
-                    grad_bias[e0:e1, h if bias.shape[1] > 1 else 0] += cells
-        grad_q = grad_qb.view(heads, nb * B, -1)[:, : s.n_q].transpose(0, 1)
+        for h0, h1, b0, b1, e0, e1 in _steps(s, lay, heads):
+            kc, vc = keys.window(h0, h1, b0, b1), values.window(h0, h1, b0, b1)  # [hc, c, C, d | dv]
+            q_c, go_c = qs[h0:h1, b0:b1], gob[h0:h1, b0:b1]
+            scores = _scores(q_c, kc, bias, lay, h0, h1, b0, b1, e0, e1)
+            probs = torch.exp_(scores.sub_(lse[h0:h1, b0:b1]))  # [hc, c, B, C]
+            grad_values.add(h0, h1, b0, b1, torch.matmul(probs.transpose(-1, -2), go_c))
+            d_probs = torch.matmul(go_c, vc.transpose(-1, -2))  # [hc, c, B, C]
+            d_scores = probs.mul_(d_probs.sub_(delta[h0:h1, b0:b1]))  # [hc, c, B, C]
+            grad_q[h0:h1, b0:b1] = torch.matmul(d_scores, kc).mul_(scale)
+            grad_keys.add(h0, h1, b0, b1, torch.matmul(d_scores.transpose(-1, -2), q_c))
+            if grad_bias is not None:
+                cells = d_scores.reshape(h1 - h0, -1)[:, lay.cell[e0:e1] - b0 * B * C]  # [hc, e]
+                if bias.shape[1] > 1:
+                    grad_bias[e0:e1, h0:h1] += cells.T
+                else:
+                    grad_bias[e0:e1, 0] += cells.sum(0)
+        grad_q = grad_q.view(heads, nb * B, -1)[:, : s.n_q].transpose(0, 1)
         return grad_q, grad_keys.result(), grad_values.result(), grad_bias, None, None, None
 
 
