@@ -153,7 +153,9 @@ def graph_attention(
     """
     _check_qkv(q, k, v)
     original = edge_index
-    edge_index = check_edge_index(edge_index, k.shape[0], q.shape[0])
+    known = None if backend == "gather" else engine.CACHE.get(edge_index, q.shape[0], k.shape[0])
+    # An analysed edge set (same tensor, same version, same sizes) was validated when analysed.
+    edge_index = check_edge_index(edge_index, k.shape[0], q.shape[0]) if known is None else edge_index.long()
     if bias is not None:
         bias = _check_bias(bias, edge_index.shape[1], q.shape[1])
     if not 0.0 <= dropout_p < 1.0:
@@ -165,6 +167,6 @@ def graph_attention(
     if backend == "gather" or edge_index.shape[1] == 0:
         out, weights = _gather_attention(q, k, v, edge_index, bias, scale, dropout_p)
     else:
-        s = engine.structure_of(edge_index, q.shape[0], k.shape[0], original=original)
+        s = known or engine.structure_of(edge_index, q.shape[0], k.shape[0], original=original)
         out, weights = engine.run(q, k, v, s, bias, scale, dropout_p, return_weights, backend)
     return (out, weights) if return_weights else out

@@ -126,7 +126,7 @@ class GraphAttention(MessagePassing):
         if backend == "message_passing":
             out, alpha = self._propagate(q, k, v, edge_index, edge_bias, p)
         else:
-            # Ask for the weights only when they are returned: the engine's fastest backends skip them.
+            # Ask for weights only when returned: the fast backends then never build them.
             result = functional.graph_attention(
                 q, k, v, edge_index, bias=edge_bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
             )

@@ -56,7 +56,8 @@ def _sorted_edges(edge_index: Tensor, n_k: int):
     src, dst = edge_index[0], edge_index[1]
     key = dst * max(n_k, 1) + src  # [E]
     if key.numel() < 2 or bool((key[1:] >= key[:-1]).all()):
-        return None, src, dst, key
+        # Copies, not views: a view would keep the caller's tensor (the cache key) alive.
+        return None, src.clone(), dst.clone(), key
     perm = torch.argsort(key, stable=True)
     key = key[perm]
     return perm, src[perm], dst[perm], key
@@ -147,6 +148,7 @@ class _Cache:
         ref, version, eq, ek, s = entry
         if ref() is not edge_index or version != edge_index._version or (eq, ek) != (n_q, n_k):
             return None
+        self.hits += 1
         return s
 
     def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
@@ -179,7 +181,6 @@ def structure_of(edge_index: Tensor, n_q: int, n_k: int, *, original: Optional[T
     key = edge_index if original is None else original
     s = CACHE.get(key, n_q, n_k)
     if s is not None:
-        CACHE.hits += 1
         return s
     CACHE.misses += 1
     with torch.no_grad():

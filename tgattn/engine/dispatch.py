@@ -10,6 +10,10 @@ of the call, never from the values of ``q``, ``k``, ``v``:
    duplicated edges;
 3. ``csr`` otherwise; it honours every option.
 
+Inputs holding NaN or infinity always run on ``csr``, which touches nothing but the edges, so
+that a bad key or value reaches exactly the queries that attend to it. (The check is one sum
+per tensor; sums that overflow to infinity also send the call to ``csr``: slower, still exact.)
+
 A named backend that cannot honour a call falls back along dense -> tile -> csr, so that
 every backend name is always exact; :func:`plan` tells which one will run.
 """
@@ -42,15 +46,14 @@ def plan(s: Structure, backend: str = "auto", *, bias: bool = False, dropout: bo
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
     dense_ok = s.kind in DENSE_KINDS and not (bias or dropout or weights)
-    tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates)
-    if backend == "auto":
-        if dense_ok:
-            return "dense"
-        if tile_ok and tile_layout(s).fill >= TILE_FILL:
-            return "tile"
-        return "csr"
+    if backend == "auto" and dense_ok:
+        return "dense"
     if backend == "dense" and dense_ok:
         return "dense"
+    # Tiles are laid out (and cached) only when they may be used.
+    tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates) and tile_layout(s) is not None
+    if backend == "auto":
+        return "tile" if tile_ok and tile_layout(s).fill >= TILE_FILL else "csr"
     if backend in ("dense", "tile") and tile_ok:
         return "tile"
     return "csr"
@@ -72,6 +75,10 @@ def run(
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     chosen = plan(s, backend, bias=bias is not None, dropout=dropout_p > 0, weights=return_weights)
+    if chosen != "csr" and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
+        # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
+        # touch the bad key. The CSR kernels only ever touch edges.
+        chosen = "csr"
     if s.perm is not None and bias is not None:
         bias = bias[s.perm]  # sorted edge order
     if chosen == "dense":
