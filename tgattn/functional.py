@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-BACKENDS = ("auto", "gather")
+from . import engine
+
+BACKENDS = ("auto", "gather", "dense", "tile", "csr")
 
 
 def check_edge_index(edge_index: Tensor, num_keys: int, num_queries: int) -> Tensor:
@@ -132,8 +134,12 @@ def graph_attention(
         dropout_p: dropout probability on the attention weights (apply only in training).
         return_weights: also return the weights ``[E, H]`` (before dropout), in the order
             of ``edge_index``.
-        backend: ``"auto"`` (default) picks the implementation; ``"gather"`` forces the
-            per-edge gather path.
+        backend: ``"auto"`` (default) lets :mod:`tgattn.engine` pick from a cached analysis
+            of ``edge_index``; ``"dense"`` (SDPA on provably full / causal sets), ``"tile"``
+            (row-blocked dense tiles) and ``"csr"`` (sparse kernels) name an engine backend,
+            which falls back along dense -> tile -> csr when it cannot honour the call
+            (see :func:`tgattn.engine.plan`); ``"gather"`` is the textbook per-edge path
+            (it materializes ``[E, H, d]`` copies; use it as a reference).
 
     Returns:
         ``out [Nq, H, dv]``, or ``(out, weights [E, H])`` with ``return_weights=True``.
@@ -146,7 +152,10 @@ def graph_attention(
         torch.Size([5, 2, 4])
     """
     _check_qkv(q, k, v)
-    edge_index = check_edge_index(edge_index, k.shape[0], q.shape[0])
+    original = edge_index
+    known = None if backend == "gather" else engine.CACHE.get(edge_index, q.shape[0], k.shape[0])
+    # An analysed edge set (same tensor, same version, same sizes) was validated when analysed.
+    edge_index = check_edge_index(edge_index, k.shape[0], q.shape[0]) if known is None else edge_index.long()
     if bias is not None:
         bias = _check_bias(bias, edge_index.shape[1], q.shape[1])
     if not 0.0 <= dropout_p < 1.0:
@@ -155,5 +164,9 @@ def graph_attention(
         raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    out, weights = _gather_attention(q, k, v, edge_index, bias, scale, dropout_p)
+    if backend == "gather" or edge_index.shape[1] == 0:
+        out, weights = _gather_attention(q, k, v, edge_index, bias, scale, dropout_p)
+    else:
+        s = known or engine.structure_of(edge_index, q.shape[0], k.shape[0], original=original)
+        out, weights = engine.run(q, k, v, s, bias, scale, dropout_p, return_weights, backend)
     return (out, weights) if return_weights else out

@@ -126,9 +126,11 @@ class GraphAttention(MessagePassing):
         if backend == "message_passing":
             out, alpha = self._propagate(q, k, v, edge_index, edge_bias, p)
         else:
-            out, alpha = functional.graph_attention(
-                q, k, v, edge_index, bias=edge_bias, dropout_p=p, return_weights=True, backend=backend
+            # Ask for weights only when returned: the fast backends then never build them.
+            result = functional.graph_attention(
+                q, k, v, edge_index, bias=edge_bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
             )
+            out, alpha = result if return_attention_weights else (result, None)
         out = self.out_proj(out.reshape(-1, self.embed_dim))  # [Nq, D]
         if return_attention_weights:
             return out, (edge_index, alpha)

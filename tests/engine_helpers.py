@@ -1,0 +1,51 @@
+"""Shared helpers for the engine tests: random inputs and the dense twin of an edge set."""
+from __future__ import annotations
+
+import torch
+
+from tgattn.reference import dense_attention
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def inputs(n_q, n_k, heads=4, dk=8, dv=None, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dv = dk if dv is None else dv
+    shapes = ((n_q, heads, dk), (n_k, heads, dk), (n_k, heads, dv))
+    q, k, v = (torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes)
+    grad_out = torch.randn(n_q, heads, dv, generator=g, dtype=dtype)
+    return q, k, v, grad_out
+
+
+def dense_twin(edge_index, n_q, n_k, heads, bias=None, dtype=torch.float64):
+    """``(mask [Nq, Nk], bias [H, Nq, Nk] or None)`` equal to the edge set, duplicates included.
+
+    m copies of an edge with biases b_1..b_m weigh like one cell with bias log(sum exp b_c),
+    built differentiably so that the oracle's bias gradient splits back onto the copies.
+    """
+    src, dst = edge_index
+    mask = torch.zeros(n_q, n_k, dtype=torch.bool)
+    mask[dst, src] = True
+    counts = torch.zeros(n_q, n_k, dtype=dtype).index_put_((dst, src), torch.ones(len(src), dtype=dtype), accumulate=True)
+    if bias is None and bool((counts <= 1).all()):
+        return mask, None
+    e = edge_index.shape[1]
+    b = torch.zeros(e, heads, dtype=dtype) if bias is None else (bias if bias.dim() == 2 else bias.unsqueeze(-1))
+    b = b.expand(e, heads)
+    h_idx = torch.arange(heads).repeat(e)
+    acc = torch.zeros(heads, n_q, n_k, dtype=dtype).index_put(
+        (h_idx, dst.repeat_interleave(heads), src.repeat_interleave(heads)), torch.exp(b.reshape(-1)), accumulate=True
+    )
+    safe = torch.where(acc > 0, acc, torch.ones_like(acc))
+    dense_bias = torch.where(acc > 0, torch.log(safe), torch.full_like(acc, float("-inf")))
+    mask = mask & (acc > 0).any(0)
+    return mask, dense_bias
+
+
+def oracle(q, k, v, edge_index, bias=None):
+    mask, dense_bias = dense_twin(edge_index, q.shape[0], k.shape[0], q.shape[1], bias, q.dtype)
+    return dense_attention(q, k, v, mask, bias=dense_bias)
+
+
+def max_err(a, b):
+    return (a - b).abs().max().item() if a.numel() else 0.0

@@ -1,0 +1,193 @@
+"""Engine backends on the corner cases of the contract: bias, empty rows, duplicates, order, shapes."""
+import pytest
+import torch
+
+from tgattn import builders, engine
+from tgattn.functional import graph_attention
+
+from engine_helpers import inputs, max_err, oracle
+
+FAST = ["dense", "tile", "csr"]
+
+
+def _check(edge_index, n_q, n_k, backend, *, heads=2, dk=6, dv=None, bias=None, tol=1e-10):
+    q, k, v, grad_out = inputs(n_q, n_k, heads=heads, dk=dk, dv=dv)
+    leaves = (q, k, v) if bias is None else (q, k, v, bias)
+    out = graph_attention(q, k, v, edge_index, bias=bias, backend=backend)
+    ref = oracle(q, k, v, edge_index, bias)
+    assert out.shape == ref.shape
+    assert max_err(out, ref) <= tol
+    grads = torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref, leaves, grad_out, allow_unused=True)
+    for a, b in zip(grads, ref_grads):
+        a = torch.zeros_like(b) if a is None else a
+        b = torch.zeros_like(a) if b is None else b
+        assert max_err(a, b) <= tol
+
+
+def _random(n_q, n_k, p, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return builders.from_mask(torch.rand(n_q, n_k, generator=g) < p)
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_duplicated_edges_count_once_per_copy(backend):
+    ei = builders.window(20, 2)
+    ei = torch.cat([ei, ei[:, ::3], ei[:, ::7]], dim=1)  # some edges twice, some three times
+    assert engine.analyse(ei, 20, 20).duplicates
+    _check(ei, 20, 20, backend)
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_duplicates_with_bias(backend):
+    ei = builders.causal(12)
+    ei = torch.cat([ei, ei[:, ::2]], dim=1)
+    bias = torch.randn(ei.shape[1], 2, dtype=torch.float64, requires_grad=True)
+    _check(ei, 12, 12, backend, bias=bias)
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_unsorted_edges_and_weights_in_caller_order(backend):
+    ei = builders.window(30, 3)
+    perm = torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(3))
+    shuffled = ei[:, perm]
+    bias = torch.randn(ei.shape[1], dtype=torch.float64, requires_grad=True)
+    _check(shuffled, 30, 30, backend, bias=bias)
+    q, k, v, _ = inputs(30, 30)
+    _, w_sorted = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
+    _, w_shuffled = graph_attention(q, k, v, shuffled, return_weights=True, backend=backend)
+    assert max_err(w_shuffled, w_sorted[perm]) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_bias_minus_inf_empties_rows(backend):
+    ei = builders.causal(16)
+    bias = torch.zeros(ei.shape[1], 2, dtype=torch.float64)
+    bias[ei[1] == 5] = float("-inf")  # query 5 loses every key
+    bias[(ei[1] == 9) & (ei[0] < 4), 1] = float("-inf")  # query 9, head 1 loses some keys
+    bias.requires_grad_()
+    _check(ei, 16, 16, backend, bias=bias)
+    q, k, v, _ = inputs(16, 16, heads=2)
+    out = graph_attention(q, k, v, ei, bias=bias, backend=backend)
+    assert torch.equal(out[5], torch.zeros_like(out[5]))
+    out.sum().backward()
+    assert torch.equal(q.grad[5], torch.zeros_like(q.grad[5]))
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_empty_rows_give_zero_output_and_gradient(backend):
+    ei = _random(50, 50, 0.04, seed=2)
+    empty = torch.bincount(ei[1], minlength=50) == 0
+    assert empty.any()
+    _check(ei, 50, 50, backend)
+    q, k, v, _ = inputs(50, 50)
+    out = graph_attention(q, k, v, ei, backend=backend)
+    out.sum().backward()
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    assert torch.equal(q.grad[empty], torch.zeros_like(q.grad[empty]))
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("heads", [1, 2, 8])
+def test_heads_and_value_dim(backend, heads):
+    _check(builders.window(40, 5), 40, 40, backend, heads=heads, dk=4, dv=7)
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_cross_attention(backend):
+    _check(_random(23, 61, 0.2), 23, 61, backend, dv=3)
+    _check(builders.full(1).new_tensor([[0, 1, 2, 60, 59], [0, 0, 1, 22, 22]]), 23, 61, backend)
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_cross_attention_full_rectangle(backend):
+    ei = builders.from_mask(torch.ones(7, 19, dtype=torch.bool))
+    assert engine.analyse(ei, 7, 19).kind == "full"
+    _check(ei, 7, 19, backend)
+
+
+@pytest.mark.parametrize("backend", FAST + ["auto"])
+def test_no_edges(backend):
+    ei = torch.empty(2, 0, dtype=torch.long)
+    q, k, v, _ = inputs(5, 4)
+    out, w = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
+    assert torch.equal(out, torch.zeros(5, 4, 8, dtype=torch.float64)) and w.shape == (0, 4)
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_returned_weights_are_exact_and_differentiable(backend):
+    ei = builders.window(25, 3, causal=True)
+    q, k, v, _ = inputs(25, 25)
+    out, w = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
+    out_g, w_g = graph_attention(q, k, v, ei, return_weights=True, backend="gather")
+    assert max_err(out, out_g) <= 1e-10 and max_err(w, w_g) <= 1e-10
+    probe = torch.randn_like(w)
+    grads = torch.autograd.grad((out.sum() + (w * probe).sum()), (q, k, v))
+    grads_g = torch.autograd.grad((out_g.sum() + (w_g * probe).sum()), (q, k, v))
+    for a, b in zip(grads, grads_g):
+        assert max_err(a, b) <= 1e-10
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_dropout_matches_gather_with_the_same_mask(backend):
+    """Dropout keeps E[out] = out and zeroes whole edges; compare with gather under one seed."""
+    ei = builders.window(30, 4)
+    q, k, v, _ = inputs(30, 30)
+    torch.manual_seed(5)
+    out = graph_attention(q, k, v, ei, dropout_p=0.3, backend=backend)
+    keep = torch.Generator().manual_seed(5)
+    mask = (torch.rand(ei.shape[1], 4, generator=keep) >= 0.3).double() / 0.7
+    _, w = graph_attention(q, k, v, ei, return_weights=True, backend="gather")
+    expected = torch.zeros_like(out).index_add_(0, ei[1], (w * mask).unsqueeze(-1) * v[ei[0]])
+    assert max_err(out, expected) <= 1e-10
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_nan_value_reaches_only_the_queries_that_attend_to_it(backend):
+    ei = builders.window(64, 2)
+    q, k, v, _ = inputs(64, 64)
+    v = v.detach().clone()
+    v[40, 0, 0] = float("nan")
+    out = graph_attention(q, k, v, ei, backend=backend)
+    touched = (torch.arange(64) - 40).abs() <= 2
+    assert out[touched].isnan().any(dim=(1, 2)).all()
+    assert not out[~touched].isnan().any()
+
+
+def test_float32_window():
+    q, k, v, grad_out = inputs(200, 200, dtype=torch.float32)
+    ei = builders.window(200, 9)
+    ref = oracle(q.double(), k.double(), v.double(), ei)
+    for backend in FAST:
+        out = graph_attention(q, k, v, ei, backend=backend)
+        assert max_err(out.double(), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["tile", "csr"])
+def test_gradcheck(backend):
+    ei = torch.cat([builders.window(7, 1), torch.tensor([[6, 0], [0, 6]])], dim=1)  # band + two far edges
+    q, k, v, _ = inputs(7, 7, heads=2, dk=3, dv=2)
+    bias = torch.randn(ei.shape[1], 2, dtype=torch.float64, requires_grad=True)
+    fn = lambda q, k, v, b: graph_attention(q, k, v, ei, bias=b, backend=backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias), fast_mode=True)
+
+
+def test_gradcheck_dense():
+    q, k, v, _ = inputs(6, 6, heads=2, dk=3)
+    ei = builders.causal([2, 4])
+    fn = lambda q, k, v: graph_attention(q, k, v, ei, backend="dense")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
+
+
+@pytest.mark.parametrize("cells", [64, 1 << 12])
+def test_tile_chunking(monkeypatch, cells):
+    """Small chunks: blocks of one head at a time (64 cells) or a few heads at a time."""
+    from tgattn.engine import tiles
+
+    monkeypatch.setattr(tiles, "CHUNK_CELLS", cells)
+    for ei in (builders.window(70, 4), _random(70, 70, 0.2, seed=4)):
+        engine.CACHE.clear()
+        bias = torch.randn(ei.shape[1], 4, dtype=torch.float64, requires_grad=True)
+        _check(ei, 70, 70, "tile", heads=4, bias=bias)

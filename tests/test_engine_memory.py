@@ -1,0 +1,86 @@
+"""The fast backends never build an ``[E, H, d]`` tensor, and edge sets are analysed once."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from tgattn import GraphAttention, builders, engine
+from tgattn.functional import graph_attention
+
+from engine_helpers import inputs
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operator returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def _run(edge_index, n, backend, heads=4, dim=32, bias=False, weights=False):
+    q, k, v, grad_out = inputs(n, n, heads=heads, dk=dim, dtype=torch.float32)
+    b = torch.randn(edge_index.shape[1], heads, requires_grad=True) if bias else None
+    saved = []
+    with LargestTensor() as mode, torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel()) or t, lambda t: t
+    ):
+        out = graph_attention(q, k, v, edge_index, bias=b, return_weights=weights, backend=backend)
+        out = out[0] if weights else out
+        out.backward(grad_out)
+    return mode.largest, max(saved)
+
+
+@pytest.mark.parametrize(
+    "backend,bias,weights", [("tile", False, False), ("tile", True, False), ("csr", False, False), ("csr", True, True)]
+)
+def test_fast_backends_hold_no_edge_feature_tensor(backend, bias, weights):
+    n, heads, dim = 512, 4, 64
+    ei = builders.window(n, 16)
+    per_edge_features = ei.shape[1] * heads * dim  # [E, H, d]
+    largest, largest_saved = _run(ei, n, backend, heads, dim, bias, weights)
+    assert largest_saved <= max(n * heads * dim, ei.shape[1] * heads)  # inputs, outputs or [E, H]
+    assert largest <= per_edge_features // 4
+
+
+def test_dense_backend_holds_no_edge_feature_tensor():
+    n, heads, dim = 256, 4, 32
+    largest, largest_saved = _run(builders.causal(n), n, "dense", heads, dim)
+    assert largest_saved <= n * heads * dim and largest <= n * n * heads * dim // 16
+
+
+def test_gather_path_does_build_it():
+    """The probe can fail: the textbook path gathers ``[E, H, d]``."""
+    n, heads, dim = 256, 4, 32
+    ei = builders.window(n, 8)
+    largest, _ = _run(ei, n, "gather", heads, dim)
+    assert largest >= ei.shape[1] * heads * dim
+
+
+def test_analysis_is_cached_across_layers():
+    engine.CACHE.clear()
+    ei = builders.window(300, 6)
+    x = torch.randn(300, 32)
+    layers = [GraphAttention(32, 4) for _ in range(3)]
+    for layer in layers:
+        x = layer(x, ei)
+    assert engine.CACHE.misses == 1 and engine.CACHE.hits == 2
+    ei.add_(0)  # an in-place change bumps the version: analysed again
+    layers[0](x, ei)
+    assert engine.CACHE.misses == 2
+
+
+def test_cache_forgets_dead_edge_sets():
+    engine.CACHE.clear()
+    ei = builders.window(50, 2)
+    engine.structure_of(ei, 50, 50)
+    assert len(engine.CACHE.entries) == 1
+    del ei
+    assert len(engine.CACHE.entries) == 0

@@ -1,0 +1,78 @@
+"""``python -m tgattn.bench``: tgattn's attention engine against its peers, side by side.
+
+Examples::
+
+    python -m tgattn.bench --quick                 # seconds: two sizes, no FlexAttention
+    python -m tgattn.bench                         # the full sweep (tens of minutes on 2 cores)
+    python -m tgattn.bench --patterns window64 --sizes 4096
+
+Writes ``<out>/attention[_quick].csv`` and ``.png`` and prints the ratio table
+(peer time / tgattn time: above 1 = tgattn faster) and the issue's targets.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from .attention import sizes_for, sweep
+from .patterns import patterns
+from .peers import PEERS
+from .report import plot, ratio_table, targets, write_csv
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (seconds)")
+    parser.add_argument("--patterns", nargs="+", help="pattern names (default: all; see --list)")
+    parser.add_argument("--sizes", nargs="+", type=int, help="sequence lengths (default: per pattern)")
+    parser.add_argument("--peers", nargs="+", default=None, choices=PEERS, help="implementations to compare")
+    parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compile takes minutes)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", type=Path, default=Path("data/bench"), help="output folder (default: data/bench)")
+    parser.add_argument("--list", action="store_true", help="list the patterns and exit")
+    args = parser.parse_args(argv)
+
+    available = patterns()
+    if args.list:
+        print("\n".join(available))
+        return 0
+    names = args.patterns or (["causal", "window64", "random0.05"] if args.quick else list(available))
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        parser.error(f"unknown pattern(s) {unknown}; choose from {list(available)}")
+    peers = list(args.peers or PEERS)
+    if args.no_flex or (args.quick and not args.peers):
+        peers = [p for p in peers if p != "flex"]
+    sizes = sizes_for(names, args.quick)
+    if args.sizes:
+        sizes = {name: args.sizes for name in names}
+    torch.set_num_threads(args.threads)
+    rows = sweep(
+        {n: available[n] for n in names},
+        sizes,
+        peers,
+        repeats=1 if args.quick else args.repeats,
+        memory=not args.no_memory,
+        progress=not args.no_progress,
+    )
+    stem = "attention_quick" if args.quick else "attention"
+    write_csv(rows, args.out / f"{stem}.csv")
+    plot(rows, args.out / f"{stem}.png")
+    print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
+          f"H=8, d=64, fp32; ratio = peer time / tgattn time (> 1: tgattn faster)")
+    print(ratio_table(rows, peers))
+    print()
+    print(targets(rows))
+    print(f"\nwrote {args.out / (stem + '.csv')} and {args.out / (stem + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

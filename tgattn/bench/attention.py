@@ -1,0 +1,123 @@
+"""The attention sweep: every pattern x size x peer x {forward, forward+backward}.
+
+Rows are dictionaries (one per measurement), written to CSV by :mod:`tgattn.bench.report`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+from .. import engine
+from . import peers as peer_impls
+from .measure import best_time, peak_extra_mb
+from .patterns import Pattern
+
+MEM_LIMIT = 12 * 2**30  # bytes a single peer may need (the machines have 24 GB)
+SLOW_S = 20.0  # a peer slower than this at one size is not run at larger sizes
+FLEX_SIZES = (4096,)  # each (pattern, n) costs FlexAttention a compile of ~1 minute or more here
+
+
+def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward: bool) -> float:
+    """Rough working set of a peer (to skip runs that cannot fit)."""
+    factor = 3 if backward else 1
+    if peer in ("gather", "transformerconv"):
+        return 4.0 * edges * heads * dim * 4 * factor  # several [E, H, d] float tensors
+    if peer == "sdpa_mask":
+        return n * n * (1 + 4 * heads * factor)  # the mask, and scores if a math kernel runs
+    if peer == "flex":
+        return 4.0 * n * n / 128  # block masks
+    return 4.0 * (edges * heads * 3 + 8 * n * heads * dim)
+
+
+def _inputs(n: int, heads: int, dim: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(n, heads, dim, generator=g).requires_grad_() for _ in range(3))
+    return q, k, v, torch.randn(n, heads, dim, generator=g)
+
+
+def sweep(
+    patterns: Dict[str, Pattern],
+    sizes: Dict[str, Sequence[int]],
+    peers: Sequence[str],
+    *,
+    heads: int = 8,
+    dim: int = 64,
+    repeats: int = 3,
+    budget_s: float = 10.0,
+    memory: bool = True,
+    progress: bool = True,
+) -> List[dict]:
+    """Measure every (pattern, n, peer, mode); returns one row per measurement (or skip)."""
+    from tqdm.auto import tqdm
+
+    tasks = [(name, n) for name in patterns for n in sizes[name]]
+    rows: List[dict] = []
+    slow = set()  # (pattern, peer, mode) that ran out of time at a smaller n
+    for name, n in tqdm(tasks, desc="attention bench", disable=not progress):
+        pattern = patterns[name]
+        edge_index = pattern.make(n)
+        edges = edge_index.shape[1]
+        q, k, v, grad = _inputs(n, heads, dim)
+        t0 = time.perf_counter()
+        s = engine.structure_of(edge_index, n, n)
+        backend = engine.plan(s)
+        analysis_ms = (time.perf_counter() - t0) * 1e3
+        base = dict(pattern=name, n=n, edges=edges, density=edges / n**2, heads=heads, dim=dim)
+        for peer in peers:
+            for backward in (False, True):
+                mode = "fwd+bwd" if backward else "fwd"
+                row = dict(base, peer=peer, mode=mode, ms=None, peak_mb=None, note="")
+                rows.append(row)
+                if backward and peer in peer_impls.FORWARD_ONLY:
+                    row["note"] = "no backward"
+                    continue
+                if (name, peer, mode) in slow:
+                    row["note"] = f"skipped: > {SLOW_S:g} s at a smaller n"
+                    continue
+                if peer == "flex" and n not in FLEX_SIZES:
+                    row["note"] = f"skipped: compiled only for n in {FLEX_SIZES}"
+                    continue
+                if _bytes_needed(peer, n, edges, heads, dim, backward) > MEM_LIMIT:
+                    row["note"] = "skipped: does not fit in memory"
+                    continue
+                try:
+                    fn = peer_impls.build(peer, q, k, v, edge_index, pattern)
+                except Exception as err:  # a peer that cannot be built here (e.g. no compiler)
+                    row["note"] = f"unavailable: {type(err).__name__}"
+                    continue
+                if fn is None:
+                    row["note"] = "not applicable"
+                    continue
+                try:
+                    row["ms"] = best_time(fn, backward, (q, k, v), grad, repeats=repeats, budget_s=budget_s)
+                    if memory:
+                        row["peak_mb"] = peak_extra_mb(fn, backward, (q, k, v), grad)
+                except Exception as err:  # e.g. Flex failing to compile on this machine
+                    row["note"] = f"failed: {type(err).__name__}: {str(err)[:80]}"
+                    continue
+                if peer == "tgattn":
+                    row["note"] = f"backend={backend}; analysis {analysis_ms:.1f} ms"
+                if row["ms"] > SLOW_S * 1e3:
+                    slow.add((name, peer, mode))
+        del q, k, v, grad
+    return rows
+
+
+def sizes_for(patterns: Iterable[str], quick: bool, largest: Optional[int] = None) -> Dict[str, List[int]]:
+    """Sizes per pattern: quick = small ones; full = 256 up to what each pattern can reach."""
+    out = {}
+    for name in patterns:
+        if quick:
+            sizes = [256, 512]
+        elif name in ("full", "causal"):
+            sizes = [256, 1024, 4096, 8192]  # E grows as n^2
+        elif name.startswith(("random", "topk")):
+            sizes = [256, 1024, 4096]
+        elif name.startswith("window"):
+            sizes = [256, 1024, 4096, 16384, 65536, 131072]
+        else:
+            sizes = [256, 1024, 4096, 16384, 65536]
+        out[name] = [n for n in sizes if largest is None or n <= largest]
+    return out

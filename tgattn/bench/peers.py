@@ -1,0 +1,82 @@
+"""The implementations the benchmark compares, all on the attention core ``(q, k, v) -> out``.
+
+Each peer gets the same per-head ``q, k, v [N, H, d]`` and edge set, and returns a
+callable that runs the forward pass (``None`` when the peer cannot run this case):
+
+* ``tgattn``: :func:`tgattn.functional.graph_attention`, ``backend="auto"``;
+* ``gather``: the same function, ``backend="gather"`` (the textbook per-edge path);
+* ``transformerconv``: PyG ``TransformerConv(root_weight=False)`` with identity
+  projections, so that only its attention core runs (keys double as values);
+* ``sdpa_mask``: ``scaled_dot_product_attention`` with the boolean mask, the kernel
+  ``nn.MultiheadAttention`` runs for a masked call without weights;
+* ``sdpa``: dense SDPA without a mask (``is_causal`` for causal), for full / causal only;
+* ``flex``: compiled FlexAttention with the pattern's ``mask_mod`` (forward only).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import builders
+from ..functional import graph_attention
+from .patterns import Pattern
+
+PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex")
+FORWARD_ONLY = ("flex",)
+
+
+def _heads_first(*ts: Tensor):
+    return [t.transpose(0, 1).unsqueeze(0) for t in ts]  # [1, H, N, d]
+
+
+def tgattn(q, k, v, ei, pattern: Pattern) -> Callable:
+    return lambda: graph_attention(q, k, v, ei)
+
+
+def gather(q, k, v, ei, pattern: Pattern) -> Callable:
+    return lambda: graph_attention(q, k, v, ei, backend="gather")
+
+
+def transformerconv(q, k, v, ei, pattern: Pattern) -> Callable:
+    from torch_geometric.nn import TransformerConv
+
+    n, h, d = q.shape
+    conv = TransformerConv(h * d, d, heads=h, root_weight=False)
+    conv.lin_query = conv.lin_key = conv.lin_value = nn.Identity()
+    return lambda: conv((k.reshape(n, h * d), q.reshape(n, h * d)), ei).view(n, h, d)
+
+
+def sdpa_mask(q, k, v, ei, pattern: Pattern) -> Callable:
+    mask = builders.to_mask(ei, q.shape[0], k.shape[0])
+    qh, kh, vh = _heads_first(q, k, v)
+    return lambda: F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+
+
+def sdpa(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    if pattern.dense is None:
+        return None
+    qh, kh, vh = _heads_first(q, k, v)
+    return lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=pattern.dense == "causal")
+
+
+_FLEX = {}
+
+
+def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    if pattern.mask_mod is None:
+        return None
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    n = q.shape[0]
+    block_mask = create_block_mask(pattern.mask_mod, None, None, n, n, device=str(q.device))
+    qh, kh, vh = (t.detach() for t in _heads_first(q, k, v))
+    return lambda: _FLEX["fn"](qh, kh, vh, block_mask=block_mask)
+
+
+def build(name: str, q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    return globals()[name](q, k, v, ei, pattern)

@@ -1,0 +1,137 @@
+"""CSV, plot, ratio table and target check for the attention benchmark."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+FIELDS = ("pattern", "n", "edges", "density", "heads", "dim", "peer", "mode", "ms", "peak_mb", "note")
+
+
+def write_csv(rows: List[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k) for k in FIELDS})
+
+
+def read_csv(path: Path) -> List[dict]:
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key in ("n", "edges", "heads", "dim"):
+            row[key] = int(row[key])
+        for key in ("density", "ms", "peak_mb"):
+            row[key] = float(row[key]) if row[key] not in ("", "None") else None
+    return rows
+
+
+def _index(rows: List[dict]) -> Dict[Tuple[str, int, str, str], dict]:
+    return {(r["pattern"], r["n"], r["mode"], r["peer"]): r for r in rows}
+
+
+def ratio_table(rows: List[dict], peers: Sequence[str]) -> str:
+    """One line per (pattern, n, mode): tgattn's time and each peer's time / tgattn's time.
+
+    A ratio above 1 means tgattn is faster; ``-`` = the peer did not run (see the CSV note).
+    """
+    idx = _index(rows)
+    others = [p for p in peers if p != "tgattn"]
+    head = f"{'pattern':<12} {'n':>6} {'E':>9} {'mode':<7} {'tgattn ms':>9} {'peak MB':>8} {'backend':<6} " + " ".join(
+        f"{p[:10]:>10}" for p in others
+    )
+    lines = [head, "-" * len(head)]
+    keys = sorted({(r["pattern"], r["n"], r["mode"]) for r in rows}, key=lambda k: (k[0], k[1], k[2]))
+    for pattern, n, mode in keys:
+        mine = idx.get((pattern, n, mode, "tgattn"))
+        if mine is None or mine["ms"] is None:
+            continue
+        backend = (mine.get("note") or "").split(";")[0].replace("backend=", "")
+        cells = []
+        for p in others:
+            r = idx.get((pattern, n, mode, p))
+            cells.append(f"{r['ms'] / mine['ms']:>9.2f}x" if r and r["ms"] else f"{'-':>10}")
+        peak = f"{mine['peak_mb']:>8.1f}" if mine["peak_mb"] is not None else f"{'-':>8}"
+        lines.append(
+            f"{pattern:<12} {n:>6} {mine['edges']:>9} {mode:<7} {mine['ms']:>9.1f} {peak} {backend:<6} " + " ".join(cells)
+        )
+    return "\n".join(lines)
+
+
+def _ratio(idx, pattern, n, mode, peer) -> Optional[float]:
+    mine, other = idx.get((pattern, n, mode, "tgattn")), idx.get((pattern, n, mode, peer))
+    if not mine or not other or mine["ms"] is None or other["ms"] is None:
+        return None
+    return other["ms"] / mine["ms"]
+
+
+def targets(rows: List[dict], window: str = "window64") -> str:
+    """The issue's targets, each with its measured value (``n/a`` when not in this run)."""
+    idx = _index(rows)
+    out = []
+
+    def line(text, value, ok, fmt="{:.2f}x"):
+        shown = "n/a" if value is None else fmt.format(value)
+        verdict = "" if value is None else ("met" if ok(value) else "NOT met")
+        out.append(f"{text:<62} {shown:>12}  {verdict}")
+
+    line(f"{window} n=4096 fwd: TransformerConv / tgattn >= 50", _ratio(idx, window, 4096, "fwd", "transformerconv"), lambda r: r >= 50)
+    line(f"{window} n=4096 fwd: dense masked / tgattn >= 5", _ratio(idx, window, 4096, "fwd", "sdpa_mask"), lambda r: r >= 5)
+    line(f"{window} n=4096 fwd: compiled Flex / tgattn >= 1", _ratio(idx, window, 4096, "fwd", "flex"), lambda r: r >= 1)
+    line(f"{window} n=4096 fwd+bwd: dense masked / tgattn >= 5", _ratio(idx, window, 4096, "fwd+bwd", "sdpa_mask"), lambda r: r >= 5)
+    for pattern in sorted({r["pattern"] for r in rows if r["pattern"].startswith(("random", "topk"))}):
+        ns = sorted({r["n"] for r in rows if r["pattern"] == pattern and r["peer"] == "sdpa_mask" and r["ms"]})
+        for mode in ("fwd", "fwd+bwd"):
+            if ns:
+                line(f"{pattern} n={ns[-1]} {mode}: dense masked / tgattn >= 10", _ratio(idx, pattern, ns[-1], mode, "sdpa_mask"), lambda r: r >= 10)
+    for pattern in ("full", "causal"):
+        ns = sorted({r["n"] for r in rows if r["pattern"] == pattern and r["peer"] == "sdpa" and r["ms"]})
+        for n in ns:
+            for mode in ("fwd", "fwd+bwd"):
+                r = _ratio(idx, pattern, n, mode, "sdpa")
+                line(f"{pattern} n={n} {mode}: tgattn / dense SDPA <= 1.25", None if r is None else 1 / r, lambda x: x <= 1.25)
+    per_edge = {
+        r["n"]: r["ms"] / r["edges"] for r in rows
+        if r["pattern"] == window and r["peer"] == "tgattn" and r["mode"] == "fwd+bwd" and r["ms"] and 1024 <= r["n"] <= 65536
+    }
+    if len(per_edge) > 1:
+        spread = max(per_edge.values()) / min(per_edge.values())
+        line(f"{window} fwd+bwd time per edge, n {min(per_edge)}..{max(per_edge)}: max/min <= 1.5", spread, lambda x: x <= 1.5)
+    big = idx.get((window, 131072, "fwd+bwd", "tgattn"))
+    if big and big["ms"]:
+        peak = f", peak extra {big['peak_mb']:.0f} MB" if big["peak_mb"] else ""
+        out.append(f"{window} n=131072 fwd+bwd completes: {big['ms'] / 1e3:.2f} s{peak}")
+    return "\n".join(out)
+
+
+def plot(rows: List[dict], path: Path) -> None:
+    """Time against n, one panel per pattern; solid = forward, dashed = forward+backward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    patterns = sorted({r["pattern"] for r in rows})
+    peers = list(dict.fromkeys(r["peer"] for r in rows))
+    cols = min(4, len(patterns))
+    nrows = -(-len(patterns) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+    colors = dict(zip(peers, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, pattern in zip(axes.flat, patterns):
+        for peer in peers:
+            for mode, style in (("fwd", "-"), ("fwd+bwd", "--")):
+                pts = sorted((r["n"], r["ms"]) for r in rows if r["pattern"] == pattern and r["peer"] == peer and r["mode"] == mode and r["ms"])
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=colors[peer], label=peer if mode == "fwd" else None)
+        ax.set(xscale="log", yscale="log", title=pattern, xlabel="n (tokens)", ylabel="ms")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(patterns):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("attention core, H=8, d=64, fp32 CPU (solid: forward, dashed: forward+backward)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

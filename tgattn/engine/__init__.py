@@ -1,0 +1,16 @@
+"""The attention engine behind :func:`tgattn.functional.graph_attention`.
+
+Backends (all exact, none holds an ``[E, H, d]`` tensor in forward or backward):
+
+* ``dense``: SDPA, for edge sets proven full / causal (also packed block-diagonal);
+* ``tile``: row-blocked dense tiles with ``-inf`` masking, for banded / block-structured sets;
+* ``csr``: per-head sparse kernels (sampled dot products, segment softmax, CSR x dense),
+  for scattered sets and for every option (dropout, returned weights, duplicated edges).
+
+Edge sets are analysed once and cached (:func:`structure_of`); :func:`plan` names the
+backend ``auto`` picks.
+"""
+from .analysis import CACHE, Structure, analyse, structure_of
+from .dispatch import ENGINE_BACKENDS, plan, run
+
+__all__ = ["CACHE", "ENGINE_BACKENDS", "Structure", "analyse", "plan", "run", "structure_of"]

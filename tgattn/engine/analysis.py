@@ -1,0 +1,189 @@
+"""Cheap, cached analysis of an edge set: ordering, duplicates, CSR rows and dense structure.
+
+Every check is an O(E) vectorized pass (a sort only when the edges come unsorted), and the
+result is cached per ``edge_index`` tensor (keyed on its identity and in-place version), so
+an edge set shared by the layers of a model is analysed once.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+# Structure kinds the dense (SDPA) backend can run exactly.
+DENSE_KINDS = ("full", "causal", "packed_full", "packed_causal")
+
+
+@dataclass
+class Structure:
+    """What the engine knows about one edge set (edges in (target, source) order).
+
+    Attributes:
+        n_q, n_k: number of query and key nodes.
+        num_edges: E.
+        perm: ``None`` when the edges already come sorted by (target, source), else the
+            permutation that sorts them (``sorted = original[:, perm]``).
+        src, dst: sorted keys j and queries i ``[E]``.
+        rowptr: CSR row pointer over queries ``[n_q + 1]``.
+        duplicates: whether some edge appears more than once.
+        kind: ``"full"``, ``"causal"``, ``"packed_full"``, ``"packed_causal"`` or ``"general"``.
+        lengths: sequence lengths of a packed (block-diagonal) kind, else ``None``.
+        intervals: each query's keys form one contiguous range ``lo..hi`` (banded sets).
+    """
+
+    n_q: int
+    n_k: int
+    num_edges: int
+    perm: Optional[Tensor]
+    src: Tensor
+    dst: Tensor
+    rowptr: Tensor
+    duplicates: bool
+    kind: str = "general"
+    lengths: Optional[Tuple[int, ...]] = None
+    intervals: bool = False
+    extras: Dict[object, object] = field(default_factory=dict)  # per-structure caches (tiles, transpose)
+
+    @property
+    def density(self) -> float:
+        return self.num_edges / max(self.n_q * self.n_k, 1)
+
+
+def _sorted_edges(edge_index: Tensor, n_k: int):
+    src, dst = edge_index[0], edge_index[1]
+    key = dst * max(n_k, 1) + src  # [E]
+    if key.numel() < 2 or bool((key[1:] >= key[:-1]).all()):
+        # Copies, not views: a view would keep the caller's tensor (the cache key) alive.
+        return None, src.clone(), dst.clone(), key
+    perm = torch.argsort(key, stable=True)
+    key = key[perm]
+    return perm, src[perm], dst[perm], key
+
+
+def _row_bounds(src: Tensor, rowptr: Tensor, deg: Tensor) -> Tuple[Tensor, Tensor]:
+    """First and last key of each non-empty row (edges sorted by (target, source))."""
+    nonempty = deg > 0
+    lo = torch.full_like(deg, -1)
+    hi = torch.full_like(deg, -1)
+    lo[nonempty] = src[rowptr[:-1][nonempty]]
+    hi[nonempty] = src[rowptr[1:][nonempty] - 1]
+    return lo, hi
+
+
+def _packed_kind(lo: Tensor, hi: Tensor, deg: Tensor, n: int):
+    """Detect block-diagonal full / causal (``lo``/``hi`` are the row bounds; rows are intervals)."""
+    rows = torch.arange(n, device=lo.device)
+    starts = (lo == rows).nonzero().flatten()  # a segment starts where a row's first key is itself
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        return None, None
+    seg = torch.cumsum(lo == rows, 0) - 1  # [n] segment of each row
+    ends = torch.cat([starts[1:], starts.new_tensor([n])])  # exclusive
+    if not bool((lo == starts[seg]).all()):
+        return None, None
+    lengths = tuple((ends - starts).tolist())
+    if bool((hi == ends[seg] - 1).all()):
+        return "packed_full", lengths
+    if bool((hi == rows).all()):
+        return "packed_causal", lengths
+    return None, None
+
+
+def _classify(s: Structure, deg: Tensor) -> None:
+    n, E = s.n_q, s.num_edges
+    if E == 0 or s.duplicates:
+        return
+    if E == s.n_q * s.n_k:  # unique edges inside [n_q, n_k] covering every pair
+        s.kind = "full"
+        s.intervals = True
+        return
+    lo, hi = _row_bounds(s.src, s.rowptr, deg)
+    s.intervals = bool(((deg == 0) | (hi - lo + 1 == deg)).all())
+    if not s.intervals or s.n_q != s.n_k or bool((deg == 0).any()):
+        return
+    if E == n * (n + 1) // 2 and bool((s.src <= s.dst).all()):
+        s.kind = "causal"
+        return
+    kind, lengths = _packed_kind(lo, hi, deg, n)
+    if kind is not None:
+        s.kind, s.lengths = kind, lengths
+
+
+def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
+    """Analyse a validated ``LongTensor[2, E]`` edge set (uncached; see :func:`structure_of`).
+
+    Example:
+        >>> from tgattn import builders
+        >>> analyse(builders.causal([2, 3]), 5, 5).kind, analyse(builders.causal([2, 3]), 5, 5).lengths
+        ('packed_causal', (2, 3))
+        >>> analyse(builders.window(6, 1), 6, 6).kind
+        'general'
+    """
+    E = edge_index.shape[1]
+    perm, src, dst, key = _sorted_edges(edge_index, n_k)
+    duplicates = E > 1 and bool((key[1:] == key[:-1]).any())
+    deg = torch.bincount(dst, minlength=n_q)  # [n_q]
+    rowptr = torch.zeros(n_q + 1, dtype=torch.long, device=edge_index.device)
+    rowptr[1:] = torch.cumsum(deg, 0)
+    s = Structure(n_q, n_k, E, perm, src, dst, rowptr, duplicates)
+    _classify(s, deg)
+    return s
+
+
+class _Cache:
+    """Structures keyed on (tensor identity, in-place version, sizes); entries die with the tensor."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self.entries: Dict[int, Tuple[weakref.ref, int, int, int, Structure]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, edge_index: Tensor, n_q: int, n_k: int) -> Optional[Structure]:
+        entry = self.entries.get(id(edge_index))
+        if entry is None:
+            return None
+        ref, version, eq, ek, s = entry
+        if ref() is not edge_index or version != edge_index._version or (eq, ek) != (n_q, n_k):
+            return None
+        self.hits += 1
+        return s
+
+    def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
+        if len(self.entries) >= self.capacity:
+            self.entries.pop(next(iter(self.entries)))
+        key = id(edge_index)
+        ref = weakref.ref(edge_index, lambda _, key=key: self.entries.pop(key, None))
+        self.entries[key] = (ref, edge_index._version, n_q, n_k, s)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.hits = self.misses = 0
+
+
+CACHE = _Cache()
+
+
+def structure_of(edge_index: Tensor, n_q: int, n_k: int, *, original: Optional[Tensor] = None) -> Structure:
+    """The cached :class:`Structure` of ``edge_index`` (analysed on first use).
+
+    ``original`` is the tensor the caller passed (before a dtype conversion) and serves as
+    the cache key, so that converted copies still hit the cache.
+
+    Example:
+        >>> from tgattn import builders
+        >>> ei = builders.full(8)
+        >>> structure_of(ei, 8, 8) is structure_of(ei, 8, 8)
+        True
+    """
+    key = edge_index if original is None else original
+    s = CACHE.get(key, n_q, n_k)
+    if s is not None:
+        return s
+    CACHE.misses += 1
+    with torch.no_grad():
+        s = analyse(edge_index, n_q, n_k)
+    CACHE.put(key, n_q, n_k, s)
+    return s

@@ -1,0 +1,111 @@
+"""CSR backend: per-head sparse kernels on the edge pattern, for scattered edge sets.
+
+Scores come from ``torch.sparse.sampled_addmm`` (``<q_i, k_j>`` only where an edge exists),
+the softmax runs over ``[E, H]`` edge scores, and aggregation is a sparse CSR x dense
+product. The backward pass uses the same three kernels (and the transposed pattern), so
+neither direction ever holds an ``[E, H, d]`` tensor: the largest saved tensor is the
+weights ``[E, H]``.
+
+This backend honours everything the contract allows: bias (with ``-inf``), dropout,
+returned (differentiable) weights, duplicated edges and any edge order.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .analysis import Structure
+
+
+def _csr(rowptr: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta" / invariant-check notices
+        return torch.sparse_csr_tensor(rowptr, col, values, shape, check_invariants=False)
+
+
+def transpose_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(colptr [n_k + 1], row [E], perm [E])``: the pattern sorted by (source, target), cached."""
+    cached = s.extras.get("transpose")
+    if cached is None:
+        perm = torch.argsort(s.src * max(s.n_q, 1) + s.dst, stable=True)
+        colptr = torch.zeros(s.n_k + 1, dtype=torch.long, device=s.src.device)
+        colptr[1:] = torch.cumsum(torch.bincount(s.src, minlength=s.n_k), 0)
+        cached = s.extras["transpose"] = (colptr, s.dst[perm], perm)
+    return cached
+
+
+def _sampled_dot(s: Structure, a: Tensor, b: Tensor) -> Tensor:
+    """``[E, H]`` with entry ``<a[dst, h], b[src, h]>``; ``a`` is ``[H, n_q, d]``, ``b`` ``[H, n_k, d]``."""
+    pattern = _csr(s.rowptr, s.src, a.new_zeros(s.num_edges), (s.n_q, s.n_k))
+    cols = [torch.sparse.sampled_addmm(pattern, a[h], b[h].T, beta=0.0).values() for h in range(a.shape[0])]
+    return torch.stack(cols, dim=1)  # [E, H]
+
+
+def _spmm(rowptr: Tensor, col: Tensor, values: Tensor, dense: Tensor, shape: Tuple[int, int]) -> Tensor:
+    """``[n_rows, H, d]``: per head, the CSR matrix with ``values[:, h]`` times ``dense[h]``."""
+    outs = [_csr(rowptr, col, values[:, h].contiguous(), shape) @ dense[h] for h in range(dense.shape[0])]
+    return torch.stack(outs, dim=1)
+
+
+def _softmax(scores: Tensor, dst: Tensor, n_q: int) -> Tensor:
+    """Per-target softmax of ``[E, H]`` scores; all ``-inf`` rows give zero weights."""
+    h = scores.shape[1]
+    idx = dst.unsqueeze(-1).expand(-1, h)
+    row_max = scores.new_full((n_q, h), float("-inf")).scatter_reduce_(0, idx, scores, "amax")
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    expd = torch.exp(scores - row_max[dst])  # [E, H]
+    denom = scores.new_zeros(n_q, h).index_add_(0, dst, expd)
+    denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    return expd / denom[dst]
+
+
+class CsrAttention(torch.autograd.Function):
+    """Sorted-edge attention: returns ``(out [n_q, H, dv], weights [E, H])``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, s: Structure, scale: float, keep: Optional[Tensor], p: float):
+        qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
+        scores = _sampled_dot(s, qh, kh) * scale  # [E, H]
+        if bias is not None:
+            scores = scores + bias
+        weights = _softmax(scores, s.dst, s.n_q)  # [E, H]
+        used = weights if keep is None else weights * keep / (1.0 - p)
+        out = _spmm(s.rowptr, s.src, used, vh, (s.n_q, s.n_k))  # [n_q, H, dv]
+        ctx.save_for_backward(qh, kh, vh, weights, keep)
+        ctx.s, ctx.scale, ctx.p, ctx.bias_heads = s, scale, p, None if bias is None else bias.shape[1]
+        return out, weights
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_weights):
+        qh, kh, vh, weights, keep = ctx.saved_tensors
+        s, scale = ctx.s, ctx.scale
+        colptr, row_t, perm_t = transpose_pattern(s)
+        used = weights if keep is None else weights * keep / (1.0 - ctx.p)
+        grad_q = grad_k = grad_v = grad_bias = None
+        go = grad_out.transpose(0, 1).contiguous()  # [H, n_q, dv]
+        d_used = _sampled_dot(s, go, vh)  # [E, H]
+        d_weights = d_used if keep is None else d_used * keep / (1.0 - ctx.p)
+        if grad_weights is not None:
+            d_weights = d_weights + grad_weights
+        delta = weights.new_zeros(s.n_q, weights.shape[1]).index_add_(0, s.dst, weights * d_weights)
+        d_scores = weights * (d_weights - delta[s.dst])  # [E, H]
+        if ctx.needs_input_grad[0]:
+            grad_q = _spmm(s.rowptr, s.src, d_scores, kh, (s.n_q, s.n_k)) * scale
+        if ctx.needs_input_grad[1]:
+            grad_k = _spmm(colptr, row_t, d_scores[perm_t], qh, (s.n_k, s.n_q)) * scale
+        if ctx.needs_input_grad[2]:
+            grad_v = _spmm(colptr, row_t, used[perm_t], go, (s.n_k, s.n_q))
+        if ctx.needs_input_grad[3]:
+            grad_bias = d_scores if ctx.bias_heads > 1 else d_scores.sum(1, keepdim=True)
+        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None
+
+
+def csr_attention(q, k, v, s: Structure, bias: Optional[Tensor], scale: float, dropout_p: float):
+    """Run :class:`CsrAttention` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order."""
+    keep = None
+    if dropout_p > 0:
+        keep = torch.rand(s.num_edges, q.shape[1], device=q.device) >= dropout_p  # [E, H]
+    return CsrAttention.apply(q, k, v, bias, s, scale, keep, dropout_p)

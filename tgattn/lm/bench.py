@@ -1,0 +1,201 @@
+"""Measurements of the character GPT, run as code (never timed tests).
+
+* ``bench-decode``: per-token cost of incremental decoding (one node + its in-edges, cached
+  keys/values) against recomputing the whole context, for a window pattern at long lengths.
+* ``bench-train``: time per training step of the graph GPT and its dense twin, interleaved
+  step by step in one process so that machine load hits both alike.
+* ``bench-memory``: peak memory of a training step, each configuration in a fresh subprocess
+  (``resource.getrusage`` peak RSS minus the RSS before the step), and the longest context a
+  window pattern trains at within the dense model's memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from ..models import GPT, GPTConfig
+from ..models.decode import DecodePattern, KVCache, step
+
+
+def _ints(text: str):
+    return [int(v) for v in text.split(",")]
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("bench-decode", help="incremental decoding vs full recomputation (window pattern)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--lengths", type=_ints, default=[256, 1024, 4096], help="context lengths (default: 256,1024,4096)")
+    p.add_argument("--window", type=int, default=32, help="window radius w (default: 32)")
+    p.add_argument("--tokens", type=int, default=16, help="timed tokens per length (default: 16)")
+    p.set_defaults(func=bench_decode)
+
+    p = sub.add_parser("bench-train", help="time per training step: graph GPT vs dense twin, interleaved")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--pattern", default="causal")
+    p.add_argument("--window", type=int, default=32)
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=12)
+    p.add_argument("--steps", type=int, default=60, help="timed steps per model (default: 60)")
+    p.set_defaults(func=bench_train)
+
+    p = sub.add_parser("bench-memory", help="peak training memory; longest window context in dense memory")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--dense-block", type=int, default=64, help="the dense model's context (default: 64)")
+    p.add_argument("--window", type=int, default=32)
+    p.add_argument("--lengths", type=_ints, default=[64, 96, 128, 256, 512, 1024])
+    p.add_argument("--tokens", type=int, default=0, help="keep batch * context at this many tokens (default: off)")
+    p.add_argument("--with-dense", action="store_true", help="also measure the dense model at each length")
+    p.set_defaults(func=bench_memory)
+
+    p = sub.add_parser("memory-probe", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--attention", default="graph")
+    p.add_argument("--pattern", default="causal")
+    p.add_argument("--window", type=int, default=32)
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.set_defaults(func=memory_probe)
+
+
+def _threads(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def bench_decode(args) -> int:
+    _threads(args)
+    torch.manual_seed(0)
+    longest = max(args.lengths) + args.tokens + 1
+    config = GPTConfig(block_size=longest, pattern="window", window=args.window)
+    model = GPT(config).eval()
+    pattern = DecodePattern(model)
+    idx = torch.randint(config.vocab_size, (1, longest))
+    cache, rows = KVCache(model, 1), []
+    for length in args.lengths:
+        while cache.length < length:  # prefill (untimed) up to the measured length
+            step(model, cache, pattern, idx[:, cache.length])
+        inc = []
+        for _ in range(args.tokens):
+            t0 = time.perf_counter()
+            logits_inc = step(model, cache, pattern, idx[:, cache.length])
+            inc.append(time.perf_counter() - t0)
+        n = cache.length  # the last timed token sat at position n - 1
+        full = []
+        with torch.no_grad():
+            for _ in range(max(3, args.tokens // 4)):
+                t0 = time.perf_counter()
+                logits_full, _ = model(idx[:, :n], edge_index=pattern.prefix(n, 1))
+                full.append(time.perf_counter() - t0)
+        diff = float((logits_full[0, -1] - logits_inc[0]).abs().max())
+        row = {
+            "context": n,
+            "keys_per_new_token": int(pattern.keys(n - 1).numel()),
+            "incremental_ms": 1e3 * statistics.median(inc),
+            "full_recompute_ms": 1e3 * statistics.median(full),
+            "max_abs_logit_diff": diff,
+        }
+        row["speedup"] = row["full_recompute_ms"] / row["incremental_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+def _train_step(model, optimizer, x, y) -> None:
+    _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def bench_train(args) -> int:
+    _threads(args)
+    torch.manual_seed(0)
+    common = dict(block_size=args.block_size, pattern=args.pattern, window=args.window)
+    graph = GPT(GPTConfig(**common)).train()
+    dense = GPT(GPTConfig(**common, attention="dense")).train()
+    dense.load_state_dict(graph.state_dict())
+    opts = {m: m.configure_optimizer(lr=1e-3, weight_decay=0.1) for m in (graph, dense)}
+    g = torch.Generator().manual_seed(0)
+    times = {graph: [], dense: []}
+    for i in range(args.steps + 5):
+        x = torch.randint(65, (args.batch_size, args.block_size), generator=g)
+        for model in ((graph, dense) if i % 2 else (dense, graph)):  # alternate who goes first
+            t0 = time.perf_counter()
+            _train_step(model, opts[model], x, x)
+            if i >= 5:  # the first steps warm up allocators and caches
+                times[model].append(time.perf_counter() - t0)
+    row = {
+        "pattern": args.pattern,
+        "block_size": args.block_size,
+        "batch_size": args.batch_size,
+        "threads": torch.get_num_threads(),
+        "graph_ms": 1e3 * statistics.median(times[graph]),
+        "dense_ms": 1e3 * statistics.median(times[dense]),
+    }
+    row["ratio"] = row["graph_ms"] / row["dense_ms"]
+    print(json.dumps(row))
+    return 0
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_probe(args) -> int:
+    """One configuration, in this (fresh) process: peak RSS growth over two training steps."""
+    _threads(args)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=args.block_size, attention=args.attention, pattern=args.pattern, window=args.window)
+    model = GPT(config).train()
+    optimizer = model.configure_optimizer(lr=1e-3, weight_decay=0.1)
+    x = torch.randint(65, (args.batch_size, args.block_size))
+    model.edges(args.batch_size, args.block_size)  # the edge set is built once; count it as state
+    before = _rss_bytes()
+    for _ in range(2):
+        _train_step(model, optimizer, x, x)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(json.dumps({"peak_extra_mb": (peak - before) / 2**20, "edges": int(model.edges(args.batch_size, args.block_size).shape[1])}))
+    return 0
+
+
+def _probe(**kw) -> dict:
+    cmd = [sys.executable, "-m", "tgattn.lm", "memory-probe"]
+    for k, v in kw.items():
+        cmd += ["--" + k.replace("_", "-"), str(v)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_memory(args) -> int:
+    b = args.batch_size
+
+    def _probe_t(**kw):
+        return _probe(**kw, threads=args.threads)
+
+    budget = _probe_t(attention="dense", pattern="causal", block_size=args.dense_block, batch_size=b)
+    print(json.dumps({"model": "dense causal", "block_size": args.dense_block, "batch_size": b, **budget}), flush=True)
+    longest = None
+    for length in args.lengths:
+        batch = max(args.tokens // length, 1) if args.tokens else b
+        for name, kw in (("dense causal", dict(attention="dense", pattern="causal")),
+                         (f"graph window w={args.window}", dict(attention="graph", pattern="window", window=args.window))):
+            if name.startswith("dense") and not args.with_dense:
+                continue
+            row = _probe_t(**kw, block_size=length, batch_size=batch)
+            fits = row["peak_extra_mb"] <= budget["peak_extra_mb"]
+            if name.startswith("graph") and fits:
+                longest = length
+            print(json.dumps({"model": name, "block_size": length, "batch_size": batch, **row, "fits_dense_budget": fits}), flush=True)
+    print(json.dumps({"longest_window_context_within_dense_budget": longest, "dense_budget_mb": budget["peak_extra_mb"]}))
+    return 0

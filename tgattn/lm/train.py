@@ -1,0 +1,194 @@
+"""Training loop of the character GPT: AdamW, warm-up + cosine decay, validation, checkpoints.
+
+The schedule and defaults follow nanoGPT's ``config/train_shakespeare_char.py`` with its
+documented CPU run (block 64, batch 12, 4 layers, 4 heads, 128 wide, 2000 iterations).
+A checkpoint is written atomically (temporary file, then ``os.replace``) and holds plain
+types only, so :func:`load_checkpoint` reads it with ``torch.load(weights_only=True)``.
+Resuming restores the model, the optimizer and the random state of batch sampling, so the
+resumed run draws the same batches and reaches the same parameters as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..models import GPT, GPTConfig
+from .data import get_batch
+
+
+@dataclass
+class TrainConfig:
+    max_iters: int = 2000  # optimizer steps
+    batch_size: int = 12  # sequences per step
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float = 1e-4  # floor of the cosine decay (lr / 10)
+    warmup_iters: int = 100  # linear warm-up steps
+    lr_decay_iters: int = 2000  # the cosine reaches min_lr here
+    weight_decay: float = 0.1  # AdamW decay of matrices
+    beta2: float = 0.99  # AdamW beta2 (small batches: a shorter memory)
+    grad_clip: float = 1.0  # clip the global gradient norm (0 = off)
+    eval_interval: int = 250  # validate every so many steps
+    eval_iters: int = 200  # batches per validation estimate
+    checkpoint_interval: int = 250  # write a checkpoint every so many steps
+    seed: int = 1337  # model initialisation and batch sampling
+
+
+def lr_at(it: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at ``lr_decay_iters``.
+
+    Example:
+        >>> cfg = TrainConfig()
+        >>> round(lr_at(0, cfg), 8), lr_at(100, cfg), round(lr_at(1050, cfg), 6), lr_at(5000, cfg)
+        (9.9e-06, 0.001, 0.00055, 0.0001)
+    """
+    if it < cfg.warmup_iters:
+        return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
+
+
+@torch.no_grad()
+def evaluate(model: GPT, ids: Tensor, *, batch_size: int, iters: int, seed: int) -> float:
+    """Mean loss over ``iters`` batches drawn from a fresh generator (the same batches every call)."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    losses = [model(*get_batch(ids, model.config.block_size, batch_size, generator))[1] for _ in range(iters)]
+    model.train(was_training)
+    return float(torch.stack(losses).mean())
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write ``state`` to ``path`` atomically: a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by :func:`train`, loaded with ``weights_only=True``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def model_from_checkpoint(state: dict) -> GPT:
+    """The :class:`GPT` stored in a checkpoint, with its weights, in eval mode."""
+    model = GPT(GPTConfig(**state["config"]))
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def train(
+    model_config: GPTConfig,
+    cfg: TrainConfig,
+    train_ids: Tensor,
+    val_ids: Tensor,
+    vocab: str,
+    *,
+    checkpoint: Optional[Path] = None,
+    resume: bool = False,
+    progress: bool = True,
+    on_step: Optional[Callable[[int, float], None]] = None,
+) -> dict:
+    """Train a GPT; return its history ``{"steps": [...], "evals": [...], "model": GPT}``.
+
+    Args:
+        model_config: the model (ignored when resuming: the checkpoint's config is used).
+        cfg: optimisation and bookkeeping settings.
+        train_ids, val_ids: token ids of the two splits.
+        vocab: the tokenizer's characters in id order (stored in the checkpoint).
+        checkpoint: where to write checkpoints (every ``cfg.checkpoint_interval`` steps and
+            at the end); ``None`` writes none.
+        resume: continue from ``checkpoint``.
+        progress: show a tqdm bar with the loss and tokens/s.
+        on_step: called as ``on_step(iter, loss)`` after each optimizer step.
+
+    ``steps`` holds ``{"iter", "loss", "lr", "seconds"}`` per step (``seconds`` of the step
+    alone); ``evals`` holds ``{"iter", "train", "val"}`` per validation.
+    """
+    torch.manual_seed(cfg.seed)
+    batches = torch.Generator().manual_seed(cfg.seed)
+    state = load_checkpoint(checkpoint) if resume else None
+    if state is not None:
+        model_config = GPTConfig(**state["config"])
+    model = GPT(model_config)
+    optimizer = model.configure_optimizer(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, cfg.beta2))
+    start, best_val = 0, float("inf")
+    if state is not None:
+        if state["vocab"] != vocab:
+            raise ValueError("the checkpoint was trained with another vocabulary")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, best_val = state["iter"], state["best_val"]
+        batches.set_state(state["rng"]["batches"])
+        torch.set_rng_state(state["rng"]["torch"])
+
+    def snapshot(it: int) -> dict:
+        return {
+            "model": model.state_dict(),
+            "config": asdict(model_config),
+            "vocab": vocab,
+            "iter": it,
+            "optimizer": optimizer.state_dict(),
+            "best_val": best_val,
+            "rng": {"batches": batches.get_state(), "torch": torch.get_rng_state()},
+            "train_config": asdict(cfg),
+        }
+
+    def validate(it: int) -> None:
+        nonlocal best_val
+        kw = dict(batch_size=cfg.batch_size, iters=cfg.eval_iters, seed=cfg.seed + 1)
+        row = {"iter": it, "train": evaluate(model, train_ids, **kw), "val": evaluate(model, val_ids, **kw)}
+        best_val = min(best_val, row["val"])
+        history["evals"].append(row)
+        if bar is not None:
+            bar.write(f"iter {it}: train loss {row['train']:.4f}, val loss {row['val']:.4f}")
+
+    from tqdm import tqdm
+
+    history = {"steps": [], "evals": [], "model": model}
+    bar = tqdm(total=cfg.max_iters, initial=start, desc=f"train {model_config.attention}") if progress else None
+    model.train()
+    tokens = cfg.batch_size * model_config.block_size
+    for it in range(start, cfg.max_iters):
+        if it % cfg.eval_interval == 0 and it > start:
+            validate(it)
+        if checkpoint is not None and it % cfg.checkpoint_interval == 0 and it > start:
+            save_checkpoint(checkpoint, snapshot(it))
+        t0 = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(it, cfg)
+        x, y = get_batch(train_ids, model_config.block_size, cfg.batch_size, batches)
+        _, loss = model(x, y)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - t0
+        history["steps"].append({"iter": it, "loss": loss.item(), "lr": lr_at(it, cfg), "seconds": seconds})
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens / seconds:.0f}")
+        if on_step is not None:
+            on_step(it, loss.item())
+    if start < cfg.max_iters or not history["evals"]:
+        validate(cfg.max_iters)
+    if checkpoint is not None:
+        save_checkpoint(checkpoint, snapshot(cfg.max_iters))
+    if bar is not None:
+        bar.close()
+    return history
