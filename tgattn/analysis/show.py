@@ -150,6 +150,7 @@ def main(args: argparse.Namespace) -> int:
     """Run ``show`` with parsed arguments: write the picture, print the top influencers."""
     if args.checkpoint:
         tokens, attention = checkpoint_attention(args.checkpoint, args.text)
+        tokens = [t.replace(" ", "\u2423") for t in tokens]  # a character model's spaces, drawn visibly
         source = f"tiny GPT {args.checkpoint}"
     else:
         tokens = args.text.split()
