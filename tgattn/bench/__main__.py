@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=Path("data/bench"), help="output folder (default: data/bench)")
+    parser.add_argument("--name", default=None, help="output file stem (default: attention, attention_quick)")
     parser.add_argument("--list", action="store_true", help="list the patterns and exit")
     args = parser.parse_args(argv)
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         memory=not args.no_memory,
         progress=not args.no_progress,
     )
-    stem = "attention_quick" if args.quick else "attention"
+    stem = args.name or ("attention_quick" if args.quick else "attention")
     write_csv(rows, args.out / f"{stem}.csv")
     plot(rows, args.out / f"{stem}.png")
     print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
