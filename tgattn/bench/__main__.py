@@ -2,7 +2,7 @@
 
 Examples::
 
-    python -m tgattn.bench --quick                 # seconds: two sizes, no FlexAttention
+    python -m tgattn.bench --quick                 # about a minute: n = 128, 256, no FlexAttention
     python -m tgattn.bench                         # the full sweep (tens of minutes on 2 cores)
     python -m tgattn.bench --patterns window64 --sizes 4096
 
@@ -26,7 +26,7 @@ from .report import plot, ratio_table, targets, write_csv
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (seconds)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (about a minute)")
     parser.add_argument("--patterns", nargs="+", help="pattern names (default: all; see --list)")
     parser.add_argument("--sizes", nargs="+", type=int, help="sequence lengths (default: per pattern)")
     parser.add_argument("--peers", nargs="+", default=None, choices=PEERS, help="implementations to compare")

@@ -110,7 +110,7 @@ def sizes_for(patterns: Iterable[str], quick: bool, largest: Optional[int] = Non
     out = {}
     for name in patterns:
         if quick:
-            sizes = [256, 512]
+            sizes = [128, 256]
         elif name in ("full", "causal"):
             sizes = [256, 1024, 4096, 8192]  # E grows as n^2
         elif name.startswith(("random", "topk")):
