@@ -2,7 +2,7 @@
 
 Examples::
 
-    python -m tgattn.bench --quick                 # seconds: two sizes, no FlexAttention
+    python -m tgattn.bench --quick                 # about a minute: n = 128, 256, no FlexAttention
     python -m tgattn.bench                         # the full sweep (tens of minutes on 2 cores)
     python -m tgattn.bench --patterns window64 --sizes 4096
 
@@ -26,7 +26,7 @@ from .report import plot, ratio_table, targets, write_csv
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (seconds)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (about a minute)")
     parser.add_argument("--patterns", nargs="+", help="pattern names (default: all; see --list)")
     parser.add_argument("--sizes", nargs="+", type=int, help="sequence lengths (default: per pattern)")
     parser.add_argument("--peers", nargs="+", default=None, choices=PEERS, help="implementations to compare")
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=Path("data/bench"), help="output folder (default: data/bench)")
+    parser.add_argument("--name", default=None, help="output file stem (default: attention, attention_quick)")
     parser.add_argument("--list", action="store_true", help="list the patterns and exit")
     args = parser.parse_args(argv)
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         memory=not args.no_memory,
         progress=not args.no_progress,
     )
-    stem = "attention_quick" if args.quick else "attention"
+    stem = args.name or ("attention_quick" if args.quick else "attention")
     write_csv(rows, args.out / f"{stem}.csv")
     plot(rows, args.out / f"{stem}.png")
     print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "

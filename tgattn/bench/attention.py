@@ -92,7 +92,7 @@ def sweep(
                     continue
                 try:
                     row["ms"] = best_time(fn, backward, (q, k, v), grad, repeats=repeats, budget_s=budget_s)
-                    if memory:
+                    if memory and peer not in peer_impls.NO_MEMORY_PROBE:
                         row["peak_mb"] = peak_extra_mb(fn, backward, (q, k, v), grad)
                 except Exception as err:  # e.g. Flex failing to compile on this machine
                     row["note"] = f"failed: {type(err).__name__}: {str(err)[:80]}"
@@ -110,7 +110,7 @@ def sizes_for(patterns: Iterable[str], quick: bool, largest: Optional[int] = Non
     out = {}
     for name in patterns:
         if quick:
-            sizes = [256, 512]
+            sizes = [128, 256]
         elif name in ("full", "causal"):
             sizes = [256, 1024, 4096, 8192]  # E grows as n^2
         elif name.startswith(("random", "topk")):

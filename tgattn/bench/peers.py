@@ -26,6 +26,7 @@ from .patterns import Pattern
 
 PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex")
 FORWARD_ONLY = ("flex",)
+NO_MEMORY_PROBE = ("flex",)  # its compiled operator refuses to run under the probe's dispatch mode
 
 
 def _heads_first(*ts: Tensor):
@@ -62,20 +63,17 @@ def sdpa(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     return lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=pattern.dense == "causal")
 
 
-_FLEX = {}
-
-
 def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     if pattern.mask_mod is None:
         return None
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    if "fn" not in _FLEX:
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    torch._dynamo.reset()  # a fresh compile per pattern (a failed one must not poison the next)
+    compiled = torch.compile(flex_attention, dynamic=False)
     n = q.shape[0]
     block_mask = create_block_mask(pattern.mask_mod, None, None, n, n, device=str(q.device))
     qh, kh, vh = (t.detach() for t in _heads_first(q, k, v))
-    return lambda: _FLEX["fn"](qh, kh, vh, block_mask=block_mask)
+    return lambda: compiled(qh, kh, vh, block_mask=block_mask)
 
 
 def build(name: str, q, k, v, ei, pattern: Pattern) -> Optional[Callable]:

@@ -109,6 +109,8 @@ def targets(rows: List[dict], window: str = "window64") -> str:
 def plot(rows: List[dict], path: Path) -> None:
     """Time against n, one panel per pattern; solid = forward, dashed = forward+backward."""
     import matplotlib
+    import matplotlib.lines
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -126,12 +128,14 @@ def plot(rows: List[dict], path: Path) -> None:
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=colors[peer], label=peer if mode == "fwd" else None)
         ax.set(xscale="log", yscale="log", title=pattern, xlabel="n (tokens)", ylabel="ms")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(patterns):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    handles = [matplotlib.lines.Line2D([], [], color=colors[p], marker="o", ms=3, label=p) for p in peers]
+    fig.legend(handles=handles, loc="lower center", ncol=len(peers), fontsize=8, bbox_to_anchor=(0.5, -0.01))
     fig.suptitle("attention core, H=8, d=64, fp32 CPU (solid: forward, dashed: forward+backward)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,24 @@
+"""``python -m tgattn.bench`` end to end on a tiny case: CSV rows, ratios and targets."""
+import pytest
+
+from tgattn.bench.__main__ import main
+from tgattn.bench.report import read_csv, targets
+
+
+@pytest.mark.slow
+def test_bench_tiny_run(tmp_path, capsys):
+    assert main(["--patterns", "window64", "causal", "--sizes", "96", "--peers", "tgattn", "gather", "sdpa_mask", "sdpa",
+                 "--repeats", "1", "--no-progress", "--out", str(tmp_path), "--name", "tiny"]) == 0
+    rows = read_csv(tmp_path / "tiny.csv")
+    assert (tmp_path / "tiny.png").stat().st_size > 0
+    timed = {(r["pattern"], r["peer"], r["mode"]) for r in rows if r["ms"] is not None and r["ms"] > 0}
+    for pattern in ("window64", "causal"):
+        for peer in ("tgattn", "gather", "sdpa_mask"):
+            assert (pattern, peer, "fwd") in timed and (pattern, peer, "fwd+bwd") in timed
+    assert ("causal", "sdpa", "fwd") in timed and ("window64", "sdpa", "fwd") not in timed
+    mine = [r for r in rows if r["peer"] == "tgattn"]
+    assert all(r["peak_mb"] is not None and r["peak_mb"] > 0 for r in mine)
+    assert {r["note"].split(";")[0] for r in mine} == {"backend=tile", "backend=dense"}
+    out = capsys.readouterr().out
+    assert "window64" in out and "tgattn ms" in out
+    assert "causal n=96 fwd: tgattn / dense SDPA" in targets(rows)
