@@ -31,11 +31,12 @@ def _random(n_q, n_k, p, seed=0):
 
 
 @pytest.mark.parametrize("backend", FAST)
-def test_duplicated_edges_count_once_per_copy(backend):
-    ei = builders.window(20, 2)
-    ei = torch.cat([ei, ei[:, ::3], ei[:, ::7]], dim=1)  # some edges twice, some three times
-    assert engine.analyse(ei, 20, 20).duplicates
-    _check(ei, 20, 20, backend)
+@pytest.mark.parametrize("n, base", [(20, lambda: builders.window(20, 2)), (4, lambda: builders.full(4))])
+def test_duplicated_edges_count_once_per_copy(backend, n, base):
+    ei = base()
+    ei = torch.cat([ei, ei[:, ::3], ei[:, ::7], ei[:, :3]], dim=1)  # some edges twice, some three times
+    assert engine.analyse(ei, n, n).duplicates
+    _check(ei, n, n, backend)
 
 
 @pytest.mark.parametrize("backend", FAST)

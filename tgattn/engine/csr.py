@@ -37,11 +37,30 @@ def transpose_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
     return cached
 
 
+def unique_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(rowptr, col, inverse [E])``: the pattern with each duplicated edge once, cached.
+
+    ``sampled_addmm`` rejects a CSR pattern with repeated entries, so duplicated edges are
+    scored once and the score is copied to every copy (``scores[inverse]``).
+    """
+    cached = s.extras.get("unique")
+    if cached is None:
+        key = s.dst * max(s.n_k, 1) + s.src  # sorted
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        rowptr = torch.zeros(s.n_q + 1, dtype=torch.long, device=key.device)
+        rowptr[1:] = torch.cumsum(torch.bincount(s.dst[first], minlength=s.n_q), 0)
+        cached = s.extras["unique"] = (rowptr, s.src[first], torch.cumsum(first, 0) - 1)
+    return cached
+
+
 def _sampled_dot(s: Structure, a: Tensor, b: Tensor) -> Tensor:
     """``[E, H]`` with entry ``<a[dst, h], b[src, h]>``; ``a`` is ``[H, n_q, d]``, ``b`` ``[H, n_k, d]``."""
-    pattern = _csr(s.rowptr, s.src, a.new_zeros(s.num_edges), (s.n_q, s.n_k))
+    rowptr, col, inverse = unique_pattern(s) if s.duplicates else (s.rowptr, s.src, None)
+    pattern = _csr(rowptr, col, a.new_zeros(col.numel()), (s.n_q, s.n_k))
     cols = [torch.sparse.sampled_addmm(pattern, a[h], b[h].T, beta=0.0).values() for h in range(a.shape[0])]
-    return torch.stack(cols, dim=1)  # [E, H]
+    scores = torch.stack(cols, dim=1)  # [E_unique, H]
+    return scores if inverse is None else scores[inverse]  # [E, H]
 
 
 def _spmm(rowptr: Tensor, col: Tensor, values: Tensor, dense: Tensor, shape: Tuple[int, int]) -> Tensor:
