@@ -5,7 +5,8 @@ Attention patterns (full, causal, window, ...) are edge sets built by :mod:`tgat
 equal dense masked attention (:func:`tgattn.reference.dense_attention`).
 """
 from . import builders, functional, reference
+from .conv import GraphAttentionConv
 from .layer import GraphAttention
 
 __version__ = "0.1.0"
-__all__ = ["GraphAttention", "builders", "functional", "reference", "__version__"]
+__all__ = ["GraphAttention", "GraphAttentionConv", "builders", "functional", "reference", "__version__"]

@@ -38,7 +38,9 @@ def load_planetoid(name: str, root: Optional[PathLike] = None):
 
     With a data folder (``root`` or ``TGATTN_DATA``) holding ``planetoid/<name>/raw``, the raw
     files are copied to a temporary folder (the shared one may be read-only) and processed
-    there, offline. Without one, PyG downloads the data into ``~/.cache/tgattn``.
+    there, offline; without SciPy (which PyG's reader needs), :mod:`tgattn.planetoid_raw` reads
+    them in place into the same graph. Without a data folder, PyG downloads the data into
+    ``~/.cache/tgattn``.
 
     Raises:
         ValueError: for an unknown name.
@@ -56,6 +58,12 @@ def load_planetoid(name: str, root: Optional[PathLike] = None):
     raw = base / "planetoid" / name / "raw"
     if not raw.is_dir():
         raise FileNotFoundError(f"{raw} not found: the data folder {base} has no Planetoid {name} raw files")
+    try:
+        import scipy.sparse  # noqa: F401  (PyG's reader unpickles SciPy matrices)
+    except ImportError:
+        from .planetoid_raw import read_planetoid
+
+        return read_planetoid(raw, name)
     with tempfile.TemporaryDirectory(prefix="tgattn-planetoid-") as tmp:
         shutil.copytree(raw, Path(tmp) / name / "raw")
         return Planetoid(tmp, name)[0]
