@@ -227,11 +227,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     bar = tqdm(total=len(args.dataset) * len(args.model) * args.seeds, disable=args.no_progress, unit="run")
-    for dataset in args.dataset:
-        data = prepare(load_planetoid(dataset, args.data_root))
-        lr, wd = (0.01, 1e-3) if dataset == "PubMed" else (0.005, 5e-4)
-        for seed in range(args.seeds):
-            for model in args.model:  # models interleaved per seed: machine load hits all alike
+    graphs = {dataset: prepare(load_planetoid(dataset, args.data_root)) for dataset in args.dataset}
+    # Seeds outermost, models innermost: machine load hits all models alike, and an interrupted
+    # run leaves the same seeds for every (dataset, model) in runs.csv.
+    for seed in range(args.seeds):
+        for dataset, data in graphs.items():
+            lr, wd = (0.01, 1e-3) if dataset == "PubMed" else (0.005, 5e-4)
+            for model in args.model:
                 bar.set_description(f"{dataset} {model} seed {seed}")
                 torch.manual_seed(seed)
                 net = build_model(model, data, dataset)
