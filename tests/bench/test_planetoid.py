@@ -8,6 +8,15 @@ from tgattn.bench import planetoid as bench
 from tgattn.datasets import load_planetoid
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small sparse/graph ops: one thread is faster, and far faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def cora():
     if not DATA.is_dir():
@@ -20,10 +29,10 @@ def cora():
 def test_few_epochs_on_cora_beat_chance(cora, model):
     torch.manual_seed(0)
     net = bench.build_model(model, cora, "Cora")
-    result = bench.train(net, cora, epochs=15, patience=100)
+    result = bench.train(net, cora, epochs=30, patience=100)
     # 7 classes: chance is ~14 %, the majority class ~32 % of the test nodes
-    assert result["test_acc"] > 0.6
-    assert result["epochs"] == 15 and 1 <= result["best_epoch"] <= 15
+    assert result["test_acc"] > 0.7
+    assert result["epochs"] == 30 and 1 <= result["best_epoch"] <= 30
 
 
 def test_prepare_row_normalizes_into_csr(cora):
