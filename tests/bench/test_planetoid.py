@@ -81,6 +81,7 @@ def test_summary_and_markdown():
         (["--dataset", "Karate"], "unknown dataset 'Karate'"),
         (["--model", "gcn"], "unknown model 'gcn'"),
         (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
         (["--data-root", "/nonexistent/tgattn-data"], "does not exist"),
     ],
 )
@@ -112,3 +113,9 @@ def test_main_writes_tables(data_root, tmp_path):
         runs = list(csv.DictReader(f))
     assert [(r["model"], r["seed"], r["epochs"]) for r in runs] == [("tgattn", "0", "2"), ("tgattn", "1", "2")]
     assert "| Cora | tgattn |" in (out / "results.md").read_text()
+    # worker processes give the same runs, in the same order (timings aside)
+    assert bench.main(argv[:-3] + ["--out", str(tmp_path / "par"), "--jobs", "2", "--no-progress"]) == 0
+    with (tmp_path / "par" / "runs.csv").open() as f:
+        parallel = list(csv.DictReader(f))
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "ms_per_epoch"} for r in rows]  # noqa: E731
+    assert drop(parallel) == drop(runs)

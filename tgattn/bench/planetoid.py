@@ -197,6 +197,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default: $TGATTN_DATA; without either, PyG downloads)")
     parser.add_argument("--out", default="data/planetoid", help="results folder (default: data/planetoid)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     known = {d.lower(): d for d in DATASETS}
@@ -207,7 +208,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [m for m in args.model if m not in MODELS]
     if bad:
         parser.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
-    for name in ("seeds", "epochs", "patience"):
+    for name in ("seeds", "epochs", "patience", "jobs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
     try:
@@ -221,32 +222,51 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+_GRAPHS: Dict[str, object] = {}  # per-process cache of prepared graphs
+
+
+def run_one(dataset: str, model: str, seed: int, *, data_root=None, epochs: int = 1000, patience: int = 100,
+            threads: Optional[int] = None) -> dict:
+    """Train ``model`` on ``dataset`` with ``seed``; the row that ``runs.csv`` gets."""
+    if threads:
+        torch.set_num_threads(threads)
+    if dataset not in _GRAPHS:
+        _GRAPHS[dataset] = prepare(load_planetoid(dataset, data_root))
+    lr, wd = (0.01, 1e-3) if dataset == "PubMed" else (0.005, 5e-4)
+    torch.manual_seed(seed)
+    net = build_model(model, _GRAPHS[dataset], dataset)
+    result = train(net, _GRAPHS[dataset], epochs=epochs, patience=patience, lr=lr, weight_decay=wd)
+    return {"dataset": dataset, "model": model, "seed": seed, **result}
+
+
 def main(argv=None) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
     from tqdm import tqdm
 
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    bar = tqdm(total=len(args.dataset) * len(args.model) * args.seeds, disable=args.no_progress, unit="run")
-    graphs = {dataset: prepare(load_planetoid(dataset, args.data_root)) for dataset in args.dataset}
     # Seeds outermost, models innermost: machine load hits all models alike, and an interrupted
-    # run leaves the same seeds for every (dataset, model) in runs.csv.
-    for seed in range(args.seeds):
-        for dataset, data in graphs.items():
-            lr, wd = (0.01, 1e-3) if dataset == "PubMed" else (0.005, 5e-4)
-            for model in args.model:
-                bar.set_description(f"{dataset} {model} seed {seed}")
-                torch.manual_seed(seed)
-                net = build_model(model, data, dataset)
-                result = train(net, data, epochs=args.epochs, patience=args.patience, lr=lr, weight_decay=wd)
-                runs.append({"dataset": dataset, "model": model, "seed": seed, **result})
-                _write_csv(out / "runs.csv", runs)
-                bar.set_postfix(acc=f"{100 * result['test_acc']:.1f}")
-                bar.update()
-    bar.close()
+    # run leaves (nearly) the same seeds for every (dataset, model) in runs.csv.
+    tasks = [(d, m, s) for s in range(args.seeds) for d in args.dataset for m in args.model]
+    options = dict(data_root=args.data_root, epochs=args.epochs, patience=args.patience, threads=args.threads)
+    runs = []
+    with tqdm(total=len(tasks), disable=args.no_progress, unit="run") as bar:
+        if args.jobs == 1:
+            results = (run_one(*task, **options) for task in tasks)
+        else:  # worker processes, each training one run at a time; results come back in task order
+            pool = ProcessPoolExecutor(args.jobs)
+            futures = [pool.submit(run_one, *task, **options) for task in tasks]
+            results = (future.result() for future in futures)
+        for result in results:
+            runs.append(result)
+            _write_csv(out / "runs.csv", runs)
+            bar.set_description(f"{result['dataset']} {result['model']} seed {result['seed']}")
+            bar.set_postfix(acc=f"{100 * result['test_acc']:.1f}")
+            bar.update()
+        if args.jobs > 1:
+            pool.shutdown()
     rows = summarize(runs)
     _write_csv(out / "results.csv", rows)
     (out / "results.md").write_text(markdown(rows))
