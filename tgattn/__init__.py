@@ -6,8 +6,9 @@ equal dense masked attention (:func:`tgattn.reference.dense_attention`).
 """
 from . import builders, functional, reference
 from . import data, probsparse  # sequences as PyG graphs; Informer's ProbSparse attention
+from .conv import GraphAttentionConv
 from .layer import GraphAttention
 
 __version__ = "0.1.0"
-__all__ = ["GraphAttention", "builders", "functional", "reference", "__version__"]
-__all__ += ["data", "probsparse"]
+__all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse", "reference"]
+__all__ += ["__version__"]

@@ -1,0 +1,171 @@
+import pytest
+import torch
+from torch_geometric.nn import TransformerConv
+from torch_geometric.utils import add_self_loops
+
+from tgattn import GraphAttentionConv, builders
+from tgattn.reference import dense_attention
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def random_graph(n_src, n_dst, e, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.stack([torch.randint(n_src, (e,), generator=g), torch.randint(n_dst, (e,), generator=g)])
+    return builders.from_mask(builders.to_mask(ei, n_dst, n_src))  # unique, sorted
+
+
+def copy_into_transformer(conv: GraphAttentionConv, ref: TransformerConv) -> None:
+    with torch.no_grad():
+        for name in ("lin_query", "lin_key", "lin_value", "lin_skip"):
+            mine, theirs = getattr(conv, name), getattr(ref, name)
+            if mine is None:
+                continue
+            theirs.weight.copy_(mine.weight)
+            if mine.bias is not None:
+                theirs.bias.copy_(mine.bias)
+
+
+@pytest.mark.parametrize("concat", [True, False])
+@pytest.mark.parametrize("root_weight", [True, False])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_equals_transformer_conv(concat, root_weight, heads):
+    x = torch.randn(9, 6, dtype=torch.float64)
+    ei = random_graph(9, 9, 30)
+    conv = GraphAttentionConv(6, 4, heads, concat=concat, root_weight=root_weight).double().eval()
+    ref = TransformerConv(6, 4, heads=heads, concat=concat, root_weight=root_weight).double().eval()
+    copy_into_transformer(conv, ref)
+    out, (ei_out, alpha) = conv(x, ei, return_attention_weights=True)
+    ref_out, (_, ref_alpha) = ref(x, ei, return_attention_weights=True)
+    assert out.shape == (9, 4 * heads if concat else 4)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(alpha, ref_alpha, **TOL)
+    assert torch.equal(ei_out, ei)
+
+
+def test_bipartite_equals_transformer_conv():
+    x_src, x_dst = torch.randn(7, 5, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    ei = random_graph(7, 4, 15, seed=1)
+    conv = GraphAttentionConv((5, 3), 2, 2).double()
+    ref = TransformerConv((5, 3), 2, heads=2).double()
+    copy_into_transformer(conv, ref)
+    out = conv((x_src, x_dst), ei)
+    assert out.shape == (4, 4)
+    torch.testing.assert_close(out, ref((x_src, x_dst), ei), **TOL)
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_edge_features_equal_dense_attention_with_bias(concat):
+    n, h, c = 8, 2, 3
+    x = torch.randn(n, 5, dtype=torch.float64)
+    ei = random_graph(n, n, 25, seed=2)
+    e = torch.randn(ei.shape[1], 4, dtype=torch.float64)
+    conv = GraphAttentionConv(5, c, h, concat=concat, edge_dim=4).double()
+    out = conv(x, ei, e)
+    q, k, v = (lin(x).view(n, h, c) for lin in (conv.lin_query, conv.lin_key, conv.lin_value))
+    bias = torch.zeros(h, n, n, dtype=torch.float64)
+    bias[:, ei[1], ei[0]] = conv.lin_edge(e).T  # [H, E] placed at (i, j)
+    ref = dense_attention(q, k, v, builders.to_mask(ei, n, n), bias=bias)  # [N, H, C]
+    ref = ref.reshape(n, h * c) if concat else ref.mean(1)
+    torch.testing.assert_close(out, ref + conv.lin_skip(x), **TOL)
+
+
+def test_edge_features_change_only_scores():
+    x = torch.randn(6, 4, dtype=torch.float64)
+    ei = random_graph(6, 6, 14, seed=3)
+    conv = GraphAttentionConv(4, 2, 2, edge_dim=1, root_weight=False).double()
+    with torch.no_grad():
+        conv.lin_edge.weight.zero_()
+    plain = GraphAttentionConv(4, 2, 2, root_weight=False).double()
+    plain.load_state_dict({k: v for k, v in conv.state_dict().items() if not k.startswith("lin_edge")})
+    e = torch.randn(ei.shape[1], dtype=torch.float64)
+    torch.testing.assert_close(conv(x, ei, e), plain(x, ei), **TOL)
+
+
+def test_add_self_loops_flag_equals_explicit_loops():
+    x = torch.randn(6, 4, dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 1, 2, 5], [1, 2, 1, 3, 4]])  # holds the self-loop (1, 1)
+    e = torch.randn(5, 2, dtype=torch.float64)
+    conv = GraphAttentionConv(4, 3, 2, edge_dim=2, add_self_loops=True).double()
+    out, (ei_used, alpha) = conv(x, ei, e, return_attention_weights=True)
+    assert ei_used.shape[1] == 4 + 6  # 4 non-loop edges + one loop per node
+    keep = ei[0] != ei[1]
+    loops, e_loops = add_self_loops(ei[:, keep], e[keep], fill_value="mean", num_nodes=6)
+    manual = GraphAttentionConv(4, 3, 2, edge_dim=2).double()
+    manual.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(out, manual(x, loops, e_loops), **TOL)
+    # every node attends at least to itself: weights sum to 1 at every target
+    sums = torch.zeros(6, 2, dtype=torch.float64).index_add_(0, ei_used[1], alpha)
+    torch.testing.assert_close(sums, torch.ones(6, 2, dtype=torch.float64), **TOL)
+
+
+def test_node_without_edges_gets_root_term_only():
+    x = torch.randn(4, 3)
+    ei = torch.tensor([[0, 1], [1, 2]])  # nodes 0 and 3 have no incoming edge
+    conv = GraphAttentionConv(3, 2, 2)
+    out = conv(x, ei)
+    torch.testing.assert_close(out[[0, 3]], conv.lin_skip(x[[0, 3]]), rtol=1e-5, atol=1e-5)
+    assert not GraphAttentionConv(3, 2, 2, root_weight=False)(x, ei)[[0, 3]].any()
+
+
+def test_attention_dropout_only_in_training():
+    x = torch.randn(10, 4)
+    ei = builders.full(10)
+    conv = GraphAttentionConv(4, 4, 2, dropout=0.5, root_weight=False)
+    conv.eval()
+    a, b = conv(x, ei), conv(x, ei)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    conv.train()
+    torch.manual_seed(1)
+    assert (conv(x, ei) - a).abs().max() > 1e-3
+
+
+def test_gradients_match_transformer_conv():
+    x = torch.randn(7, 4, dtype=torch.float64)
+    ei = random_graph(7, 7, 20, seed=4)
+    conv = GraphAttentionConv(4, 3, 2).double()
+    ref = TransformerConv(4, 3, heads=2).double()
+    copy_into_transformer(conv, ref)
+    conv(x, ei).pow(2).sum().backward()
+    ref(x, ei).pow(2).sum().backward()
+    for name in ("lin_query", "lin_key", "lin_value", "lin_skip"):
+        torch.testing.assert_close(getattr(conv, name).weight.grad, getattr(ref, name).weight.grad, **TOL)
+
+
+def test_repr_and_reset_parameters():
+    conv = GraphAttentionConv((5, 3), 2, 4, concat=False)
+    assert repr(conv) == "GraphAttentionConv((5, 3), 2, heads=4)"
+    before = conv.lin_key.weight.clone()
+    conv.reset_parameters()
+    assert not torch.equal(before, conv.lin_key.weight)
+    assert conv.lin_skip.weight.shape == (2, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(in_channels=0, out_channels=2), "in_channels"),
+        (dict(in_channels=(3, 4, 5), out_channels=2), "in_channels"),
+        (dict(in_channels=3, out_channels=-1), "out_channels"),
+        (dict(in_channels=3, out_channels=2, heads=0), "heads"),
+        (dict(in_channels=3, out_channels=2, dropout=1.0), "dropout"),
+        (dict(in_channels=3, out_channels=2, edge_dim=0), "edge_dim"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GraphAttentionConv(**kwargs)
+
+
+def test_bad_forward_arguments():
+    x, ei = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="edge_attr must be given"):
+        GraphAttentionConv(3, 2, edge_dim=2)(x, ei)
+    with pytest.raises(ValueError, match="edge_attr must be given"):
+        GraphAttentionConv(3, 2)(x, ei, torch.randn(2, 2))
+    with pytest.raises(ValueError, match=r"\[2, 2\] \(got \[2, 3\]\)"):
+        GraphAttentionConv(3, 2, edge_dim=2)(x, ei, torch.randn(2, 3))
+    with pytest.raises(ValueError, match="as many source as target nodes"):
+        GraphAttentionConv((3, 3), 2, add_self_loops=True)((x, x[:2]), ei[:, :1])
+    with pytest.raises(ValueError, match="node 7"):
+        GraphAttentionConv(3, 2)(x, torch.tensor([[7], [0]]))

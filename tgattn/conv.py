@@ -1,0 +1,177 @@
+"""GraphAttentionConv: tgattn's attention as a PyG conv layer (a drop-in for TransformerConv/GATConv)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing
+from torch_geometric.utils import add_self_loops as add_loops
+from torch_geometric.utils import remove_self_loops
+
+from . import functional
+
+PairTensor = Tuple[Tensor, Tensor]
+
+
+class GraphAttentionConv(MessagePassing):
+    r"""Multi-head scaled-dot-product attention over a graph's edges, with the interface of a PyG conv.
+
+    The transformer attention of Vaswani et al., "Attention Is All You Need" (2017), restricted to
+    the in-neighbours of each node, as in the graph transformer of Shi et al., "Masked Label
+    Prediction" (IJCAI 2021, PyG's ``TransformerConv``). For each head h, with
+    :math:`q_i = W_Q^h x_i`, :math:`k_j = W_K^h x_j`, :math:`v_j = W_V^h x_j` (C channels each):
+
+    .. math::
+        \alpha^h_{ij} = \operatorname{softmax}_{j \in N(i)}
+            \Big(\frac{\langle q_i, k_j\rangle}{\sqrt{C}} + w_h^\top e_{ij}\Big), \qquad
+        x'_i = \mathop{\Big\Vert}_{h} \sum_{j \in N(i)} \alpha^h_{ij} v^h_j \;(+\, W_R x_i)
+
+    (mean over heads instead of concatenation with ``concat=False``). The attention core is
+    :func:`tgattn.functional.graph_attention`, so it equals dense masked attention.
+
+    **Edge features** (``edge_dim``) enter only as an *additive per-head score bias*
+    :math:`b^h_{ij} = w_h^\top e_{ij}` (a bias-free ``Linear(edge_dim, heads)``). They are not
+    added to keys or values (``TransformerConv`` does that), because keys and values stay
+    per-node ``[N, H, C]`` tensors, which keeps the attention core free of ``[E, H, C]`` copies.
+
+    **Self-loops** are left to the user unless ``add_self_loops=True``; then existing self-loops
+    are removed and one per node is added (edge features of the new loops: the mean of the
+    node's incoming edge features, as in ``GATConv``). Edge convention: ``edge_index[0]`` =
+    source = key/value node j, ``edge_index[1]`` = target = query node i. A node without
+    incoming edges gets attention output 0 (plus the root term).
+
+    Args:
+        in_channels (int or tuple): size of each input sample, or ``(source, target)`` sizes for
+            bipartite graphs.
+        out_channels (int): channels C per head.
+        heads (int, optional): number of heads H (default: 1).
+        concat (bool, optional): concatenate heads (output ``H * C``) or average them
+            (output ``C``) (default: True).
+        dropout (float, optional): dropout on the attention weights in training mode (default: 0).
+        edge_dim (int, optional): edge feature size; turns on the per-head score bias
+            (default: None).
+        bias (bool, optional): biases in the query/key/value and root projections (default: True).
+        root_weight (bool, optional): add the root/skip term :math:`W_R x_i` (default: True).
+        add_self_loops (bool, optional): replace self-loops by one per node (default: False).
+
+    Shapes:
+        - input: ``x [N, F]`` or ``(x_j [Nk, F_s], x_i [Nq, F_t])``, ``edge_index [2, E]``,
+          ``edge_attr [E, edge_dim]`` (optional)
+        - output: ``[Nq, H * C]`` (concat) or ``[Nq, C]``; with ``return_attention_weights=True``
+          also ``(edge_index [2, E'], alpha [E', H])`` for the edges used (self-loops included)
+
+    Example:
+        >>> conv = GraphAttentionConv(16, 8, heads=4)
+        >>> x, edge_index = torch.randn(5, 16), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+        >>> conv(x, edge_index).shape
+        torch.Size([5, 32])
+        >>> conv
+        GraphAttentionConv(16, 8, heads=4)
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, Tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        *,
+        concat: bool = True,
+        dropout: float = 0.0,
+        edge_dim: Optional[int] = None,
+        bias: bool = True,
+        root_weight: bool = True,
+        add_self_loops: bool = False,
+    ):
+        super().__init__(aggr="add", node_dim=0)
+        sizes = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
+            raise ValueError(f"in_channels must be a positive int or a (source, target) pair of them (got {in_channels!r})")
+        for name, value in (("out_channels", out_channels), ("heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int (got {value!r})")
+        if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim <= 0):
+            raise ValueError(f"edge_dim must be None or a positive int (got {edge_dim!r})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1) (got {dropout})")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.dropout = dropout
+        self.edge_dim = edge_dim
+        self.root_weight = root_weight
+        self.add_self_loops = add_self_loops
+        width = heads * out_channels
+        self.lin_query = nn.Linear(sizes[1], width, bias=bias)
+        self.lin_key = nn.Linear(sizes[0], width, bias=bias)
+        self.lin_value = nn.Linear(sizes[0], width, bias=bias)
+        self.lin_edge = nn.Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
+        self.lin_skip = nn.Linear(sizes[1], width if concat else out_channels, bias=bias) if root_weight else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        for lin in (self.lin_query, self.lin_key, self.lin_value, self.lin_edge, self.lin_skip):
+            if lin is not None:
+                lin.reset_parameters()
+
+    def forward(
+        self,
+        x: Union[Tensor, PairTensor],
+        edge_index: Tensor,
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: bool = False,
+        *,
+        backend: str = "auto",
+    ):
+        """Attend along ``edge_index`` (row 0 = key/source j, row 1 = query/target i).
+
+        Args:
+            x: node features ``[N, F]``, or ``(x_j, x_i)`` for a bipartite graph.
+            edge_index: ``[2, E]``.
+            edge_attr: edge features ``[E, edge_dim]`` (or ``[E]`` when ``edge_dim == 1``).
+            return_attention_weights: also return ``(edge_index, alpha [E, H])``.
+            backend: passed to :func:`tgattn.functional.graph_attention`.
+        """
+        x_j, x_i = (x, x) if isinstance(x, Tensor) else x
+        H, C = self.heads, self.out_channels
+        if (edge_attr is None) != (self.edge_dim is None):
+            raise ValueError(f"edge_attr must be given exactly when edge_dim is set (edge_dim={self.edge_dim})")
+        if self.add_self_loops:
+            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, x_j.shape[0], x_i.shape[0])
+        bias = None
+        if edge_attr is not None:
+            edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+            if edge_attr.shape != (edge_index.shape[1], self.edge_dim):
+                raise ValueError(
+                    f"edge_attr must have shape [E, edge_dim] = [{edge_index.shape[1]}, {self.edge_dim}] "
+                    f"(got {list(edge_attr.shape)})"
+                )
+            bias = self.lin_edge(edge_attr)  # [E, H]
+        q = self.lin_query(x_i).view(-1, H, C)  # [Nq, H, C]
+        k = self.lin_key(x_j).view(-1, H, C)  # [Nk, H, C]
+        v = self.lin_value(x_j).view(-1, H, C)  # [Nk, H, C]
+        p = self.dropout if self.training else 0.0
+        out, alpha = functional.graph_attention(
+            q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=True, backend=backend
+        )  # [Nq, H, C], [E, H]
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
+        if self.lin_skip is not None:
+            out = out + self.lin_skip(x_i)
+        if return_attention_weights:
+            return out, (edge_index, alpha)
+        return out
+
+    def _with_self_loops(self, edge_index, edge_attr, num_keys, num_queries):
+        if num_keys != num_queries:
+            raise ValueError(
+                f"add_self_loops=True needs as many source as target nodes (got {num_keys} and {num_queries})"
+            )
+        edge_index = functional.check_edge_index(edge_index, num_keys, num_queries)
+        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+        fill = "mean" if edge_attr is not None else None
+        return add_loops(edge_index, edge_attr, fill_value=fill, num_nodes=num_queries)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
