@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure
+from .softmax import edge_softmax
 
 
 def _csr(rowptr: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
@@ -69,18 +70,6 @@ def _spmm(rowptr: Tensor, col: Tensor, values: Tensor, dense: Tensor, shape: Tup
     return torch.stack(outs, dim=1)
 
 
-def _softmax(scores: Tensor, dst: Tensor, n_q: int) -> Tensor:
-    """Per-target softmax of ``[E, H]`` scores; all ``-inf`` rows give zero weights."""
-    h = scores.shape[1]
-    idx = dst.unsqueeze(-1).expand(-1, h)
-    row_max = scores.new_full((n_q, h), float("-inf")).scatter_reduce_(0, idx, scores, "amax")
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    expd = torch.exp(scores - row_max[dst])  # [E, H]
-    denom = scores.new_zeros(n_q, h).index_add_(0, dst, expd)
-    denom = torch.where(denom > 0, denom, torch.ones_like(denom))
-    return expd / denom[dst]
-
-
 class CsrAttention(torch.autograd.Function):
     """Sorted-edge attention: returns ``(out [n_q, H, dv], weights [E, H])``."""
 
@@ -90,7 +79,7 @@ class CsrAttention(torch.autograd.Function):
         scores = _sampled_dot(s, qh, kh) * scale  # [E, H]
         if bias is not None:
             scores = scores + bias
-        weights = _softmax(scores, s.dst, s.n_q)  # [E, H]
+        weights = edge_softmax(scores, s.dst, s.n_q)  # [E, H]
         used = weights if keep is None else weights * keep / (1.0 - p)
         out = _spmm(s.rowptr, s.src, used, vh, (s.n_q, s.n_k))  # [n_q, H, dv]
         ctx.save_for_backward(qh, kh, vh, weights, keep)
