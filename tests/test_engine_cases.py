@@ -4,6 +4,7 @@ import torch
 
 from tgattn import builders, engine
 from tgattn.functional import graph_attention
+from tgattn.verify import random_edges
 
 from engine_helpers import inputs, max_err, oracle
 
@@ -23,11 +24,6 @@ def _check(edge_index, n_q, n_k, backend, *, heads=2, dk=6, dv=None, bias=None, 
         a = torch.zeros_like(b) if a is None else a
         b = torch.zeros_like(a) if b is None else b
         assert max_err(a, b) <= tol
-
-
-def _random(n_q, n_k, p, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return builders.from_mask(torch.rand(n_q, n_k, generator=g) < p)
 
 
 @pytest.mark.parametrize("backend", FAST)
@@ -77,7 +73,7 @@ def test_bias_minus_inf_empties_rows(backend):
 
 @pytest.mark.parametrize("backend", FAST)
 def test_empty_rows_give_zero_output_and_gradient(backend):
-    ei = _random(50, 50, 0.04, seed=2)
+    ei = random_edges(50, 50, 0.04, seed=2)
     empty = torch.bincount(ei[1], minlength=50) == 0
     assert empty.any()
     _check(ei, 50, 50, backend)
@@ -96,7 +92,7 @@ def test_heads_and_value_dim(backend, heads):
 
 @pytest.mark.parametrize("backend", FAST)
 def test_cross_attention(backend):
-    _check(_random(23, 61, 0.2), 23, 61, backend, dv=3)
+    _check(random_edges(23, 61, 0.2), 23, 61, backend, dv=3)
     _check(builders.full(1).new_tensor([[0, 1, 2, 60, 59], [0, 0, 1, 22, 22]]), 23, 61, backend)
 
 
@@ -190,7 +186,7 @@ def test_tile_chunking(monkeypatch, cells):
     from tgattn.engine import tiles
 
     monkeypatch.setattr(tiles, "CHUNK_CELLS", cells)
-    for ei in (builders.window(40, 4), _random(40, 40, 0.2, seed=4)):
+    for ei in (builders.window(40, 4), random_edges(40, 40, 0.2, seed=4)):
         engine.CACHE.clear()
         bias = torch.randn(ei.shape[1], 3, dtype=torch.float64, requires_grad=True)
         _check(ei, 40, 40, "tile", heads=3, bias=bias)

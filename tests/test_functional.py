@@ -7,6 +7,7 @@ import torch
 from tgattn import builders
 from tgattn.functional import graph_attention
 from tgattn.reference import dense_attention
+from tgattn.verify import random_edges
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -16,19 +17,14 @@ def _inputs(nq, nk, h, dk, dv, dtype):
     return make(nq, h, dk), make(nk, h, dk), make(nk, h, dv)
 
 
-def _random_edges(nq, nk, p, seed):
-    g = torch.Generator().manual_seed(seed)
-    return builders.from_mask(torch.rand(nq, nk, generator=g) < p)
-
-
 EDGE_SETS = {
     "full": lambda: (builders.full(13), 13, 13),
     "causal": lambda: (builders.causal(13), 13, 13),
     "window": lambda: (builders.window(20, 3), 20, 20),
     "window-causal": lambda: (builders.window(20, 3, causal=True), 20, 20),
     "packed": lambda: (builders.causal([3, 1, 7]), 11, 11),
-    "cross": lambda: (_random_edges(6, 9, 0.4, 0), 6, 9),
-    "random-with-empty-rows": lambda: (_random_edges(15, 15, 0.1, 1), 15, 15),
+    "cross": lambda: (random_edges(6, 9, 0.4, 0), 6, 9),
+    "random-with-empty-rows": lambda: (random_edges(15, 15, 0.1, 1), 15, 15),
 }
 
 

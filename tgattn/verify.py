@@ -30,7 +30,8 @@ def _square(name: str, fn: Callable[[], Tensor], n) -> Case:
     return Case(name, lambda: (fn(), builders._common.total_nodes(n), builders._common.total_nodes(n)))
 
 
-def _random_edges(n_q: int, n_k: int, p: float, seed: int = 0) -> Tensor:
+def random_edges(n_q: int, n_k: int, p: float, seed: int = 0) -> Tensor:
+    """A seeded random edge set: each (query, key) pair kept with probability ``p``."""
     g = torch.Generator().manual_seed(seed)
     return builders.from_mask(torch.rand(n_q, n_k, generator=g) < p)
 
@@ -60,8 +61,8 @@ CASES: List[Case] = [
     _square("window(128, w=8, causal)", lambda: builders.window(128, 8, causal=True), 128),
     _square("causal(packed [5, 17, 42])", lambda: builders.causal([5, 17, 42]), [5, 17, 42]),
     _square("full(packed [1, 30, 33])", lambda: builders.full([1, 30, 33]), [1, 30, 33]),
-    Case("cross random(40 q x 70 k, p=0.1)", lambda: (_random_edges(40, 70, 0.1), 40, 70)),
-    _square("random(100, p=0.05) with empty rows", lambda: _random_edges(100, 100, 0.05, seed=1), 100),
+    Case("cross random(40 q x 70 k, p=0.1)", lambda: (random_edges(40, 70, 0.1), 40, 70)),
+    _square("random(100, p=0.05) with empty rows", lambda: random_edges(100, 100, 0.05, seed=1), 100),
     # pattern families of tgattn.builders (one representative each)
     _square("dilated(96, w=3, dilation=4)", lambda: builders.dilated(96, 3, 4), 96),
     _square("block_local(packed [20, 45], 8, causal)", lambda: builders.block_local([20, 45], 8, causal=True), [20, 45]),
