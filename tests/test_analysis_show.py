@@ -68,11 +68,11 @@ def test_show_with_random_projections(tmp_path, capsys):
     assert f"flow into 'blue': {expected}\n" in capsys.readouterr().out
 
 
-def save_fake_checkpoint(path, gpt=FakeGPT):
+def save_fake_checkpoint(path, gpt=FakeGPT, vocab="abc"):
     torch.manual_seed(3)
-    config = FakeConfig()
+    config = FakeConfig(vocab_size=len(vocab))
     model = gpt(config)
-    torch.save({"model": model.state_dict(), "config": asdict(config), "vocab": "abc"}, path)
+    torch.save({"model": model.state_dict(), "config": asdict(config), "vocab": vocab}, path)
     return model
 
 
@@ -104,3 +104,13 @@ def test_show_errors(tmp_path, monkeypatch):
         checkpoint_attention(str(tmp_path / "none.pt"), "abc")
     with pytest.raises(ValueError, match="--query"):
         main(["show", "--text", "a b", "--query", "2", "--out", str(tmp_path / "x.png")])
+
+
+@pytest.mark.slow
+def test_show_draws_spaces_of_a_character_model_visibly(tmp_path, fake_models, capsys):
+    path = tmp_path / "gpt.pt"
+    save_fake_checkpoint(path, fake_models, vocab=" ab")
+    out = tmp_path / "gpt.png"
+    assert main(["show", "--text", "a b", "--checkpoint", str(path), "--query", "1", "--out", str(out)]) == 0
+    assert "rollout into '\u2423'" in capsys.readouterr().out
+
