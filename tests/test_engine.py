@@ -7,7 +7,7 @@ from tgattn.functional import graph_attention
 
 from engine_helpers import TOL, inputs, max_err, oracle
 
-BACKENDS = ["auto", "dense", "tile", "csr", "gather"]
+BACKENDS = ["auto", "dense", "tile", "fused", "csr", "gather"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
@@ -25,7 +25,7 @@ def test_backend_matches_oracle(case, backend, dtype):
         assert max_err(g, r) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("backend", ["dense", "tile", "csr"])
+@pytest.mark.parametrize("backend", ["dense", "tile", "fused", "csr"])
 @pytest.mark.parametrize("case", verify.CASES, ids=[c.name for c in verify.CASES])
 def test_backend_with_bias_matches_oracle(case, backend):
     edge_index, n_q, n_k = case.make()

@@ -8,7 +8,7 @@ from tgattn.verify import random_edges
 
 from engine_helpers import inputs, max_err, oracle
 
-FAST = ["dense", "tile", "csr"]
+FAST = ["dense", "tile", "fused", "csr"]
 
 
 def _check(edge_index, n_q, n_k, backend, *, heads=2, dk=6, dv=None, bias=None, tol=1e-10):

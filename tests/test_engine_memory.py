@@ -39,7 +39,15 @@ def _run(edge_index, n, backend, heads=4, dim=32, bias=False, weights=False):
 
 
 @pytest.mark.parametrize(
-    "backend,bias,weights", [("tile", False, False), ("tile", True, False), ("csr", False, False), ("csr", True, True)]
+    "backend,bias,weights",
+    [
+        ("tile", False, False),
+        ("tile", True, False),
+        ("fused", False, False),
+        ("fused", True, True),
+        ("csr", False, False),
+        ("csr", True, True),
+    ],
 )
 def test_fast_backends_hold_no_edge_feature_tensor(backend, bias, weights):
     n, heads, dim = 512, 4, 64

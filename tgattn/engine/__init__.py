@@ -4,6 +4,9 @@ Backends (all exact, none holds an ``[E, H, d]`` tensor in forward or backward):
 
 * ``dense``: SDPA, for edge sets proven full / causal (also packed block-diagonal);
 * ``tile``: row-blocked dense tiles with ``-inf`` masking, for banded / block-structured sets;
+* ``fused``: a C++ kernel compiled on first use that walks each query's edges once per
+  pass (scores + softmax, aggregation, and the backward's gradient products), for scattered
+  sets when the call has no dropout;
 * ``csr``: per-head sparse kernels (sampled dot products, segment softmax, CSR x dense),
   for scattered sets and for every option (dropout, returned weights, duplicated edges).
 

@@ -8,14 +8,16 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 2. ``tile`` when the row-blocked tiles are at least ``TILE_FILL`` full (banded, block
    structured and dense-ish sets) and the call has no dropout, no returned weights and no
    duplicated edges;
-3. ``csr`` otherwise; it honours every option.
+3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`) for float32 / float64 CPU calls
+   without dropout, when the kernel could be compiled;
+4. ``csr`` otherwise; it honours every option.
 
 Inputs holding NaN or infinity always run on ``csr``, which touches nothing but the edges, so
 that a bad key or value reaches exactly the queries that attend to it. (The check is one sum
 per tensor; sums that overflow to infinity also send the call to ``csr``: slower, still exact.)
 
-A named backend that cannot honour a call falls back along dense -> tile -> csr, so that
-every backend name is always exact; :func:`plan` tells which one will run.
+A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
+that every backend name is always exact; :func:`plan` tells which one will run.
 """
 from __future__ import annotations
 
@@ -26,21 +28,33 @@ from torch import Tensor
 
 from .analysis import DENSE_KINDS, Structure
 from .csr import csr_attention
+from . import fused
 from .dense import dense_attention
 from .tiles import tile_attention, tile_layout
 
-ENGINE_BACKENDS = ("dense", "tile", "csr")
+ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
 TILE_FILL = 0.3  # below this fraction of edge cells per tile the CSR kernels win (measured)
 
 
-def plan(s: Structure, backend: str = "auto", *, bias: bool = False, dropout: bool = False, weights: bool = False) -> str:
+def plan(
+    s: Structure,
+    backend: str = "auto",
+    *,
+    bias: bool = False,
+    dropout: bool = False,
+    weights: bool = False,
+    fusable: bool = True,
+) -> str:
     """The backend that runs a call with these options on structure ``s``.
+
+    ``fusable`` is false for inputs the fused kernel does not take (not CPU, not float32 /
+    float64); the kernel must also be available (:func:`tgattn.engine.fused.available`).
 
     Example:
         >>> from tgattn import builders
         >>> from tgattn.engine.analysis import analyse
         >>> s = analyse(builders.causal(64), 64, 64)
-        >>> plan(s), plan(s, bias=True), plan(s, weights=True)
+        >>> plan(s), plan(s, bias=True), plan(s, dropout=True)
         ('dense', 'tile', 'csr')
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
@@ -52,10 +66,10 @@ def plan(s: Structure, backend: str = "auto", *, bias: bool = False, dropout: bo
         return "dense"
     # Tiles are laid out (and cached) only when they may be used.
     tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates) and tile_layout(s) is not None
-    if backend == "auto":
-        return "tile" if tile_ok and tile_layout(s).fill >= TILE_FILL else "csr"
-    if backend in ("dense", "tile") and tile_ok:
+    if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= TILE_FILL):
         return "tile"
+    if backend != "csr" and fusable and not dropout and fused.available():
+        return "fused"
     return "csr"
 
 
@@ -74,10 +88,12 @@ def run(
 
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
-    chosen = plan(s, backend, bias=bias is not None, dropout=dropout_p > 0, weights=return_weights)
+    fusable = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+    chosen = plan(s, backend, bias=bias is not None, dropout=dropout_p > 0, weights=return_weights, fusable=fusable)
     if chosen != "csr" and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
-        # touch the bad key. The CSR kernels only ever touch edges.
+        # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
+        # oracle keeps. The CSR kernels touch every edge and nothing else.
         chosen = "csr"
     if s.perm is not None and bias is not None:
         bias = bias[s.perm]  # sorted edge order
@@ -85,7 +101,10 @@ def run(
         return dense_attention(q, k, v, s, scale), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
-    out, weights = csr_attention(q, k, v, s, bias, scale, dropout_p)
+    if chosen == "fused":
+        out, weights = fused.fused_attention(q, k, v, s, bias, scale)
+    else:
+        out, weights = csr_attention(q, k, v, s, bias, scale, dropout_p)
     if not return_weights:
         return out, None
     if s.perm is not None:

@@ -1,0 +1,104 @@
+"""The fused C++ kernel: it is really used, equals the oracle on the shapes its SIMD code
+splits (8-row blocks, vector chunks, tails), and the engine falls back when it is missing."""
+import os
+
+import pytest
+import torch
+
+from tgattn import builders, engine
+from tgattn.engine import fused
+from tgattn.functional import graph_attention
+from tgattn.verify import random_edges
+
+from engine_helpers import TOL, inputs, max_err, oracle
+
+needs_kernel = pytest.mark.skipif(
+    not fused.available() and not os.environ.get("CI"), reason="no C++ toolchain here (CI requires one)"
+)
+
+
+@needs_kernel
+def test_kernel_compiles_and_is_chosen():
+    s = engine.structure_of(random_edges(40, 40, 0.2, seed=0), 40, 40)
+    assert fused.available()
+    assert engine.plan(s) == "fused"
+    assert engine.plan(s, "fused", bias=True, weights=True) == "fused"
+    assert engine.plan(s, "fused", dropout=True) == "csr"
+    assert engine.plan(s, fusable=False) == "csr"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("dk, dv", [(1, 3), (8, 8), (37, 5), (64, 64), (67, 70)])
+def test_head_dims_around_the_vector_width(dk, dv, dtype):
+    # degree ~20: several 8-row dot blocks plus a tail; dims below, at and past the vector chunks
+    ei = random_edges(70, 60, 0.3, seed=1)
+    q, k, v, grad_out = inputs(70, 60, heads=3, dk=dk, dv=dv, dtype=dtype)
+    bias = torch.randn(ei.shape[1], 3, dtype=dtype)
+    bias[torch.rand(ei.shape[1]) < 0.3] = float("-inf")
+    bias.requires_grad_()
+    out = graph_attention(q, k, v, ei, bias=bias, backend="fused")
+    ref = oracle(q, k, v, ei, bias)
+    assert max_err(out, ref) <= TOL[dtype]
+    grads = torch.autograd.grad(out, (q, k, v, bias), grad_out)
+    ref_grads = torch.autograd.grad(ref, (q, k, v, bias), grad_out)
+    for a, b in zip(grads, ref_grads):
+        assert max_err(a, b) <= 10 * TOL[dtype]
+
+
+@needs_kernel
+def test_float32_softmax_with_widely_spread_scores():
+    """The vectorised float32 exp: with scores spread over hundreds (weights underflowing to
+    0), fused is as close to the float64 oracle as the CSR path's torch.exp."""
+    ei = builders.window(64, 20)
+    q, k, v, _ = inputs(64, 64, heads=2, dk=16, dtype=torch.float32)
+    ref = oracle(*(t.double() * c for t, c in ((q, 12.0 * 4), (k, 1), (v, 1))), ei)
+    errors = {b: max_err(graph_attention(q, k, v, ei, scale=12.0, backend=b).double(), ref) for b in ("fused", "csr")}
+    assert errors["csr"] > 1e-6  # the case is hard: many weights far apart
+    assert errors["fused"] <= 2 * errors["csr"]
+
+
+@needs_kernel
+def test_returned_weights_are_differentiable():
+    ei = random_edges(30, 30, 0.3, seed=2)
+    q, k, v, grad_out = inputs(30, 30, heads=2, dk=6)
+    r = torch.randn(ei.shape[1], 2, dtype=torch.float64)
+    grads = []
+    for backend in ("fused", "gather"):
+        out, w = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
+        grads.append(torch.autograd.grad((out * grad_out).sum() + (w * r).sum(), (q, k, v)) + (w,))
+    for a, b in zip(*grads):
+        assert max_err(a, b) <= 1e-10
+
+
+@needs_kernel
+def test_results_do_not_depend_on_the_thread_count():
+    ei = random_edges(300, 300, 0.1, seed=3)
+    q, k, v, grad_out = inputs(300, 300, heads=4, dk=32, dtype=torch.float32)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = graph_attention(q, k, v, ei, backend="fused")
+            results.append((out,) + torch.autograd.grad(out, (q, k, v), grad_out))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_engine_falls_back_to_csr_without_the_kernel(monkeypatch):
+    monkeypatch.setitem(fused._state, "tried", True)
+    monkeypatch.setitem(fused._state, "ok", False)
+    ei = random_edges(40, 40, 0.2, seed=4)
+    s = engine.structure_of(ei, 40, 40)
+    assert engine.plan(s) == engine.plan(s, "fused") == "csr"
+    q, k, v, _ = inputs(40, 40, heads=2, dk=4)
+    assert max_err(graph_attention(q, k, v, ei, backend="fused"), oracle(q, k, v, ei)) <= 1e-10
+
+
+def test_no_fused_environment_variable_disables_the_kernel(monkeypatch):
+    monkeypatch.setitem(fused._state, "tried", False)
+    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.setenv("TGATTN_NO_FUSED", "1")
+    assert not fused.available()

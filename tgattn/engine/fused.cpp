@@ -1,0 +1,345 @@
+// Fused edge attention on the CPU: one pass over each query's CSR row per direction.
+//
+// The CSR backend runs every step (scores, softmax, aggregation) as a separate PyTorch
+// kernel over [E, H] tensors; here a thread walks a block of query rows and, for each edge,
+// reads the key / value rows of all heads while they are in cache. Nothing of size
+// [E, H, d] is ever formed; the forward saves the weights [E, H] for the backward.
+//
+// Edges are sorted by (target, source): rowptr [n_q + 1], col [E] (the key of each edge).
+// The backward's key-side pass walks the transposed pattern (colptr, row_t, perm_t), so each
+// thread owns the rows of dk / dv it writes: no atomics, deterministic results.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+// 32-byte SIMD vectors through GCC / Clang vector extensions: explicit vectors keep the
+// accumulators in registers (the auto-vectorizer spilled them) without tying the code to
+// one instruction set; -march=native picks AVX2, AVX-512 halves or NEON pairs.
+template <typename T>
+struct Vec;
+template <>
+struct Vec<float> {
+  typedef float type __attribute__((vector_size(32)));
+  static constexpr int L = 8;
+};
+template <>
+struct Vec<double> {
+  typedef double type __attribute__((vector_size(32)));
+  static constexpr int L = 4;
+};
+template <typename T>
+using vec_t = typename Vec<T>::type;
+
+template <typename T>
+inline vec_t<T> load(const T* p) {
+  vec_t<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T>
+inline void store(T* p, vec_t<T> v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+template <typename T>
+inline T hsum(vec_t<T> v) {
+  T s = 0;
+  for (int l = 0; l < Vec<T>::L; ++l) s += v[l];
+  return s;
+}
+
+// Brings a gathered row towards the cache ahead of use: the gathers, not the arithmetic, bound
+// these loops.
+template <typename T>
+inline void prefetch_row(const T* p, int64_t d) {
+  for (int64_t b = 0; b < d * int64_t(sizeof(T)); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(p) + b);
+}
+
+// exp of 8 floats (Cephes' expf: range reduction by ln 2 and a degree-6 polynomial, about
+// 1 ulp), for arguments <= 0 as in a softmax; below -87 it returns exp(-87) ~ 1.6e-38 instead of
+// a denormal. Scalar std::exp costs a call per edge.
+inline vec_t<float> exp_nonpositive(vec_t<float> x) {
+  typedef int32_t ivec_t __attribute__((vector_size(32)));
+  x = x < -87.0f ? vec_t<float>{} - 87.0f : x;
+  const vec_t<float> n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  const vec_t<float> r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vec_t<float> p = vec_t<float>{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const ivec_t bits = (__builtin_convertvector(n, ivec_t) + 127) << 23;  // 2^n
+  vec_t<float> two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+// x[r] = exp(x[r] - shift) for r < n; returns the sum.
+template <typename T>
+inline T exp_shifted(T* x, int64_t n, T shift) {
+  T sum = 0;
+  int64_t r = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    vec_t<float> acc = {};
+    for (; r + 8 <= n; r += 8) {
+      const vec_t<float> e = exp_nonpositive(load(x + r) - shift);
+      store(x + r, e);
+      acc += e;
+    }
+    sum = hsum<float>(acc);
+  }
+  for (; r < n; ++r) sum += (x[r] = std::exp(x[r] - shift));
+  return sum;
+}
+
+// out[r] = <x, rows[r]> for n rows, eight at a time: eight independent accumulators hide the
+// latency of the multiply-adds, and each piece of x is loaded once for all eight rows.
+template <typename T>
+inline void dots(const T* x, const T* const* rows, int64_t n, int64_t d, T* out) {
+  constexpr int L = Vec<T>::L, R = 8;
+  const int64_t dl = d - d % L;
+  int64_t r = 0;
+  for (; r + R <= n; r += R) {
+    for (int64_t k = r + R; k < std::min(n, r + 2 * R); ++k) prefetch_row(rows[k], d);
+    vec_t<T> acc[R] = {};
+    for (int64_t t = 0; t < dl; t += L) {
+      const vec_t<T> xv = load(x + t);
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) acc[k] += xv * load(rows[r + k] + t);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) {
+      T s = hsum<T>(acc[k]);
+      for (int64_t t = dl; t < d; ++t) s += x[t] * rows[r + k][t];
+      out[r + k] = s;
+    }
+  }
+  for (; r < n; ++r) {
+    vec_t<T> acc = {};
+    for (int64_t t = 0; t < dl; t += L) acc += load(x + t) * load(rows[r] + t);
+    T s = hsum<T>(acc);
+    for (int64_t t = dl; t < d; ++t) s += x[t] * rows[r][t];
+    out[r] = s;
+  }
+}
+
+// y[0 : NV * L] += sum_r coef[r] * rows[r][offset : offset + NV * L], y held in registers.
+template <typename T, int NV>
+inline void accumulate_chunk(T* y, const T* coef, const T* const* rows, int64_t n, int64_t offset) {
+  constexpr int L = Vec<T>::L;
+  vec_t<T> acc[NV];
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; ++k) acc[k] = load(y + k * L);
+  for (int64_t r = 0; r < n; ++r) {
+    if (r + 4 < n) prefetch_row(rows[r + 4] + offset, NV * L);
+    const vec_t<T> c = vec_t<T>{} + coef[r];
+    const T* x = rows[r] + offset;
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) acc[k] += c * load(x + k * L);
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; ++k) store(y + k * L, acc[k]);
+}
+
+// y += sum_r coef[r] * rows[r], for rows of length d.
+template <typename T>
+inline void accumulate(T* y, const T* coef, const T* const* rows, int64_t n, int64_t d) {
+  constexpr int L = Vec<T>::L, NV = 8;
+  int64_t c = 0;
+  for (; c + NV * L <= d; c += NV * L) accumulate_chunk<T, NV>(y + c, coef, rows, n, c);
+  for (; c + L <= d; c += L) accumulate_chunk<T, 1>(y + c, coef, rows, n, c);
+  for (int64_t r = 0; c < d && r < n; ++r)
+    for (int64_t t = c; t < d; ++t) y[t] += coef[r] * rows[r][t];
+}
+
+// Runs fn(first_row, last_row) over blocks holding about the same number of edges, so that
+// rows of very different degree (causal sets, global tokens) still balance across threads.
+template <typename F>
+void for_row_blocks(const int64_t* ptr, int64_t rows, const F& fn) {
+  const int64_t edges = ptr[rows];
+  const int64_t blocks = std::min<int64_t>(rows, 8 * at::get_num_threads());
+  if (blocks <= 0) return;
+  std::vector<int64_t> bounds(blocks + 1, rows);
+  bounds[0] = 0;
+  for (int64_t b = 1; b < blocks; ++b) {
+    const int64_t target = edges * b / blocks;
+    bounds[b] = std::max(bounds[b - 1], int64_t(std::lower_bound(ptr, ptr + rows, target) - ptr));
+  }
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) fn(bounds[b], bounds[b + 1]);
+  });
+}
+
+// y_r += scale * sum_t coef[e_t] * x[idx[t]] over each row r of a CSR pattern (e_t = perm[t], or
+// t without perm), skipping zero coefficients: the aggregation (weights x values) and the three
+// gradient products of the backward pass are all of this form.
+template <typename T>
+void gather_accumulate(const int64_t* ptr, const int64_t* idx, const int64_t* perm, int64_t rows, const T* coef,
+                       T scale, const T* x, int64_t d, T* y) {
+  for_row_blocks(ptr, rows, [&](int64_t r0, int64_t r1) {
+    std::vector<const T*> src;
+    std::vector<T> c;
+    for (int64_t r = r0; r < r1; ++r) {
+      src.resize(ptr[r + 1] - ptr[r]), c.resize(ptr[r + 1] - ptr[r]);
+      int64_t n = 0;
+      for (int64_t t = ptr[r]; t < ptr[r + 1]; ++t) {
+        const T w = coef[perm ? perm[t] : t];
+        if (w != 0) c[n] = w * scale, src[n++] = x + idx[t] * d;
+      }
+      accumulate(y + r * d, c.data(), src.data(), n, d);
+    }
+  });
+}
+
+// Scores and softmax of one head: w[e] = softmax over row i of (<q_i, k_j> * scale + bias_e).
+// Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
+// -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
+template <typename T>
+void softmax_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* q, const T* k, int64_t d,
+                  const T* bias, int64_t bias_stride, T scale, T* w) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for_row_blocks(ptr, n_q, [&](int64_t r0, int64_t r1) {
+    std::vector<const T*> src;
+    std::vector<int64_t> edge;
+    std::vector<T> x;
+    for (int64_t i = r0; i < r1; ++i) {
+      const int64_t deg = ptr[i + 1] - ptr[i];
+      src.resize(deg), edge.resize(deg), x.resize(deg);
+      int64_t n = 0;
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+        if (bias && bias[e * bias_stride] == neg_inf) continue;  // weight stays 0
+        edge[n] = e, src[n++] = k + col[e] * d;
+      }
+      dots(q + i * d, src.data(), n, d, x.data());
+      T row_max = neg_inf, row_sum = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        x[r] = x[r] * scale + (bias ? bias[edge[r] * bias_stride] : T(0));
+        row_max = std::max(row_max, x[r]);
+      }
+      if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
+      row_sum = exp_shifted(x.data(), n, row_max);
+      for (int64_t r = 0; r < n; ++r) w[edge[r]] = x[r] / row_sum;
+    }
+  });
+}
+
+// Softmax backward of one head: ds[e] = w_e (dw_e - sum_e' w_e' dw_e'), dw_e = <dO_i, v_j> (+ gw_e,
+// the gradient that reached the returned weights). Edges of weight 0 keep ds = 0.
+template <typename T>
+void softmax_backward_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* go, const T* v, int64_t d,
+                           const T* w, const T* gw, T* ds) {
+  for_row_blocks(ptr, n_q, [&](int64_t r0, int64_t r1) {
+    std::vector<const T*> src;
+    std::vector<int64_t> edge;
+    std::vector<T> x;
+    for (int64_t i = r0; i < r1; ++i) {
+      const int64_t deg = ptr[i + 1] - ptr[i];
+      src.resize(deg), edge.resize(deg), x.resize(deg);
+      int64_t n = 0;
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e)
+        if (w[e] != 0) edge[n] = e, src[n++] = v + col[e] * d;
+      dots(go + i * d, src.data(), n, d, x.data());
+      T delta = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        if (gw) x[r] += gw[edge[r]];
+        delta += w[edge[r]] * x[r];
+      }
+      for (int64_t r = 0; r < n; ++r) ds[edge[r]] = w[edge[r]] * (x[r] - delta);
+    }
+  });
+}
+
+// Every pass works on one head at a time (inputs are head-major, [H, N, d]): its keys and
+// values, 2 x N x d numbers, then stay in cache while the rows of that head gather from them.
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.device().is_cpu() && q.is_contiguous() && k.is_contiguous() && v.is_contiguous(),
+              "tgattn fused: q, k, v must be contiguous CPU tensors");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "tgattn fused: q, k, v must share a dtype");
+}
+
+// q [H, n_q, dk], k [H, n_k, dk], v [H, n_k, dv]; bias [E, 1 or H] or None.
+// Returns (out [H, n_q, dv], weights [H, E]).
+std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& rowptr, const at::Tensor& col,
+                                const c10::optional<at::Tensor>& bias, double scale) {
+  check_inputs(q, k, v);
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
+  at::Tensor out = at::zeros({H, n_q, dv}, q.options());
+  at::Tensor w = at::zeros({H, E}, q.options());
+  const int64_t* ptr = rowptr.data_ptr<int64_t>();
+  const int64_t* cp = col.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
+    const int64_t bias_heads = b.defined() ? b.size(1) : 0;
+    for (int64_t h = 0; h < H; ++h) {
+      const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
+      scalar_t* wh = w.data_ptr<scalar_t>() + h * E;
+      softmax_rows<scalar_t>(ptr, cp, n_q, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
+                             dk, bh, bias_heads, static_cast<scalar_t>(scale), wh);
+      gather_accumulate<scalar_t>(ptr, cp, nullptr, n_q, wh, scalar_t(1), v.data_ptr<scalar_t>() + h * n_k * dv, dv,
+                                  out.data_ptr<scalar_t>() + h * n_q * dv);
+    }
+  });
+  return {out, w};
+}
+
+// Inputs head-major as in forward; weights and grad_weights [H, E].
+// Returns (dq, dk, dv, d_scores [H, E]); d_scores is also the gradient of an additive bias.
+std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& weights,
+                                 const c10::optional<at::Tensor>& grad_weights, const at::Tensor& rowptr,
+                                 const at::Tensor& col, const at::Tensor& colptr, const at::Tensor& row_t,
+                                 const at::Tensor& perm_t, double scale) {
+  check_inputs(q, k, v);
+  const at::Tensor go = grad_out.contiguous();
+  const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
+  const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
+  at::Tensor dq = at::zeros_like(q), dkt = at::zeros_like(k), dvt = at::zeros_like(v);
+  at::Tensor ds = at::zeros_like(weights);
+  const int64_t* ptr = rowptr.data_ptr<int64_t>();
+  const int64_t* cp = col.data_ptr<int64_t>();
+  const int64_t* tptr = colptr.data_ptr<int64_t>();
+  const int64_t* rt = row_t.data_ptr<int64_t>();
+  const int64_t* pt = perm_t.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
+    const scalar_t s = static_cast<scalar_t>(scale);
+    for (int64_t h = 0; h < H; ++h) {
+      const scalar_t* wh = weights.data_ptr<scalar_t>() + h * E;
+      scalar_t* dsh = ds.data_ptr<scalar_t>() + h * E;
+      const scalar_t* qh = q.data_ptr<scalar_t>() + h * n_q * dk;
+      const scalar_t* goh = go.data_ptr<scalar_t>() + h * n_q * dv;
+      softmax_backward_rows<scalar_t>(ptr, cp, n_q, goh, v.data_ptr<scalar_t>() + h * n_k * dv, dv, wh,
+                                      gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, dsh);
+      // dq_i += scale ds_e k_j ; dk_j += scale ds_e q_i ; dv_j += w_e dO_i
+      gather_accumulate<scalar_t>(ptr, cp, nullptr, n_q, dsh, s, k.data_ptr<scalar_t>() + h * n_k * dk, dk,
+                                  dq.data_ptr<scalar_t>() + h * n_q * dk);
+      gather_accumulate<scalar_t>(tptr, rt, pt, n_k, dsh, s, qh, dk, dkt.data_ptr<scalar_t>() + h * n_k * dk);
+      gather_accumulate<scalar_t>(tptr, rt, pt, n_k, wh, scalar_t(1), goh, dv, dvt.data_ptr<scalar_t>() + h * n_k * dv);
+    }
+  });
+  return {dq, dkt, dvt, ds};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tgattn_fused, m) {
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale) -> Tensor[]",
+        &forward);
+  m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor weights, Tensor? grad_weights, "
+        "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t, Tensor perm_t, float scale) -> Tensor[]",
+        &backward);
+}

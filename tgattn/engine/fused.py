@@ -1,0 +1,98 @@
+"""Fused backend: a C++ kernel that walks each query's CSR row once per direction.
+
+The kernel (``fused.cpp``) computes scores, softmax and aggregation for a block of query rows
+in one pass, reading each key and value row for all heads while it is in cache, and skips the
+dot products of edges whose bias is ``-inf``. The backward pass recomputes nothing it saved:
+it reads the weights ``[E, H]`` and walks the transposed pattern for ``dk`` / ``dv``, so no
+``[E, H, d]`` tensor exists in either direction.
+
+The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (about
+half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
+``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false and
+the engine runs the CSR backend instead: same results, slower.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .analysis import Structure
+from .csr import transpose_pattern
+
+_SOURCE = Path(__file__).with_name("fused.cpp")
+_state = {"tried": False, "ok": False}
+
+
+def _cpu_tag() -> str:
+    """A short hash of the CPU's feature flags: the build uses ``-march=native``."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+def available() -> bool:
+    """Whether the fused kernel is compiled and loaded (compiles it on the first call).
+
+    Example:
+        >>> isinstance(available(), bool)
+        True
+    """
+    if not _state["tried"]:
+        _state["tried"] = True
+        if os.environ.get("TGATTN_NO_FUSED", "") not in ("", "0"):
+            return False
+        try:
+            from torch.utils import cpp_extension
+
+            cpp_extension.load(
+                name=f"tgattn_fused_{_cpu_tag()}",
+                sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
+            _state["ok"] = True
+        except Exception as err:  # no compiler, no ninja, a read-only cache: fall back, loudly once
+            warnings.warn(f"tgattn: fused kernel unavailable ({type(err).__name__}: {err}); using the CSR backend")
+    return _state["ok"]
+
+
+class FusedAttention(torch.autograd.Function):
+    """Head-major attention on the fused kernel: ``(out [H, n_q, dv], weights [H, E])``."""
+
+    @staticmethod
+    def forward(ctx, qh, kh, vh, bias, s: Structure, scale: float):
+        out, weights = torch.ops.tgattn_fused.forward(qh, kh, vh, s.rowptr, s.src, bias, scale)
+        ctx.save_for_backward(qh, kh, vh, weights)
+        ctx.s, ctx.scale, ctx.bias_heads = s, scale, None if bias is None else bias.shape[1]
+        return out, weights
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_weights):
+        qh, kh, vh, weights = ctx.saved_tensors
+        s = ctx.s
+        colptr, row_t, perm_t = transpose_pattern(s)
+        grad_q, grad_k, grad_v, d_scores = torch.ops.tgattn_fused.backward(
+            grad_out, qh, kh, vh, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale
+        )
+        grad_bias = None
+        if ctx.needs_input_grad[3]:
+            grad_bias = d_scores.T if ctx.bias_heads > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
+        return grad_q, grad_k, grad_v, grad_bias, None, None
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], scale: float):
+    """``(out [n_q, H, dv], weights [E, H])`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order."""
+    qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
+    bias = None if bias is None else bias.to(q.dtype)
+    out, weights = FusedAttention.apply(qh, kh, vh, bias, s, scale)
+    return out.transpose(0, 1), weights.T
