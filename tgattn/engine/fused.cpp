@@ -13,6 +13,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -56,6 +59,28 @@ inline T hsum(vec_t<T> v) {
   T s = 0;
   for (int l = 0; l < Vec<T>::L; ++l) s += v[l];
   return s;
+}
+
+// Stores the lane sums of acc[0..7] (one dot product each) into out[0..7]. On AVX a
+// transpose-and-add tree does all eight in nine instructions instead of eight serial sums.
+template <typename T>
+inline void hsum8(const vec_t<T>* acc, T* out) {
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // 128-bit halves
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+    return;
+  } else {
+    for (int g = 0; g < 8; g += 4) {
+      const __m256d t0 = _mm256_hadd_pd(acc[g], acc[g + 1]), t1 = _mm256_hadd_pd(acc[g + 2], acc[g + 3]);
+      _mm256_storeu_pd(out + g, _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20), _mm256_permute2f128_pd(t0, t1, 0x31)));
+    }
+    return;
+  }
+#endif
+  for (int k = 0; k < 8; ++k) out[k] = hsum<T>(acc[k]);
 }
 
 // Brings a gathered row towards the cache ahead of use: the gathers, not the arithmetic, bound
@@ -119,12 +144,9 @@ inline void dots(const T* x, const T* const* rows, int64_t n, int64_t d, T* out)
 #pragma GCC unroll 8
       for (int k = 0; k < R; ++k) acc[k] += xv * load(rows[r + k] + t);
     }
-#pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) {
-      T s = hsum<T>(acc[k]);
-      for (int64_t t = dl; t < d; ++t) s += x[t] * rows[r + k][t];
-      out[r + k] = s;
-    }
+    hsum8<T>(acc, out + r);
+    for (int64_t t = dl; t < d; ++t)
+      for (int k = 0; k < R; ++k) out[r + k] += x[t] * rows[r + k][t];
   }
   for (; r < n; ++r) {
     vec_t<T> acc = {};
@@ -182,45 +204,48 @@ void for_row_blocks(const int64_t* ptr, int64_t rows, const F& fn) {
   });
 }
 
-// y_r += scale * sum_t coef[e_t] * x[idx[t]] over each row r of a CSR pattern (e_t = perm[t], or
-// t without perm), skipping zero coefficients: the aggregation (weights x values) and the three
-// gradient products of the backward pass are all of this form.
+// Key-side gradients of one head, over each key's edges (the transposed pattern: colptr,
+// row_t, and perm_t mapping to the edge): dk_j += scale * sum_e ds_e q_i, dv_j += sum_e w_e dO_i.
 template <typename T>
-void gather_accumulate(const int64_t* ptr, const int64_t* idx, const int64_t* perm, int64_t rows, const T* coef,
-                       T scale, const T* x, int64_t d, T* y) {
-  for_row_blocks(ptr, rows, [&](int64_t r0, int64_t r1) {
-    std::vector<const T*> src;
-    std::vector<T> c;
-    for (int64_t r = r0; r < r1; ++r) {
-      src.resize(ptr[r + 1] - ptr[r]), c.resize(ptr[r + 1] - ptr[r]);
+void key_rows(const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t, int64_t n_k, const T* q,
+              int64_t dk, const T* go, int64_t dv, const T* w, const T* ds, T scale, T* dkey, T* dval) {
+  for_row_blocks(colptr, n_k, [&](int64_t c0, int64_t c1) {
+    std::vector<const T*> qsrc, gsrc;
+    std::vector<T> a, b;
+    for (int64_t j = c0; j < c1; ++j) {
+      const int64_t deg = colptr[j + 1] - colptr[j];
+      qsrc.resize(deg), gsrc.resize(deg), a.resize(deg), b.resize(deg);
       int64_t n = 0;
-      for (int64_t t = ptr[r]; t < ptr[r + 1]; ++t) {
-        const T w = coef[perm ? perm[t] : t];
-        if (w != 0) c[n] = w * scale, src[n++] = x + idx[t] * d;
+      for (int64_t t = colptr[j]; t < colptr[j + 1]; ++t) {
+        const int64_t e = perm_t[t];
+        if (w[e] == 0) continue;  // then ds_e = 0 too
+        a[n] = ds[e] * scale, b[n] = w[e], qsrc[n] = q + row_t[t] * dk, gsrc[n++] = go + row_t[t] * dv;
       }
-      accumulate(y + r * d, c.data(), src.data(), n, d);
+      accumulate(dkey + j * dk, a.data(), qsrc.data(), n, dk);
+      accumulate(dval + j * dv, b.data(), gsrc.data(), n, dv);
     }
   });
 }
 
-// Scores and softmax of one head: w[e] = softmax over row i of (<q_i, k_j> * scale + bias_e).
+// Forward of one head: w_e = softmax over row i of (<q_i, k_j> * scale + bias_e), and
+// out_i = sum_e w_e v_j, in one visit of each row.
 // Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
 // -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
 template <typename T>
-void softmax_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* q, const T* k, int64_t d,
-                  const T* bias, int64_t bias_stride, T scale, T* w) {
+void attend_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* q, const T* k, int64_t d,
+                  const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for_row_blocks(ptr, n_q, [&](int64_t r0, int64_t r1) {
-    std::vector<const T*> src;
+    std::vector<const T*> src, vsrc;
     std::vector<int64_t> edge;
     std::vector<T> x;
     for (int64_t i = r0; i < r1; ++i) {
       const int64_t deg = ptr[i + 1] - ptr[i];
-      src.resize(deg), edge.resize(deg), x.resize(deg);
+      src.resize(deg), vsrc.resize(deg), edge.resize(deg), x.resize(deg);
       int64_t n = 0;
       for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
         if (bias && bias[e * bias_stride] == neg_inf) continue;  // weight stays 0
-        edge[n] = e, src[n++] = k + col[e] * d;
+        edge[n] = e, vsrc[n] = v + col[e] * dv, src[n++] = k + col[e] * d;
       }
       dots(q + i * d, src.data(), n, d, x.data());
       T row_max = neg_inf, row_sum = 0;
@@ -230,33 +255,39 @@ void softmax_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* 
       }
       if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
       row_sum = exp_shifted(x.data(), n, row_max);
-      for (int64_t r = 0; r < n; ++r) w[edge[r]] = x[r] / row_sum;
+      for (int64_t r = 0; r < n; ++r) w[edge[r]] = (x[r] /= row_sum);
+      accumulate(out + i * dv, x.data(), vsrc.data(), n, dv);
     }
   });
 }
 
-// Softmax backward of one head: ds[e] = w_e (dw_e - sum_e' w_e' dw_e'), dw_e = <dO_i, v_j> (+ gw_e,
-// the gradient that reached the returned weights). Edges of weight 0 keep ds = 0.
+// Softmax backward of one head, and dq: ds_e = w_e (dw_e - sum_e' w_e' dw_e') with
+// dw_e = <dO_i, v_j> (+ gw_e, the gradient that reached the returned weights), then
+// dq_i += scale * sum_e ds_e k_j. Edges of weight 0 keep ds = 0.
 template <typename T>
-void softmax_backward_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* go, const T* v, int64_t d,
-                           const T* w, const T* gw, T* ds) {
+void backward_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* go, const T* v, int64_t dv,
+                   const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq) {
   for_row_blocks(ptr, n_q, [&](int64_t r0, int64_t r1) {
-    std::vector<const T*> src;
+    std::vector<const T*> vsrc, ksrc;
     std::vector<int64_t> edge;
     std::vector<T> x;
     for (int64_t i = r0; i < r1; ++i) {
       const int64_t deg = ptr[i + 1] - ptr[i];
-      src.resize(deg), edge.resize(deg), x.resize(deg);
+      vsrc.resize(deg), ksrc.resize(deg), edge.resize(deg), x.resize(deg);
       int64_t n = 0;
       for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e)
-        if (w[e] != 0) edge[n] = e, src[n++] = v + col[e] * d;
-      dots(go + i * d, src.data(), n, d, x.data());
+        if (w[e] != 0) edge[n] = e, ksrc[n] = k + col[e] * dk, vsrc[n++] = v + col[e] * dv;
+      dots(go + i * dv, vsrc.data(), n, dv, x.data());
       T delta = 0;
       for (int64_t r = 0; r < n; ++r) {
         if (gw) x[r] += gw[edge[r]];
         delta += w[edge[r]] * x[r];
       }
-      for (int64_t r = 0; r < n; ++r) ds[edge[r]] = w[edge[r]] * (x[r] - delta);
+      for (int64_t r = 0; r < n; ++r) {
+        ds[edge[r]] = w[edge[r]] * (x[r] - delta);
+        x[r] = ds[edge[r]] * scale;
+      }
+      accumulate(dq + i * dk, x.data(), ksrc.data(), n, dk);
     }
   });
 }
@@ -288,10 +319,9 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
     for (int64_t h = 0; h < H; ++h) {
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
       scalar_t* wh = w.data_ptr<scalar_t>() + h * E;
-      softmax_rows<scalar_t>(ptr, cp, n_q, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
-                             dk, bh, bias_heads, static_cast<scalar_t>(scale), wh);
-      gather_accumulate<scalar_t>(ptr, cp, nullptr, n_q, wh, scalar_t(1), v.data_ptr<scalar_t>() + h * n_k * dv, dv,
-                                  out.data_ptr<scalar_t>() + h * n_q * dv);
+      attend_rows<scalar_t>(ptr, cp, n_q, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
+                             dk, bh, bias_heads, static_cast<scalar_t>(scale), wh, v.data_ptr<scalar_t>() + h * n_k * dv,
+                             dv, out.data_ptr<scalar_t>() + h * n_q * dv);
     }
   });
   return {out, w};
@@ -322,13 +352,12 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
       scalar_t* dsh = ds.data_ptr<scalar_t>() + h * E;
       const scalar_t* qh = q.data_ptr<scalar_t>() + h * n_q * dk;
       const scalar_t* goh = go.data_ptr<scalar_t>() + h * n_q * dv;
-      softmax_backward_rows<scalar_t>(ptr, cp, n_q, goh, v.data_ptr<scalar_t>() + h * n_k * dv, dv, wh,
-                                      gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, dsh);
-      // dq_i += scale ds_e k_j ; dk_j += scale ds_e q_i ; dv_j += w_e dO_i
-      gather_accumulate<scalar_t>(ptr, cp, nullptr, n_q, dsh, s, k.data_ptr<scalar_t>() + h * n_k * dk, dk,
-                                  dq.data_ptr<scalar_t>() + h * n_q * dk);
-      gather_accumulate<scalar_t>(tptr, rt, pt, n_k, dsh, s, qh, dk, dkt.data_ptr<scalar_t>() + h * n_k * dk);
-      gather_accumulate<scalar_t>(tptr, rt, pt, n_k, wh, scalar_t(1), goh, dv, dvt.data_ptr<scalar_t>() + h * n_k * dv);
+      backward_rows<scalar_t>(ptr, cp, n_q, goh, v.data_ptr<scalar_t>() + h * n_k * dv, dv,
+                              k.data_ptr<scalar_t>() + h * n_k * dk, dk, wh,
+                              gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsh,
+                              dq.data_ptr<scalar_t>() + h * n_q * dk);
+      key_rows<scalar_t>(tptr, rt, pt, n_k, qh, dk, goh, dv, wh, dsh, s, dkt.data_ptr<scalar_t>() + h * n_k * dk,
+                         dvt.data_ptr<scalar_t>() + h * n_k * dv);
     }
   });
   return {dq, dkt, dvt, ds};
