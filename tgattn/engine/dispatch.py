@@ -5,9 +5,9 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 
 1. ``dense`` (SDPA) when the set is provably full / causal / packed full or causal and the
    call has no bias, no dropout and does not ask for weights;
-2. ``tile`` when the row-blocked tiles are at least ``TILE_FILL`` full (banded, block
-   structured and dense-ish sets) and the call has no dropout, no returned weights and no
-   duplicated edges;
+2. ``tile`` when the row-blocked tiles are well filled (banded, block structured and
+   dense-ish sets: at least ``TILE_FILL_VS_FUSED``, or ``TILE_FILL_VS_CSR`` when the fused
+   kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
 3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`) for float32 / float64 CPU calls
    without dropout, when the kernel could be compiled;
 4. ``csr`` otherwise; it honours every option.
@@ -33,7 +33,12 @@ from .dense import dense_attention
 from .tiles import tile_attention, tile_layout
 
 ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
-TILE_FILL = 0.3  # below this fraction of edge cells per tile the CSR kernels win (measured)
+# Fraction of edge cells per tile below which the sparse kernels beat the tiles. Measured at
+# n = 4096, H = 8, d = 64, one thread: CSR wins below 0.3; fused wins on window w = 8 / 16 /
+# 32 (fill 0.35 / 0.52 / 0.67: 3.5x / 1.4x / 0.8x forward, 3.0x / 1.8x / 1.3x with backward)
+# and loses on w = 64 (fill 0.8: 0.84x / 0.80x).
+TILE_FILL_VS_CSR = 0.3
+TILE_FILL_VS_FUSED = 0.7
 
 
 def plan(
@@ -54,7 +59,7 @@ def plan(
         >>> from tgattn import builders
         >>> from tgattn.engine.analysis import analyse
         >>> s = analyse(builders.causal(64), 64, 64)
-        >>> plan(s), plan(s, bias=True), plan(s, dropout=True)
+        >>> plan(s), plan(s, bias=True, fusable=False), plan(s, dropout=True)
         ('dense', 'tile', 'csr')
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
@@ -66,11 +71,11 @@ def plan(
         return "dense"
     # Tiles are laid out (and cached) only when they may be used.
     tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates) and tile_layout(s) is not None
-    if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= TILE_FILL):
+    fused_ok = backend != "csr" and fusable and not dropout and fused.available()
+    threshold = TILE_FILL_VS_FUSED if fused_ok else TILE_FILL_VS_CSR
+    if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
         return "tile"
-    if backend != "csr" and fusable and not dropout and fused.available():
-        return "fused"
-    return "csr"
+    return "fused" if fused_ok else "csr"
 
 
 def run(
