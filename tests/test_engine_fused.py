@@ -102,3 +102,15 @@ def test_no_fused_environment_variable_disables_the_kernel(monkeypatch):
     monkeypatch.setitem(fused._state, "ok", False)
     monkeypatch.setenv("TGATTN_NO_FUSED", "1")
     assert not fused.available()
+
+
+@needs_kernel
+def test_second_derivatives_fail_loudly():
+    ei = random_edges(20, 20, 0.3, seed=5)
+    q, k, v, grad_out = inputs(20, 20, heads=2, dk=4)
+    out = graph_attention(q, k, v, ei, backend="fused")
+    with pytest.raises(RuntimeError, match="no second derivative.*backend='csr'"):
+        torch.autograd.grad(out, q, grad_out, create_graph=True)
+    out = graph_attention(q, k, v, ei, backend="csr")  # the way out the error names
+    (gq,) = torch.autograd.grad(out, q, grad_out, create_graph=True)
+    assert gq.requires_grad

@@ -78,6 +78,11 @@ class FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
+        if torch.is_grad_enabled():  # create_graph=True: the kernel's gradients would carry no graph
+            raise RuntimeError(
+                "the fused attention kernel has no second derivative; "
+                "pass backend='csr' to graph_attention (or GraphAttention) for double backward"
+            )
         qh, kh, vh, weights = ctx.saved_tensors
         s = ctx.s
         colptr, row_t, perm_t = transpose_pattern(s)
