@@ -186,45 +186,48 @@ inline void accumulate(T* y, const T* coef, const T* const* rows, int64_t n, int
     for (int64_t t = c; t < d; ++t) y[t] += coef[r] * rows[r][t];
 }
 
-// Runs fn(first_row, last_row) over blocks holding about the same number of edges, so that
-// rows of very different degree (causal sets, global tokens) still balance across threads.
+// Runs fn(head, first_row, last_row) for every head over row blocks holding about the same
+// number of edges (rows of very different degree, as in causal sets or global tokens, still
+// balance), all in one parallel region: a thread takes consecutive tasks, so it stays on one
+// head and that head's keys and values stay in its cache. Small problems run on the calling
+// thread, where waking the pool would cost more than the work.
 template <typename F>
-void for_row_blocks(const int64_t* ptr, int64_t rows, const F& fn) {
+void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, const F& fn) {
   const int64_t edges = ptr[rows];
-  const int64_t blocks = std::min<int64_t>(rows, 8 * at::get_num_threads());
-  if (blocks <= 0) return;
+  const int64_t blocks = std::min<int64_t>(rows, 4 * at::get_num_threads());
+  if (blocks <= 0 || heads <= 0) return;
   std::vector<int64_t> bounds(blocks + 1, rows);
   bounds[0] = 0;
   for (int64_t b = 1; b < blocks; ++b) {
     const int64_t target = edges * b / blocks;
     bounds[b] = std::max(bounds[b - 1], int64_t(std::lower_bound(ptr, ptr + rows, target) - ptr));
   }
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) fn(bounds[b], bounds[b + 1]);
+  const int64_t tasks = heads * blocks;
+  const int64_t grain = edges * heads < (int64_t(1) << 15) ? tasks : 1;
+  at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) fn(t / blocks, bounds[t % blocks], bounds[t % blocks + 1]);
   });
 }
 
 // Key-side gradients of one head, over each key's edges (the transposed pattern: colptr,
 // row_t, and perm_t mapping to the edge): dk_j += scale * sum_e ds_e q_i, dv_j += sum_e w_e dO_i.
 template <typename T>
-void key_rows(const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t, int64_t n_k, const T* q,
-              int64_t dk, const T* go, int64_t dv, const T* w, const T* ds, T scale, T* dkey, T* dval) {
-  for_row_blocks(colptr, n_k, [&](int64_t c0, int64_t c1) {
-    std::vector<const T*> qsrc, gsrc;
-    std::vector<T> a, b;
-    for (int64_t j = c0; j < c1; ++j) {
-      const int64_t deg = colptr[j + 1] - colptr[j];
-      qsrc.resize(deg), gsrc.resize(deg), a.resize(deg), b.resize(deg);
-      int64_t n = 0;
-      for (int64_t t = colptr[j]; t < colptr[j + 1]; ++t) {
-        const int64_t e = perm_t[t];
-        if (w[e] == 0) continue;  // then ds_e = 0 too
-        a[n] = ds[e] * scale, b[n] = w[e], qsrc[n] = q + row_t[t] * dk, gsrc[n++] = go + row_t[t] * dv;
-      }
-      accumulate(dkey + j * dk, a.data(), qsrc.data(), n, dk);
-      accumulate(dval + j * dv, b.data(), gsrc.data(), n, dv);
+void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t,
+              const T* q, int64_t dk, const T* go, int64_t dv, const T* w, const T* ds, T scale, T* dkey, T* dval) {
+  std::vector<const T*> qsrc, gsrc;
+  std::vector<T> a, b;
+  for (int64_t j = c0; j < c1; ++j) {
+    const int64_t deg = colptr[j + 1] - colptr[j];
+    qsrc.resize(deg), gsrc.resize(deg), a.resize(deg), b.resize(deg);
+    int64_t n = 0;
+    for (int64_t t = colptr[j]; t < colptr[j + 1]; ++t) {
+      const int64_t e = perm_t[t];
+      if (w[e] == 0) continue;  // then ds_e = 0 too
+      a[n] = ds[e] * scale, b[n] = w[e], qsrc[n] = q + row_t[t] * dk, gsrc[n++] = go + row_t[t] * dv;
     }
-  });
+    accumulate(dkey + j * dk, a.data(), qsrc.data(), n, dk);
+    accumulate(dval + j * dv, b.data(), gsrc.data(), n, dv);
+  }
 }
 
 // Forward of one head: w_e = softmax over row i of (<q_i, k_j> * scale + bias_e), and
@@ -232,68 +235,61 @@ void key_rows(const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t
 // Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
 // -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
 template <typename T>
-void attend_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* q, const T* k, int64_t d,
-                  const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out) {
+void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, const T* k, int64_t d,
+                 const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  for_row_blocks(ptr, n_q, [&](int64_t r0, int64_t r1) {
-    std::vector<const T*> src, vsrc;
-    std::vector<int64_t> edge;
-    std::vector<T> x;
-    for (int64_t i = r0; i < r1; ++i) {
-      const int64_t deg = ptr[i + 1] - ptr[i];
-      src.resize(deg), vsrc.resize(deg), edge.resize(deg), x.resize(deg);
-      int64_t n = 0;
-      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-        if (bias && bias[e * bias_stride] == neg_inf) continue;  // weight stays 0
-        edge[n] = e, vsrc[n] = v + col[e] * dv, src[n++] = k + col[e] * d;
-      }
-      dots(q + i * d, src.data(), n, d, x.data());
-      T row_max = neg_inf, row_sum = 0;
-      for (int64_t r = 0; r < n; ++r) {
-        x[r] = x[r] * scale + (bias ? bias[edge[r] * bias_stride] : T(0));
-        row_max = std::max(row_max, x[r]);
-      }
-      if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
-      row_sum = exp_shifted(x.data(), n, row_max);
-      for (int64_t r = 0; r < n; ++r) w[edge[r]] = (x[r] /= row_sum);
-      accumulate(out + i * dv, x.data(), vsrc.data(), n, dv);
+  std::vector<const T*> src, vsrc;
+  std::vector<int64_t> edge;
+  std::vector<T> x;
+  for (int64_t i = r0; i < r1; ++i) {
+    const int64_t deg = ptr[i + 1] - ptr[i];
+    src.resize(deg), vsrc.resize(deg), edge.resize(deg), x.resize(deg);
+    int64_t n = 0;
+    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+      if (bias && bias[e * bias_stride] == neg_inf) continue;  // weight stays 0
+      edge[n] = e, vsrc[n] = v + col[e] * dv, src[n++] = k + col[e] * d;
     }
-  });
+    dots(q + i * d, src.data(), n, d, x.data());
+    T row_max = neg_inf, row_sum = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      x[r] = x[r] * scale + (bias ? bias[edge[r] * bias_stride] : T(0));
+      row_max = std::max(row_max, x[r]);
+    }
+    if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
+    row_sum = exp_shifted(x.data(), n, row_max);
+    for (int64_t r = 0; r < n; ++r) w[edge[r]] = (x[r] /= row_sum);
+    accumulate(out + i * dv, x.data(), vsrc.data(), n, dv);
+  }
 }
 
 // Softmax backward of one head, and dq: ds_e = w_e (dw_e - sum_e' w_e' dw_e') with
 // dw_e = <dO_i, v_j> (+ gw_e, the gradient that reached the returned weights), then
 // dq_i += scale * sum_e ds_e k_j. Edges of weight 0 keep ds = 0.
 template <typename T>
-void backward_rows(const int64_t* ptr, const int64_t* col, int64_t n_q, const T* go, const T* v, int64_t dv,
-                   const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq) {
-  for_row_blocks(ptr, n_q, [&](int64_t r0, int64_t r1) {
-    std::vector<const T*> vsrc, ksrc;
-    std::vector<int64_t> edge;
-    std::vector<T> x;
-    for (int64_t i = r0; i < r1; ++i) {
-      const int64_t deg = ptr[i + 1] - ptr[i];
-      vsrc.resize(deg), ksrc.resize(deg), edge.resize(deg), x.resize(deg);
-      int64_t n = 0;
-      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e)
-        if (w[e] != 0) edge[n] = e, ksrc[n] = k + col[e] * dk, vsrc[n++] = v + col[e] * dv;
-      dots(go + i * dv, vsrc.data(), n, dv, x.data());
-      T delta = 0;
-      for (int64_t r = 0; r < n; ++r) {
-        if (gw) x[r] += gw[edge[r]];
-        delta += w[edge[r]] * x[r];
-      }
-      for (int64_t r = 0; r < n; ++r) {
-        ds[edge[r]] = w[edge[r]] * (x[r] - delta);
-        x[r] = ds[edge[r]] * scale;
-      }
-      accumulate(dq + i * dk, x.data(), ksrc.data(), n, dk);
+void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* go, const T* v,
+                   int64_t dv, const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq) {
+  std::vector<const T*> vsrc, ksrc;
+  std::vector<int64_t> edge;
+  std::vector<T> x;
+  for (int64_t i = r0; i < r1; ++i) {
+    const int64_t deg = ptr[i + 1] - ptr[i];
+    vsrc.resize(deg), ksrc.resize(deg), edge.resize(deg), x.resize(deg);
+    int64_t n = 0;
+    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e)
+      if (w[e] != 0) edge[n] = e, ksrc[n] = k + col[e] * dk, vsrc[n++] = v + col[e] * dv;
+    dots(go + i * dv, vsrc.data(), n, dv, x.data());
+    T delta = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (gw) x[r] += gw[edge[r]];
+      delta += w[edge[r]] * x[r];
     }
-  });
+    for (int64_t r = 0; r < n; ++r) {
+      ds[edge[r]] = w[edge[r]] * (x[r] - delta);
+      x[r] = ds[edge[r]] * scale;
+    }
+    accumulate(dq + i * dk, x.data(), ksrc.data(), n, dk);
+  }
 }
-
-// Every pass works on one head at a time (inputs are head-major, [H, N, d]): its keys and
-// values, 2 x N x d numbers, then stay in cache while the rows of that head gather from them.
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.device().is_cpu() && q.is_contiguous() && k.is_contiguous() && v.is_contiguous(),
@@ -316,13 +312,12 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t* cp = col.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
-    for (int64_t h = 0; h < H; ++h) {
+    for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
-      scalar_t* wh = w.data_ptr<scalar_t>() + h * E;
-      attend_rows<scalar_t>(ptr, cp, n_q, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
-                             dk, bh, bias_heads, static_cast<scalar_t>(scale), wh, v.data_ptr<scalar_t>() + h * n_k * dv,
-                             dv, out.data_ptr<scalar_t>() + h * n_q * dv);
-    }
+      attend_rows<scalar_t>(r0, r1, ptr, cp, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
+                            dk, bh, bias_heads, static_cast<scalar_t>(scale), w.data_ptr<scalar_t>() + h * E,
+                            v.data_ptr<scalar_t>() + h * n_k * dv, dv, out.data_ptr<scalar_t>() + h * n_q * dv);
+    });
   });
   return {out, w};
 }
@@ -347,18 +342,20 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const int64_t* pt = perm_t.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
     const scalar_t s = static_cast<scalar_t>(scale);
-    for (int64_t h = 0; h < H; ++h) {
-      const scalar_t* wh = weights.data_ptr<scalar_t>() + h * E;
-      scalar_t* dsh = ds.data_ptr<scalar_t>() + h * E;
-      const scalar_t* qh = q.data_ptr<scalar_t>() + h * n_q * dk;
-      const scalar_t* goh = go.data_ptr<scalar_t>() + h * n_q * dv;
-      backward_rows<scalar_t>(ptr, cp, n_q, goh, v.data_ptr<scalar_t>() + h * n_k * dv, dv,
-                              k.data_ptr<scalar_t>() + h * n_k * dk, dk, wh,
-                              gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsh,
+    const scalar_t* wp = weights.data_ptr<scalar_t>();
+    scalar_t* dsp = ds.data_ptr<scalar_t>();
+    for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
+      backward_rows<scalar_t>(r0, r1, ptr, cp, go.data_ptr<scalar_t>() + h * n_q * dv,
+                              v.data_ptr<scalar_t>() + h * n_k * dv, dv, k.data_ptr<scalar_t>() + h * n_k * dk, dk,
+                              wp + h * E, gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsp + h * E,
                               dq.data_ptr<scalar_t>() + h * n_q * dk);
-      key_rows<scalar_t>(tptr, rt, pt, n_k, qh, dk, goh, dv, wh, dsh, s, dkt.data_ptr<scalar_t>() + h * n_k * dk,
-                         dvt.data_ptr<scalar_t>() + h * n_k * dv);
-    }
+    });
+    // The key side needs every d score of a head: a second region, over the transposed pattern.
+    for_head_blocks(tptr, n_k, H, [&](int64_t h, int64_t c0, int64_t c1) {
+      key_rows<scalar_t>(c0, c1, tptr, rt, pt, q.data_ptr<scalar_t>() + h * n_q * dk, dk,
+                         go.data_ptr<scalar_t>() + h * n_q * dv, dv, wp + h * E, dsp + h * E, s,
+                         dkt.data_ptr<scalar_t>() + h * n_k * dk, dvt.data_ptr<scalar_t>() + h * n_k * dv);
+    });
   });
   return {dq, dkt, dvt, ds};
 }
