@@ -121,3 +121,34 @@ def test_sparse_patterns_match_their_rules():
         assert bool((block >= (((i - j) <= 2) & (i >= j)) | ((j == 0) & (i >= j))).all())  # window + global
         assert bool((block <= (i >= j)).all()) and block.sum() <= 3 * t + 2 * t  # causal, few random keys
     assert torch.equal(bigbird, GPT(GPTConfig(**SMALL, pattern="bigbird", window=2, num_global=1, num_random=2)).edges(2, t))
+
+
+def test_optimizer_decays_every_matrix_once_and_nothing_else():
+    # nanoGPT's grouping: every parameter with dim >= 2 decays (embeddings included), the
+    # tied head/embedding appears once, LayerNorm weights do not decay.
+    model = GPT(GPTConfig(**SMALL))
+    decay, no_decay = model.configure_optimizer(lr=1e-3, weight_decay=0.1).param_groups
+    named = dict(model.named_parameters())  # deduplicated: the tied weight is transformer.wte.weight
+    by_id = {id(p): n for n, p in named.items()}
+    decayed = sorted(by_id[id(p)] for p in decay["params"])
+    assert decayed == sorted(n for n, p in named.items() if p.dim() == 2)
+    assert "transformer.wte.weight" in decayed and "transformer.wpe.weight" in decayed
+    assert sorted(by_id[id(p)] for p in no_decay["params"]) == sorted(n for n in named if ".ln_" in n or "ln_f" in n)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    assert decay["betas"] == (0.9, 0.99) and decay["eps"] == 1e-8
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_initialisation_is_gpt2s():
+    # N(0, 0.02) for every matrix, N(0, 0.02 / sqrt(2 n_layer)) for the two residual
+    # projections of each block, LayerNorm weights 1 (sample std of >= 16k values: within 3%).
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=128, vocab_size=128, n_layer=4, n_head=4, n_embd=128))
+    small = 0.02 / 8**0.5
+    for name, p in model.named_parameters():
+        p = p.detach()
+        if p.dim() == 1:
+            assert torch.equal(p, torch.ones_like(p)), name
+            continue
+        want = small if name.endswith(("attn.out_proj.weight", "mlp.c_proj.weight")) else 0.02
+        assert abs(float(p.std()) / want - 1) < 0.03 and abs(float(p.mean())) < 0.1 * want, name
