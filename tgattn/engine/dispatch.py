@@ -4,7 +4,7 @@
 of the call, never from the values of ``q``, ``k``, ``v``:
 
 1. ``dense`` (SDPA) when the set is provably full / causal / packed full or causal and the
-   call has no bias, no dropout and does not ask for weights;
+   call does not ask for weights (bias and dropout included);
 2. ``tile`` when the row-blocked tiles are at least ``TILE_FILL`` full (banded, block
    structured and dense-ish sets) and the call has no dropout, no returned weights and no
    duplicated edges;
@@ -40,12 +40,12 @@ def plan(s: Structure, backend: str = "auto", *, bias: bool = False, dropout: bo
         >>> from tgattn import builders
         >>> from tgattn.engine.analysis import analyse
         >>> s = analyse(builders.causal(64), 64, 64)
-        >>> plan(s), plan(s, bias=True), plan(s, weights=True)
-        ('dense', 'tile', 'csr')
+        >>> plan(s), plan(s, bias=True, dropout=True), plan(s, weights=True)
+        ('dense', 'dense', 'csr')
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
-    dense_ok = s.kind in DENSE_KINDS and not (bias or dropout or weights)
+    dense_ok = s.kind in DENSE_KINDS and not weights
     if backend == "auto" and dense_ok:
         return "dense"
     if backend == "dense" and dense_ok:
@@ -82,7 +82,7 @@ def run(
     if s.perm is not None and bias is not None:
         bias = bias[s.perm]  # sorted edge order
     if chosen == "dense":
-        return dense_attention(q, k, v, s, scale), None
+        return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
     out, weights = csr_attention(q, k, v, s, bias, scale, dropout_p)
