@@ -34,6 +34,8 @@ class GraphAttentionConv(MessagePassing):
     :math:`b^h_{ij} = w_h^\top e_{ij}` (a bias-free ``Linear(edge_dim, heads)``). They are not
     added to keys or values (``TransformerConv`` does that), because keys and values stay
     per-node ``[N, H, C]`` tensors, which keeps the attention core free of ``[E, H, C]`` copies.
+    A ready-made score bias (``edge_bias=`` in :meth:`forward`, ``[E]`` or ``[E, H]``) is added
+    as it is, e.g. a learned shortest-path-distance bias of a graph transformer.
 
     **Self-loops** are left to the user unless ``add_self_loops=True``; then existing self-loops
     are removed and one per node is added (edge features of the new loops: the mean of the
@@ -123,6 +125,7 @@ class GraphAttentionConv(MessagePassing):
         edge_attr: Optional[Tensor] = None,
         return_attention_weights: bool = False,
         *,
+        edge_bias: Optional[Tensor] = None,
         backend: str = "auto",
     ):
         """Attend along ``edge_index`` (row 0 = key/source j, row 1 = query/target i).
@@ -132,12 +135,16 @@ class GraphAttentionConv(MessagePassing):
             edge_index: ``[2, E]``.
             edge_attr: edge features ``[E, edge_dim]`` (or ``[E]`` when ``edge_dim == 1``).
             return_attention_weights: also return ``(edge_index, alpha [E, H])``.
+            edge_bias: a score bias ``[E]`` (all heads) or ``[E, H]`` added as it is (e.g. a learned
+                structural bias computed outside the layer); not with ``add_self_loops=True``.
             backend: passed to :func:`tgattn.functional.graph_attention`.
         """
         x_j, x_i = (x, x) if isinstance(x, Tensor) else x
         H, C = self.heads, self.out_channels
         if (edge_attr is None) != (self.edge_dim is None):
             raise ValueError(f"edge_attr must be given exactly when edge_dim is set (edge_dim={self.edge_dim})")
+        if edge_bias is not None and self.add_self_loops:
+            raise ValueError("edge_bias needs add_self_loops=False (it must match the edges passed in)")
         if self.add_self_loops:
             edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, x_j.shape[0], x_i.shape[0])
         bias = None
@@ -149,13 +156,16 @@ class GraphAttentionConv(MessagePassing):
                     f"(got {list(edge_attr.shape)})"
                 )
             bias = self.lin_edge(edge_attr)  # [E, H]
+        if edge_bias is not None:
+            bias = edge_bias if bias is None else bias + (edge_bias.view(-1, 1) if edge_bias.dim() == 1 else edge_bias)
         q = self.lin_query(x_i).view(-1, H, C)  # [Nq, H, C]
         k = self.lin_key(x_j).view(-1, H, C)  # [Nk, H, C]
         v = self.lin_value(x_j).view(-1, H, C)  # [Nk, H, C]
         p = self.dropout if self.training else 0.0
-        out, alpha = functional.graph_attention(
-            q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=True, backend=backend
-        )  # [Nq, H, C], [E, H]
+        out = functional.graph_attention(
+            q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
+        )  # [Nq, H, C] (and alpha [E, H]); weights only when asked: they keep the engine off dense SDPA
+        out, alpha = out if return_attention_weights else (out, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
         if self.lin_skip is not None:
             out = out + self.lin_skip(x_i)
