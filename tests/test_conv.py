@@ -199,3 +199,19 @@ def test_edge_bias_errors():
         GraphAttentionConv(3, 2, add_self_loops=True)(x, ei, edge_bias=torch.zeros(16))
     with pytest.raises(ValueError, match=r"bias must have shape \[E\] or \[E, H\] = \[16, 1\]"):
         GraphAttentionConv(3, 2)(x, ei, edge_bias=torch.zeros(15))
+
+
+def test_shared_projection_equals_one_weight_for_queries_keys_and_values():
+    n, h, c = 7, 2, 3
+    x = torch.randn(n, 4, dtype=torch.float64)
+    ei = random_graph(n, n, 18, seed=5)
+    conv = GraphAttentionConv(4, c, h, shared_projection=True, root_weight=False).double()
+    assert conv.lin_key is None and conv.lin_value is None
+    assert sum(p.numel() for p in conv.parameters()) == 4 * h * c + h * c
+    full = GraphAttentionConv(4, c, h, root_weight=False).double()
+    for lin in (full.lin_query, full.lin_key, full.lin_value):
+        lin.load_state_dict(conv.lin_query.state_dict())
+    torch.testing.assert_close(conv(x, ei), full(x, ei), **TOL)
+    torch.testing.assert_close(conv((x, x.clone()), ei), full(x, ei), **TOL)  # bipartite input, same sizes
+    with pytest.raises(ValueError, match="shared_projection=True needs equal source and target sizes"):
+        GraphAttentionConv((4, 5), 2, shared_projection=True)

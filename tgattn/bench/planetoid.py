@@ -49,14 +49,21 @@ def _tgattn(i, o, heads, concat):
     return GraphAttentionConv(i, o, heads, concat=concat, dropout=0.6, add_self_loops=True, root_weight=False)
 
 
+def _tgattn_shared(i, o, heads, concat):
+    return GraphAttentionConv(i, o, heads, concat=concat, dropout=0.6, add_self_loops=True, root_weight=False,
+                              shared_projection=True)
+
+
 # model name -> conv factory (in_channels, out_channels, heads, concat). GATConv adds self-loops
 # itself (its default); TransformerConv runs on the graph's edges with its defaults (root weight
 # on, no self-loops); tgattn attends over the edges plus self-loops, without a root weight, like
 # GAT (on Cora, seed 0, the root weight cost 2.4 points: 80.7 vs 83.1 %, see README_planetoid.md).
+# tgattn_shared: the same with one projection for queries, keys and values (GAT's single W).
 MODELS: Dict[str, Callable[[int, int, int, bool], nn.Module]] = {
     "gat": _gat,
     "transformer": _transformer,
     "tgattn": _tgattn,
+    "tgattn_shared": _tgattn_shared,
 }
 # Graph-transformer networks (all node pairs, see tgattn.bench.planetoid_global): name -> SPD bias on?
 GRAPH_TRANSFORMERS: Dict[str, bool] = {"tgattn_global": False, "tgattn_union": True}
