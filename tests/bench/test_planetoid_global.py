@@ -40,6 +40,8 @@ def test_union_with_local_only_bias_equals_the_local_model():
     local.load_state_dict({k: v for k, v in union.state_dict().items() if k.startswith("conv")})
     with torch.no_grad():
         for emb in (union.bias1, union.bias2):
+            assert torch.equal(emb.weight[:, 0], -2.0 * torch.arange(8.0, dtype=torch.float64))  # distance decay
+            emb.weight[:2] = 0.0
             emb.weight[2:] = float("-inf")
     expected = local(data.x, data.edge_index)
     torch.testing.assert_close(union(data.x, data.edge_index), expected, rtol=1e-10, atol=1e-10)
