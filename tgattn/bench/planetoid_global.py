@@ -4,7 +4,7 @@ Same two-layer network, protocol and conv as the local ``tgattn`` model of
 :mod:`tgattn.bench.planetoid`; only the edge set (and an optional structural bias) changes:
 
 * ``tgattn_global``: every node attends to every node, ``builders.full(N)`` (self included),
-  with no structural information at all: the graph enters only through the labels.
+  with no structural information at all: the graph's edges are not used.
 * ``tgattn_union``: the same all-pairs set plus a learned per-head score bias for each
   shortest-path-distance bucket, the spatial encoding of Graphormer (Ying et al., "Do
   Transformers Really Perform Bad for Graph Representation?", NeurIPS 2021). Bucket 1 is
@@ -12,7 +12,8 @@ Same two-layer network, protocol and conv as the local ``tgattn`` model of
   local and the global set with a learned weighting of the two. Buckets: distance
   ``0 .. max_distance``, farther but reachable, unreachable (another connected component).
   The biases start at ``-DECAY * bucket`` (attention decaying with distance, nearly local at
-  first; a start at 0, plain global attention, did not move in 40 epochs on Cora) and are
+  first; started at 0, i.e. plain global attention, it still scored like plain global
+  attention after 40 epochs on Cora) and are
   trained with the rest.
 
 On a single-graph data set the all-pairs set has ``N**2`` edges (7.3 M for Cora): it is a
@@ -28,7 +29,6 @@ from torch import Tensor, nn
 from .. import builders
 from ..conv import GraphAttentionConv
 from .planetoid import Net, _dropout
-
 
 DECAY = 2.0  # initial bias per hop of the union model: exp(-2 d) weighs ~2000 far nodes below a neighbour
 
