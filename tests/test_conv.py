@@ -169,3 +169,49 @@ def test_bad_forward_arguments():
         GraphAttentionConv((3, 3), 2, add_self_loops=True)((x, x[:2]), ei[:, :1])
     with pytest.raises(ValueError, match="node 7"):
         GraphAttentionConv(3, 2)(x, torch.tensor([[7], [0]]))
+
+
+@pytest.mark.parametrize("bias_heads", [1, 2])
+def test_edge_bias_adds_to_edge_feature_bias_on_the_dense_backend(bias_heads):
+    """A global (all pairs) set with edge_bias and edge features, gradients into the bias too."""
+    n, h, c = 6, 2, 3
+    x = torch.randn(n, 5, dtype=torch.float64)
+    ei = builders.full(n)
+    e = torch.randn(ei.shape[1], 1, dtype=torch.float64)
+    extra = torch.randn(ei.shape[1], bias_heads, dtype=torch.float64)
+    extra[ei[1] == 3] = float("-inf")  # node 3 attends to nothing: root term only
+    extra.requires_grad_()
+    conv = GraphAttentionConv(5, c, h, edge_dim=1).double()
+    out = conv(x, ei, e, edge_bias=extra.squeeze(1) if bias_heads == 1 else extra)
+    q, k, v = (lin(x).view(n, h, c) for lin in (conv.lin_query, conv.lin_key, conv.lin_value))
+    bias = torch.zeros(h, n, n, dtype=torch.float64)
+    bias[:, ei[1], ei[0]] = (conv.lin_edge(e) + extra).T  # [H, E] placed at (i, j)
+    ref = dense_attention(q, k, v, builders.to_mask(ei, n, n), bias=bias).reshape(n, h * c) + conv.lin_skip(x)
+    torch.testing.assert_close(out, ref, **TOL)
+    torch.testing.assert_close(out[3], conv.lin_skip(x[3]), **TOL)
+    grad, ref_grad = (torch.autograd.grad(o.pow(2).sum(), extra)[0] for o in (out, ref))
+    torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+def test_edge_bias_errors():
+    x, ei = torch.randn(4, 3), builders.full(4)
+    with pytest.raises(ValueError, match="add_self_loops=False"):
+        GraphAttentionConv(3, 2, add_self_loops=True)(x, ei, edge_bias=torch.zeros(16))
+    with pytest.raises(ValueError, match=r"bias must have shape \[E\] or \[E, H\] = \[16, 1\]"):
+        GraphAttentionConv(3, 2)(x, ei, edge_bias=torch.zeros(15))
+
+
+def test_shared_projection_equals_one_weight_for_queries_keys_and_values():
+    n, h, c = 7, 2, 3
+    x = torch.randn(n, 4, dtype=torch.float64)
+    ei = random_graph(n, n, 18, seed=5)
+    conv = GraphAttentionConv(4, c, h, shared_projection=True, root_weight=False).double()
+    assert conv.lin_key is None and conv.lin_value is None
+    assert sum(p.numel() for p in conv.parameters()) == 4 * h * c + h * c
+    full = GraphAttentionConv(4, c, h, root_weight=False).double()
+    for lin in (full.lin_query, full.lin_key, full.lin_value):
+        lin.load_state_dict(conv.lin_query.state_dict())
+    torch.testing.assert_close(conv(x, ei), full(x, ei), **TOL)
+    torch.testing.assert_close(conv((x, x.clone()), ei), full(x, ei), **TOL)  # bipartite input, same sizes
+    with pytest.raises(ValueError, match="shared_projection=True needs equal source and target sizes"):
+        GraphAttentionConv((4, 5), 2, shared_projection=True)

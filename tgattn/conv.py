@@ -34,6 +34,8 @@ class GraphAttentionConv(MessagePassing):
     :math:`b^h_{ij} = w_h^\top e_{ij}` (a bias-free ``Linear(edge_dim, heads)``). They are not
     added to keys or values (``TransformerConv`` does that), because keys and values stay
     per-node ``[N, H, C]`` tensors, which keeps the attention core free of ``[E, H, C]`` copies.
+    A ready-made score bias (``edge_bias=`` in :meth:`forward`, ``[E]`` or ``[E, H]``) is added
+    as it is, e.g. a learned shortest-path-distance bias of a graph transformer.
 
     **Self-loops** are left to the user unless ``add_self_loops=True``; then existing self-loops
     are removed and one per node is added (edge features of the new loops: the mean of the
@@ -54,6 +56,9 @@ class GraphAttentionConv(MessagePassing):
         bias (bool, optional): biases in the query/key/value and root projections (default: True).
         root_weight (bool, optional): add the root/skip term :math:`W_R x_i` (default: True).
         add_self_loops (bool, optional): replace self-loops by one per node (default: False).
+        shared_projection (bool, optional): one projection for queries, keys and values,
+            :math:`W_Q = W_K = W_V` (GAT's single ``W``; a third of the projection parameters;
+            source and target sizes must agree) (default: False).
 
     Shapes:
         - input: ``x [N, F]`` or ``(x_j [Nk, F_s], x_i [Nq, F_t])``, ``edge_index [2, E]``,
@@ -82,6 +87,7 @@ class GraphAttentionConv(MessagePassing):
         bias: bool = True,
         root_weight: bool = True,
         add_self_loops: bool = False,
+        shared_projection: bool = False,
     ):
         super().__init__(aggr="add", node_dim=0)
         sizes = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
@@ -92,6 +98,8 @@ class GraphAttentionConv(MessagePassing):
                 raise ValueError(f"{name} must be a positive int (got {value!r})")
         if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim <= 0):
             raise ValueError(f"edge_dim must be None or a positive int (got {edge_dim!r})")
+        if shared_projection and sizes[0] != sizes[1]:
+            raise ValueError(f"shared_projection=True needs equal source and target sizes (got {in_channels!r})")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {dropout})")
         self.in_channels = in_channels
@@ -102,10 +110,11 @@ class GraphAttentionConv(MessagePassing):
         self.edge_dim = edge_dim
         self.root_weight = root_weight
         self.add_self_loops = add_self_loops
+        self.shared_projection = shared_projection
         width = heads * out_channels
         self.lin_query = nn.Linear(sizes[1], width, bias=bias)
-        self.lin_key = nn.Linear(sizes[0], width, bias=bias)
-        self.lin_value = nn.Linear(sizes[0], width, bias=bias)
+        self.lin_key = None if shared_projection else nn.Linear(sizes[0], width, bias=bias)
+        self.lin_value = None if shared_projection else nn.Linear(sizes[0], width, bias=bias)
         self.lin_edge = nn.Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
         self.lin_skip = nn.Linear(sizes[1], width if concat else out_channels, bias=bias) if root_weight else None
         self.reset_parameters()
@@ -123,6 +132,7 @@ class GraphAttentionConv(MessagePassing):
         edge_attr: Optional[Tensor] = None,
         return_attention_weights: bool = False,
         *,
+        edge_bias: Optional[Tensor] = None,
         backend: str = "auto",
     ):
         """Attend along ``edge_index`` (row 0 = key/source j, row 1 = query/target i).
@@ -132,12 +142,16 @@ class GraphAttentionConv(MessagePassing):
             edge_index: ``[2, E]``.
             edge_attr: edge features ``[E, edge_dim]`` (or ``[E]`` when ``edge_dim == 1``).
             return_attention_weights: also return ``(edge_index, alpha [E, H])``.
+            edge_bias: a score bias ``[E]`` (all heads) or ``[E, H]`` added as it is (e.g. a learned
+                structural bias computed outside the layer); not with ``add_self_loops=True``.
             backend: passed to :func:`tgattn.functional.graph_attention`.
         """
         x_j, x_i = (x, x) if isinstance(x, Tensor) else x
         H, C = self.heads, self.out_channels
         if (edge_attr is None) != (self.edge_dim is None):
             raise ValueError(f"edge_attr must be given exactly when edge_dim is set (edge_dim={self.edge_dim})")
+        if edge_bias is not None and self.add_self_loops:
+            raise ValueError("edge_bias needs add_self_loops=False (it must match the edges passed in)")
         if self.add_self_loops:
             edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, x_j.shape[0], x_i.shape[0])
         bias = None
@@ -149,13 +163,19 @@ class GraphAttentionConv(MessagePassing):
                     f"(got {list(edge_attr.shape)})"
                 )
             bias = self.lin_edge(edge_attr)  # [E, H]
+        if edge_bias is not None:
+            bias = edge_bias if bias is None else bias + (edge_bias.view(-1, 1) if edge_bias.dim() == 1 else edge_bias)
         q = self.lin_query(x_i).view(-1, H, C)  # [Nq, H, C]
-        k = self.lin_key(x_j).view(-1, H, C)  # [Nk, H, C]
-        v = self.lin_value(x_j).view(-1, H, C)  # [Nk, H, C]
+        if self.shared_projection:
+            k = v = q if x_j is x_i else self.lin_query(x_j).view(-1, H, C)  # [Nk, H, C]
+        else:
+            k = self.lin_key(x_j).view(-1, H, C)  # [Nk, H, C]
+            v = self.lin_value(x_j).view(-1, H, C)  # [Nk, H, C]
         p = self.dropout if self.training else 0.0
-        out, alpha = functional.graph_attention(
-            q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=True, backend=backend
-        )  # [Nq, H, C], [E, H]
+        out = functional.graph_attention(
+            q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
+        )  # [Nq, H, C] (and alpha [E, H]); weights only when asked: they keep the engine off dense SDPA
+        out, alpha = out if return_attention_weights else (out, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
         if self.lin_skip is not None:
             out = out + self.lin_skip(x_i)

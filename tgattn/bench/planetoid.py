@@ -49,15 +49,25 @@ def _tgattn(i, o, heads, concat):
     return GraphAttentionConv(i, o, heads, concat=concat, dropout=0.6, add_self_loops=True, root_weight=False)
 
 
+def _tgattn_shared(i, o, heads, concat):
+    return GraphAttentionConv(i, o, heads, concat=concat, dropout=0.6, add_self_loops=True, root_weight=False,
+                              shared_projection=True)
+
+
 # model name -> conv factory (in_channels, out_channels, heads, concat). GATConv adds self-loops
 # itself (its default); TransformerConv runs on the graph's edges with its defaults (root weight
 # on, no self-loops); tgattn attends over the edges plus self-loops, without a root weight, like
 # GAT (on Cora, seed 0, the root weight cost 2.4 points: 80.7 vs 83.1 %, see README_planetoid.md).
+# tgattn_shared: the same with one projection for queries, keys and values (GAT's single W).
 MODELS: Dict[str, Callable[[int, int, int, bool], nn.Module]] = {
     "gat": _gat,
     "transformer": _transformer,
     "tgattn": _tgattn,
+    "tgattn_shared": _tgattn_shared,
 }
+# Graph-transformer networks (all node pairs, see tgattn.bench.planetoid_global): name -> SPD bias on?
+GRAPH_TRANSFORMERS: Dict[str, bool] = {"tgattn_global": False, "tgattn_union": True}
+MODEL_NAMES = (*MODELS, *GRAPH_TRANSFORMERS)
 
 
 class Net(nn.Module):
@@ -99,11 +109,17 @@ def prepare(data):
 
 
 def build_model(model: str, data, dataset: str) -> Net:
-    """The network for ``model`` (a key of :data:`MODELS`) on a Planetoid ``data`` object."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose from {sorted(MODELS)}")
+    """The network for ``model`` (one of :data:`MODEL_NAMES`) on a Planetoid ``data`` object."""
+    if model not in MODEL_NAMES:
+        raise ValueError(f"unknown model {model!r}; choose from {sorted(MODEL_NAMES)}")
     out_heads = 8 if dataset == "PubMed" else 1
-    return Net(MODELS[model], data.num_features, int(data.y.max()) + 1, out_heads=out_heads)
+    classes = int(data.y.max()) + 1
+    if model in GRAPH_TRANSFORMERS:
+        from .planetoid_global import GlobalNet
+
+        return GlobalNet(data.num_features, classes, data.edge_index, data.num_nodes,
+                         distance_bias=GRAPH_TRANSFORMERS[model], out_heads=out_heads)
+    return Net(MODELS[model], data.num_features, classes, out_heads=out_heads)
 
 
 def train(net: Net, data, *, epochs: int = 1000, patience: int = 100, lr: float = 0.005,
@@ -189,7 +205,7 @@ def _write_csv(path: Path, rows: List[dict]) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.planetoid", description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", nargs="+", default=["Cora"], help=f"one or more of {', '.join(DATASETS)}")
-    parser.add_argument("--model", nargs="+", default=["tgattn"], help=f"one or more of {', '.join(MODELS)}")
+    parser.add_argument("--model", nargs="+", default=["tgattn"], help=f"one or more of {', '.join(MODEL_NAMES)}")
     parser.add_argument("--seeds", type=int, default=10, help="number of seeds, 0..seeds-1 (default: 10)")
     parser.add_argument("--epochs", type=int, default=1000, help="maximum epochs per run (default: 1000)")
     parser.add_argument("--patience", type=int, default=100, help="early-stopping patience (default: 100)")
@@ -205,9 +221,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad:
         parser.error(f"unknown dataset {bad[0]!r}; choose from {', '.join(DATASETS)}")
     args.dataset = [known[d.lower()] for d in args.dataset]
-    bad = [m for m in args.model if m not in MODELS]
+    bad = [m for m in args.model if m not in MODEL_NAMES]
     if bad:
-        parser.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
+        parser.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODEL_NAMES)}")
     for name in ("seeds", "epochs", "patience", "jobs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")

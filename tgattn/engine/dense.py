@@ -4,8 +4,14 @@ Used only when the analysis shows that the edge set *is* full or causal attentio
 sequence, or block-diagonal over a packed batch), so the dense kernel does exactly the
 work of the edge set and nothing else. Packed batches are grouped by sequence length and
 each group runs as one batched SDPA call.
+
+An edge bias becomes SDPA's float mask, one ``[H or 1, L, L]`` block per sequence (``-inf``
+off the pattern), and dropout is SDPA's ``dropout_p``. Rows whose keys all carry bias
+``-inf`` output 0 (the contract's empty-row rule; SDPA alone would give NaN).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,31 +20,72 @@ from torch import Tensor
 from .analysis import Structure
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-    """``[B, L, H, d]`` inputs -> ``[B, L, H, dv]`` (SDPA wants heads before positions)."""
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Optional[Tensor], p: float) -> Tensor:
+    """``[B, L, H, d]`` inputs, float ``mask [B, H or 1, L, L]`` -> ``[B, L, H, dv]``."""
+    dead = None
+    if mask is not None:
+        dead = torch.isneginf(mask).all(-1, keepdim=True)  # [B, H or 1, L, 1] rows with no usable key
+        if bool(dead.any()):
+            mask = mask.masked_fill(dead, 0.0)  # finite rows for SDPA (no NaN, also in backward); zeroed below
+        else:
+            dead = None
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale
-    )
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask, dropout_p=p, is_causal=causal and mask is None, scale=scale,
+    )  # [B, H, L, dv]
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
     return out.transpose(1, 2)
 
 
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float) -> Tensor:
-    """Full / causal / packed attention through SDPA; ``s.kind`` must be in ``DENSE_KINDS``."""
+def _block_mask(bias: Tensor, s: Structure, first: Tensor, length: int, keys: int, causal: bool) -> Tensor:
+    """Float mask ``[B, H or 1, L, keys]`` of the blocks whose first row is ``first [B]``.
+
+    ``bias`` is ``[E, H or 1]`` in sorted (query, key) order, so each block's edges are one
+    contiguous run, row-major: all ``L * keys`` cells of a full block, the lower triangle of a
+    causal one (``-inf`` above it; causal blocks are square).
+    """
+    per_block = length * (length + 1) // 2 if causal else length * keys
+    if first.numel() * per_block == bias.shape[0]:  # these blocks hold every edge, in order
+        vals = bias
+    else:
+        offsets = torch.arange(per_block, device=bias.device)
+        vals = bias[(s.rowptr[first].unsqueeze(1) + offsets).reshape(-1)]  # [B * per_block, Hb]
+    vals = vals.view(first.numel(), per_block, bias.shape[1])
+    if causal:
+        rows, cols = torch.tril_indices(length, length, device=bias.device)  # row-major = sorted order
+        mask = vals.new_full((first.numel(), length, length, bias.shape[1]), float("-inf"))
+        mask[:, rows, cols] = vals
+    else:
+        mask = vals.view(first.numel(), length, keys, bias.shape[1])
+    return mask.permute(0, 3, 1, 2)  # [B, Hb, L, keys]
+
+
+def dense_attention(
+    q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float, bias: Optional[Tensor] = None, dropout_p: float = 0.0
+) -> Tensor:
+    """Full / causal / packed attention through SDPA; ``s.kind`` must be in ``DENSE_KINDS``.
+
+    ``bias`` is ``[E, 1 or H]`` in sorted edge order; ``dropout_p`` drops attention weights.
+    """
     causal = s.kind in ("causal", "packed_causal")
-    if s.kind in ("full", "causal"):
-        return _sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal, scale)[0]
-    lengths = torch.tensor(s.lengths, device=q.device)
+    lengths = torch.tensor(s.lengths if s.lengths is not None else (s.n_q,), device=q.device)
     starts = torch.cumsum(lengths, 0) - lengths
-    if bool((lengths == lengths[0]).all()):  # equal lengths: a reshape, no gather
-        b, length = len(s.lengths), s.lengths[0]
-        shape = lambda t: t.reshape(b, length, *t.shape[1:])  # noqa: E731  # [B, L, H, d]
-        return _sdpa(shape(q), shape(k), shape(v), causal, scale).reshape(q.shape[0], q.shape[1], v.shape[2])
+
+    def attend(rows: Optional[Tensor], first: Tensor, length: int) -> Tensor:  # -> [B * L, H, dv]
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
+        shape = lambda t: pick(t).reshape(first.numel(), -1, *t.shape[1:])  # noqa: E731  # [B, L, H, d]
+        keys = s.n_k if s.kind == "full" else length  # a full set may be rectangular (cross attention)
+        mask = None if bias is None else _block_mask(bias, s, first, length, keys, causal)
+        return _sdpa(shape(q), shape(k), shape(v), causal, scale, mask, dropout_p).reshape(-1, q.shape[1], v.shape[2])
+
+    if bool((lengths == lengths[0]).all()):  # equal lengths (one sequence included): a reshape, no gather
+        return attend(None, starts, int(lengths[0]))
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     pieces = []
     for length in torch.unique(lengths).tolist():
         first = starts[lengths == length]
         rows = (first.unsqueeze(1) + torch.arange(length, device=q.device)).reshape(-1)  # [B * L]
-        shape = lambda t: t[rows].view(-1, length, *t.shape[1:])  # noqa: E731
-        pieces.append((rows, _sdpa(shape(q), shape(k), shape(v), causal, scale).reshape(-1, *out.shape[1:])))
+        pieces.append((rows, attend(rows, first, length)))
     rows = torch.cat([r for r, _ in pieces])
     return out.index_copy(0, rows, torch.cat([o for _, o in pieces]))

@@ -4,7 +4,7 @@
 of the call, never from the values of ``q``, ``k``, ``v``:
 
 1. ``dense`` (SDPA) when the set is provably full / causal / packed full or causal and the
-   call has no bias, no dropout and does not ask for weights;
+   call does not ask for weights (bias and dropout included);
 2. ``tile`` when the row-blocked tiles are well filled (banded, block structured and
    dense-ish sets: at least ``TILE_FILL_VS_FUSED``, or ``TILE_FILL_VS_CSR`` when the fused
    kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
@@ -59,12 +59,12 @@ def plan(
         >>> from tgattn import builders
         >>> from tgattn.engine.analysis import analyse
         >>> s = analyse(builders.causal(64), 64, 64)
-        >>> plan(s), plan(s, bias=True, fusable=False), plan(s, dropout=True)
-        ('dense', 'tile', 'csr')
+        >>> plan(s), plan(s, bias=True, dropout=True), plan(s, weights=True, fusable=False)
+        ('dense', 'dense', 'csr')
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
-    dense_ok = s.kind in DENSE_KINDS and not (bias or dropout or weights)
+    dense_ok = s.kind in DENSE_KINDS and not weights
     if backend == "auto" and dense_ok:
         return "dense"
     if backend == "dense" and dense_ok:
@@ -103,7 +103,7 @@ def run(
     if s.perm is not None and bias is not None:
         bias = bias[s.perm]  # sorted edge order
     if chosen == "dense":
-        return dense_attention(q, k, v, s, scale), None
+        return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
     if chosen == "fused":
