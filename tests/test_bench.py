@@ -1,6 +1,7 @@
 """``python -m tgattn.bench`` end to end on a tiny case: CSV rows, ratios and targets."""
 import pytest
 
+from tgattn import builders, engine
 from tgattn.bench.__main__ import main
 from tgattn.bench.report import read_csv, targets
 
@@ -18,7 +19,11 @@ def test_bench_tiny_run(tmp_path, capsys):
     assert ("causal", "sdpa", "fwd") in timed and ("window64", "sdpa", "fwd") not in timed
     mine = [r for r in rows if r["peer"] == "tgattn"]
     assert all(r["peak_mb"] is not None and r["peak_mb"] > 0 for r in mine)
-    assert {r["note"].split(";")[0] for r in mine} == {"backend=tile", "backend=dense"}
+    window_backend = engine.plan(engine.analyse(builders.window(96, 64), 96, 96))  # tile or fused, by measured fill
+    assert {r["pattern"]: r["note"].split(";")[0] for r in mine} == {
+        "window64": f"backend={window_backend}",
+        "causal": "backend=dense",
+    }
     out = capsys.readouterr().out
     assert "window64" in out and "tgattn ms" in out
     assert "causal n=96 fwd: tgattn / dense SDPA" in targets(rows)
