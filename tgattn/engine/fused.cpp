@@ -230,6 +230,26 @@ void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_
   }
 }
 
+// The edges of query row i that take part (keep(e)), with the rows of two per-key tensors
+// gathered for each: the scratch of both row passes.
+template <typename T>
+struct RowEdges {
+  std::vector<int64_t> edge;
+  std::vector<const T*> a, b;
+  std::vector<T> x;  // one number per kept edge (scores, then weights or d weights)
+
+  template <typename Keep>
+  int64_t gather(const int64_t* ptr, const int64_t* col, int64_t i, const T* a_rows, int64_t da, const T* b_rows,
+                 int64_t db, const Keep& keep) {
+    const int64_t deg = ptr[i + 1] - ptr[i];
+    edge.resize(deg), a.resize(deg), b.resize(deg), x.resize(deg);
+    int64_t n = 0;
+    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e)
+      if (keep(e)) edge[n] = e, a[n] = a_rows + col[e] * da, b[n++] = b_rows + col[e] * db;
+    return n;
+  }
+};
+
 // Forward of one head: w_e = softmax over row i of (<q_i, k_j> * scale + bias_e), and
 // out_i = sum_e w_e v_j, in one visit of each row.
 // Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
@@ -238,27 +258,23 @@ template <typename T>
 void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, const T* k, int64_t d,
                  const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::vector<const T*> src, vsrc;
-  std::vector<int64_t> edge;
-  std::vector<T> x;
+  RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
-    const int64_t deg = ptr[i + 1] - ptr[i];
-    src.resize(deg), vsrc.resize(deg), edge.resize(deg), x.resize(deg);
-    int64_t n = 0;
-    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-      if (bias && bias[e * bias_stride] == neg_inf) continue;  // weight stays 0
-      edge[n] = e, vsrc[n] = v + col[e] * dv, src[n++] = k + col[e] * d;
-    }
-    dots(q + i * d, src.data(), n, d, x.data());
+    const int64_t n = re.gather(ptr, col, i, k, d, v, dv, [&](int64_t e) {
+      return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
+    });
+    const std::vector<int64_t>& edge = re.edge;
+    T* x = re.x.data();
+    dots(q + i * d, re.a.data(), n, d, x);
     T row_max = neg_inf, row_sum = 0;
     for (int64_t r = 0; r < n; ++r) {
       x[r] = x[r] * scale + (bias ? bias[edge[r] * bias_stride] : T(0));
       row_max = std::max(row_max, x[r]);
     }
     if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
-    row_sum = exp_shifted(x.data(), n, row_max);
+    row_sum = exp_shifted(x, n, row_max);
     for (int64_t r = 0; r < n; ++r) w[edge[r]] = (x[r] /= row_sum);
-    accumulate(out + i * dv, x.data(), vsrc.data(), n, dv);
+    accumulate(out + i * dv, x, re.b.data(), n, dv);
   }
 }
 
@@ -268,16 +284,12 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
 template <typename T>
 void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* go, const T* v,
                    int64_t dv, const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq) {
-  std::vector<const T*> vsrc, ksrc;
-  std::vector<int64_t> edge;
-  std::vector<T> x;
+  RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
-    const int64_t deg = ptr[i + 1] - ptr[i];
-    vsrc.resize(deg), ksrc.resize(deg), edge.resize(deg), x.resize(deg);
-    int64_t n = 0;
-    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e)
-      if (w[e] != 0) edge[n] = e, ksrc[n] = k + col[e] * dk, vsrc[n++] = v + col[e] * dv;
-    dots(go + i * dv, vsrc.data(), n, dv, x.data());
+    const int64_t n = re.gather(ptr, col, i, v, dv, k, dk, [&](int64_t e) { return w[e] != 0; });
+    const std::vector<int64_t>& edge = re.edge;
+    T* x = re.x.data();
+    dots(go + i * dv, re.a.data(), n, dv, x);
     T delta = 0;
     for (int64_t r = 0; r < n; ++r) {
       if (gw) x[r] += gw[edge[r]];
@@ -287,7 +299,7 @@ void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* co
       ds[edge[r]] = w[edge[r]] * (x[r] - delta);
       x[r] = ds[edge[r]] * scale;
     }
-    accumulate(dq + i * dk, x.data(), ksrc.data(), n, dk);
+    accumulate(dq + i * dk, x, re.b.data(), n, dk);
   }
 }
 
