@@ -33,7 +33,7 @@ def test_dense_bias_matches_oracle_with_grads(name, bias_heads):
     perm = torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(3))
     ei = ei[:, perm]  # the engine sorts; the bias must follow the caller's order
     s = engine.structure_of(ei, n, n)
-    assert s.kind == name.replace("_equal", "") and engine.plan(s, bias=True) == "dense"
+    assert s.kind == name.replace("_equal", "") and engine.plan(s) == "dense"
     q, k, v, grad_out = inputs(n, n, heads=3, dk=4, dv=5)
     bias = _bias(ei, bias_heads, seed=len(name) + bias_heads)
     out = graph_attention(q, k, v, ei, bias=bias)
@@ -53,7 +53,7 @@ def test_dense_dropout_drops_single_weights_and_rescales(name):
     ei = make()
     p = 0.4
     s = engine.structure_of(ei, n, n)
-    assert engine.plan(s, bias=True, dropout=True) == "dense"
+    assert engine.plan(s, dropout=True) == "dense"
     q, k, _, _ = inputs(n, n, heads=2, dk=4)
     v = torch.eye(n, dtype=torch.float64).unsqueeze(1).expand(n, 2, n)  # v_j = e_j in every head
     bias = torch.randn(ei.shape[1], 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)

@@ -22,7 +22,7 @@ def test_kernel_compiles_and_is_chosen():
     s = engine.structure_of(random_edges(40, 40, 0.2, seed=0), 40, 40)
     assert fused.available()
     assert engine.plan(s) == "fused"
-    assert engine.plan(s, "fused", bias=True, weights=True) == "fused"
+    assert engine.plan(s, "fused", weights=True) == "fused"
     assert engine.plan(s, "fused", dropout=True) == "csr"
     assert engine.plan(s, fusable=False) == "csr"
 

@@ -45,21 +45,20 @@ def plan(
     s: Structure,
     backend: str = "auto",
     *,
-    bias: bool = False,
     dropout: bool = False,
     weights: bool = False,
     fusable: bool = True,
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
-    ``fusable`` is false for inputs the fused kernel does not take (not CPU, not float32 /
+    Every backend honours an edge bias, so a bias never changes the choice. ``fusable`` is false for inputs the fused kernel does not take (not CPU, not float32 /
     float64); the kernel must also be available (:func:`tgattn.engine.fused.available`).
 
     Example:
         >>> from tgattn import builders
         >>> from tgattn.engine.analysis import analyse
         >>> s = analyse(builders.causal(64), 64, 64)
-        >>> plan(s), plan(s, bias=True, dropout=True), plan(s, weights=True, fusable=False)
+        >>> plan(s), plan(s, dropout=True), plan(s, weights=True, fusable=False)
         ('dense', 'dense', 'csr')
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
@@ -94,7 +93,7 @@ def run(
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     fusable = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-    chosen = plan(s, backend, bias=bias is not None, dropout=dropout_p > 0, weights=return_weights, fusable=fusable)
+    chosen = plan(s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable)
     if chosen != "csr" and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
