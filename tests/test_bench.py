@@ -27,3 +27,21 @@ def test_bench_tiny_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "window64" in out and "tgattn ms" in out
     assert "causal n=96 fwd: tgattn / dense SDPA" in targets(rows)
+
+
+@pytest.mark.slow
+def test_floor_peer_and_the_ceiling_it_sets(tmp_path, capsys):
+    from tgattn.engine import fused
+
+    if not fused.available():
+        pytest.skip("the floor runs on the fused kernel's library")
+    assert main(["--patterns", "random0.05", "--sizes", "128", "--peers", "tgattn", "sdpa_mask", "floor",
+                 "--repeats", "1", "--no-progress", "--no-memory", "--out", str(tmp_path), "--name", "floor"]) == 0
+    rows = {(r["peer"], r["mode"]): r["ms"] for r in read_csv(tmp_path / "floor.csv")}
+    assert all(rows[("floor", mode)] > 0 for mode in ("fwd", "fwd+bwd"))
+    lines = capsys.readouterr().out.splitlines()
+    for mode in ("fwd", "fwd+bwd"):
+        i = next(i for i, line in enumerate(lines) if line.startswith(f"random0.05 n=128 {mode}: dense masked / tgattn"))
+        assert "ceiling: dense masked / reads-only floor" in lines[i + 1]
+        shown = float(lines[i + 1].split()[-1].rstrip("x"))
+        assert shown == pytest.approx(rows[("sdpa_mask", mode)] / rows[("floor", mode)], rel=0.01)

@@ -10,7 +10,11 @@ callable that runs the forward pass (``None`` when the peer cannot run this case
 * ``sdpa_mask``: ``scaled_dot_product_attention`` with the boolean mask, the kernel
   ``nn.MultiheadAttention`` runs for a masked call without weights;
 * ``sdpa``: dense SDPA without a mask (``is_causal`` for causal), for full / causal only;
-* ``flex``: compiled FlexAttention with the pattern's ``mask_mod`` (forward only).
+* ``flex``: compiled FlexAttention with the pattern's ``mask_mod`` (forward only);
+* ``floor``: not attention but a measuring stick: reading the key / value rows of every
+  edge (and, backward, the rows the backward gathers) in the fused kernel's order, with
+  nothing computed (:class:`tgattn.engine.fused.ReadsOnly`). Dense time / floor time bounds
+  the speed-up any kernel that gathers rows per edge can reach on this machine.
 """
 from __future__ import annotations
 
@@ -24,9 +28,9 @@ from .. import builders
 from ..functional import graph_attention
 from .patterns import Pattern
 
-PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex")
+PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor")
 FORWARD_ONLY = ("flex",)
-NO_MEMORY_PROBE = ("flex",)  # its compiled operator refuses to run under the probe's dispatch mode
+NO_MEMORY_PROBE = ("flex", "floor")  # flex refuses the probe's dispatch mode; floor allocates nothing of note
 
 
 def _heads_first(*ts: Tensor):
@@ -74,6 +78,16 @@ def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     block_mask = create_block_mask(pattern.mask_mod, None, None, n, n, device=str(q.device))
     qh, kh, vh = (t.detach() for t in _heads_first(q, k, v))
     return lambda: compiled(qh, kh, vh, block_mask=block_mask)
+
+
+def floor(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    from ..engine import fused, structure_of
+
+    if not fused.available() or q.shape[-1] != v.shape[-1]:
+        return None
+    s = structure_of(ei, q.shape[0], k.shape[0])
+    heads = tuple(t.detach().transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
+    return lambda: fused.ReadsOnly.apply(q, k, v, heads, s)
 
 
 def build(name: str, q, k, v, ei, pattern: Pattern) -> Optional[Callable]:

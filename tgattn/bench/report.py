@@ -60,11 +60,16 @@ def ratio_table(rows: List[dict], peers: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _ratio(idx, pattern, n, mode, peer) -> Optional[float]:
-    mine, other = idx.get((pattern, n, mode, "tgattn")), idx.get((pattern, n, mode, peer))
-    if not mine or not other or mine["ms"] is None or other["ms"] is None:
+def _over(idx, pattern, n, mode, a, b) -> Optional[float]:
+    """Time of peer a / time of peer b, both measured in this run."""
+    ra, rb = idx.get((pattern, n, mode, a)), idx.get((pattern, n, mode, b))
+    if not ra or not rb or not ra["ms"] or not rb["ms"]:
         return None
-    return other["ms"] / mine["ms"]
+    return ra["ms"] / rb["ms"]
+
+
+def _ratio(idx, pattern, n, mode, peer) -> Optional[float]:
+    return _over(idx, pattern, n, mode, peer, "tgattn")
 
 
 def targets(rows: List[dict], window: str = "window64") -> str:
@@ -86,6 +91,9 @@ def targets(rows: List[dict], window: str = "window64") -> str:
         for mode in ("fwd", "fwd+bwd"):
             if ns:
                 line(f"{pattern} n={ns[-1]} {mode}: dense masked / tgattn >= 10", _ratio(idx, pattern, ns[-1], mode, "sdpa_mask"), lambda r: r >= 10)
+                ceiling = _over(idx, pattern, ns[-1], mode, "sdpa_mask", "floor")
+                if ceiling is not None:  # what reading the gathered rows alone would allow
+                    out.append(f"  {'ceiling: dense masked / reads-only floor':<60} {ceiling:>11.2f}x")
     for pattern in ("full", "causal"):
         ns = sorted({r["n"] for r in rows if r["pattern"] == pattern and r["peer"] == "sdpa" and r["ms"]})
         for n in ns:

@@ -101,3 +101,28 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, bias: Optiona
     bias = None if bias is None else bias.to(q.dtype)
     out, weights = FusedAttention.apply(qh, kh, vh, bias, s, scale)
     return out.transpose(0, 1), weights.T
+
+
+class ReadsOnly(torch.autograd.Function):
+    """The benchmark's ``floor``: reads the rows the fused kernel gathers, computes nothing else.
+
+    Forward reads every edge's key and value rows; backward the value and key rows of the
+    row pass and the query and output-gradient rows of the key pass, in the kernel's order.
+    ``heads`` are head-major copies of ``(q, k, v)`` made outside the timed region; the
+    inputs only connect the graph. Outputs and gradients are sums of rows, not attention.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, heads, s: Structure):
+        ctx.heads, ctx.s = heads, s
+        _, kh, vh = heads
+        return torch.ops.tgattn_fused.gather_rows(kh, vh, s.rowptr, s.src)  # [H, n_q, d]
+
+    @staticmethod
+    def backward(ctx, grad):
+        qh, kh, vh = ctx.heads
+        s = ctx.s
+        colptr, row_t, _ = transpose_pattern(s)
+        rows = torch.ops.tgattn_fused.gather_rows(vh, kh, s.rowptr, s.src).transpose(0, 1)
+        keys = torch.ops.tgattn_fused.gather_rows(qh, grad.contiguous(), colptr, row_t).transpose(0, 1)
+        return rows, keys, keys, None, None
