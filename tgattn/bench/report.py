@@ -115,7 +115,8 @@ def targets(rows: List[dict], window: str = "window64") -> str:
 
 
 def plot(rows: List[dict], path: Path) -> None:
-    """Time against n, one panel per pattern; solid = forward, dashed = forward+backward."""
+    """One panel per pattern. Over several n: time against n, solid = forward, dashed =
+    forward+backward. At a single n: one bar per peer and mode (light = forward)."""
     import matplotlib
     import matplotlib.lines
     import matplotlib.ticker
@@ -125,11 +126,16 @@ def plot(rows: List[dict], path: Path) -> None:
 
     patterns = sorted({r["pattern"] for r in rows})
     peers = list(dict.fromkeys(r["peer"] for r in rows))
+    single = len({r["n"] for r in rows}) == 1
     cols = min(4, len(patterns))
     nrows = -(-len(patterns) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
     colors = dict(zip(peers, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, pattern in zip(axes.flat, patterns):
+        if single:
+            _bars(ax, [r for r in rows if r["pattern"] == pattern], peers, colors)
+            ax.set_title(f"{pattern}, n = {rows[0]['n']}")
+            continue
         for peer in peers:
             for mode, style in (("fwd", "-"), ("fwd+bwd", "--")):
                 pts = sorted((r["n"], r["ms"]) for r in rows if r["pattern"] == pattern and r["peer"] == peer and r["mode"] == mode and r["ms"])
@@ -140,10 +146,28 @@ def plot(rows: List[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(patterns):]:
         ax.axis("off")
-    handles = [matplotlib.lines.Line2D([], [], color=colors[p], marker="o", ms=3, label=p) for p in peers]
+    handles = [matplotlib.lines.Line2D([], [], color=colors[p], marker="s" if single else "o", ms=5 if single else 3,
+                                       lw=0 if single else 1.5, label=p) for p in peers]
     fig.legend(handles=handles, loc="lower center", ncol=len(peers), fontsize=8, bbox_to_anchor=(0.5, -0.01))
-    fig.suptitle("attention core, H=8, d=64, fp32 CPU (solid: forward, dashed: forward+backward)")
+    how = "light: forward, dark: forward+backward" if single else "solid: forward, dashed: forward+backward"
+    fig.suptitle(f"attention core, H=8, d=64, fp32 CPU ({how})")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bars(ax, rows: List[dict], peers: Sequence[str], colors: dict) -> None:
+    """Horizontal bars of time (log scale), one pair per peer that ran, tgattn on top."""
+    import matplotlib.ticker
+
+    ran = [p for p in peers if any(r["peer"] == p and r["ms"] for r in rows)]
+    ms = {(r["peer"], r["mode"]): r["ms"] for r in rows if r["ms"]}
+    for y, peer in enumerate(reversed(ran)):
+        for mode, dy, alpha in (("fwd", 0.2, 0.45), ("fwd+bwd", -0.2, 1.0)):
+            if (peer, mode) in ms:
+                ax.barh(y + dy, ms[(peer, mode)], height=0.38, color=colors[peer], alpha=alpha)
+    ax.set_yticks(range(len(ran)), list(reversed(ran)), fontsize=8)
+    ax.set(xscale="log", xlabel="ms")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.grid(alpha=0.3, axis="x")

@@ -11,9 +11,10 @@
 // thread owns the rows of dk / dv it writes: no atomics, deterministic results.
 //
 // Where the time goes (n = 4096, 5 % random edges, d = 64): reading each edge's key and
-// value rows, 512 bytes per edge and head from all over K and V. The kernel takes 1.1-1.5x
-// the time of those reads alone (gather_rows below); blocking the keys so that a block stays
-// in L2 (128 to 4096 keys per block, measured) did not make the reads cheaper.
+// value rows, 512 bytes per edge and head from all over K and V. The forward takes 1.1-1.3x
+// the time of those reads alone (gather_rows below, the benchmark's floor peer); blocking the
+// keys so that a block stays in L2 (128 to 4096 keys per block, measured) did not make the
+// reads cheaper.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -141,7 +142,7 @@ struct Rows {
 // latency of the multiply-adds, and each piece of x is loaded once for all eight rows.
 // No software prefetch here or in accumulate: prefetching the next group's rows made the
 // forward 1.3-1.6x slower on the 2-core AMD EPYC we measure on (the loads of the current group
-// already keep the memory system busy; `python -m tgattn.bench floor` shows how busy).
+// already keep the memory system busy; the benchmark's floor peer shows how busy).
 template <typename T>
 inline void dots(const T* x, const Rows<T>& rows, int64_t n, int64_t d, T* out) {
   constexpr int L = Vec<T>::L, R = 8;
