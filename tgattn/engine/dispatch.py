@@ -34,11 +34,12 @@ from .tiles import tile_attention, tile_layout
 
 ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
 # Fraction of edge cells per tile below which the sparse kernels beat the tiles. Measured at
-# n = 4096, H = 8, d = 64, one thread: CSR wins below 0.3; fused wins on window w = 8 / 16 /
-# 32 (fill 0.35 / 0.52 / 0.67: 3.5x / 1.4x / 0.8x forward, 3.0x / 1.8x / 1.3x with backward)
-# and loses on w = 64 (fill 0.8: 0.84x / 0.80x).
+# n = 4096, H = 8, d = 64: CSR wins below 0.3 (one thread). Tile time / fused time on windows
+# (1 and 2 threads, forward and forward+backward): w = 32, fill 0.67: 1.55-1.75x; w = 64,
+# fill 0.80: 1.11-1.79x; w = 96, fill 0.75: 1.16-1.38x; w = 128, fill 0.79: 0.99-1.34x;
+# w = 256, fill 0.86: 0.69-1.21x (forward+backward 0.69); w = 512, fill 0.83: 0.54-0.90x.
 TILE_FILL_VS_CSR = 0.3
-TILE_FILL_VS_FUSED = 0.7
+TILE_FILL_VS_FUSED = 0.82
 
 
 def plan(
