@@ -52,8 +52,9 @@ def plan(
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
-    Every backend honours an edge bias, so a bias never changes the choice. ``fusable`` is false for inputs the fused kernel does not take (not CPU, not float32 /
-    float64); the kernel must also be available (:func:`tgattn.engine.fused.available`).
+    Every backend honours an edge bias, so a bias never changes the choice. ``fusable`` is
+    false for inputs the fused kernel does not take (not CPU, not float32 / float64); the
+    kernel must also be available (:func:`tgattn.engine.fused.available`).
 
     Example:
         >>> from tgattn import builders

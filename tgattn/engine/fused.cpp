@@ -317,11 +317,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
     const T inv_sum = T(1) / exp_shifted(x, n, row_max);
     for (int64_t r = 0; r < n; ++r) x[r] *= inv_sum;
-    if (re.all) {
-      std::memcpy(w + re.first, x, n * sizeof(T));
-    } else {
-      for (int64_t r = 0; r < n; ++r) w[re.edges[r]] = x[r];
-    }
+    for (int64_t r = 0; r < n; ++r) w[re.edge(r)] = x[r];
     accumulate(out + i * dv, x, Rows<T>{v, re.key, dv}, n, dv);
   }
 }
