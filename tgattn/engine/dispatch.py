@@ -8,7 +8,7 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 2. ``tile`` when the row-blocked tiles are well filled (banded, block structured and
    dense-ish sets: at least ``TILE_FILL_VS_FUSED``, or ``TILE_FILL_VS_CSR`` when the fused
    kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
-3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`) for CPU calls without dropout,
+3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`, dropout included) for CPU calls,
    when the kernel could be compiled;
 4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``).
 
@@ -31,7 +31,7 @@ from .analysis import DENSE_KINDS, Structure
 from .csr import csr_attention
 from . import fused
 from .dense import dense_attention
-from .tiles import tile_attention, tile_layout
+from .tiles import fill_bound, tile_attention, tile_layout
 
 ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
 # Fraction of edge cells per tile below which the sparse kernels beat the tiles. Measured at
@@ -74,10 +74,16 @@ def plan(
         return "dense"
     if backend == "dense" and dense_ok:
         return "dense"
-    # Tiles are laid out (and cached) only when they may be used.
-    tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates) and tile_layout(s) is not None
-    fused_ok = backend != "csr" and fusable and not dropout and fused.available()
+    fused_ok = backend != "csr" and fusable and fused.available()
     threshold = TILE_FILL_VS_FUSED if fused_ok else TILE_FILL_VS_CSR
+    # Tiles are laid out (and cached) only when they may be used: under auto, only when the
+    # cheap bound on their fill reaches the threshold.
+    tile_ok = (
+        s.num_edges > 0
+        and not (dropout or weights or s.duplicates)
+        and (backend != "auto" or fill_bound(s) >= threshold)
+        and tile_layout(s) is not None
+    )
     if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
         return "tile"
     return "fused" if fused_ok else "csr"
@@ -106,7 +112,7 @@ def run(
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
     inside, so that scores and sums accumulate in float32 on every backend.
-    ``generator`` draws the dropout mask of the ``csr`` backend.
+    ``generator`` draws the dropout mask of ``csr`` and the dropout seed of ``fused``.
 
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
@@ -149,5 +155,5 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator):
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
     if chosen == "fused":
-        return fused.fused_attention(q, k, v, s, bias, scale)
+        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator)
     return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
