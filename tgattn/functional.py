@@ -167,7 +167,8 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
         mult = edge_scale
         if dropout_p > 0:
             keep = torch.rand(num_edges, q.shape[1], device=q.device, generator=generator) >= dropout_p  # [E, H]
-            mult = keep / (1.0 - dropout_p) if mult is None else mult * keep / (1.0 - dropout_p)
+            dropped = keep.to(work) / (1.0 - dropout_p)
+            mult = dropped if mult is None else mult * dropped
         out, weights = engine.recompute.gather_attention(
             cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult)
         )
