@@ -10,6 +10,7 @@ from tgattn import GraphAttention, builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from tgattn.analysis.show import checkpoint_attention, random_attention
+from tgattn.lm import save_checkpoint
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -72,7 +73,7 @@ def save_fake_checkpoint(path, gpt=FakeGPT, vocab="abc"):
     torch.manual_seed(3)
     config = FakeConfig(vocab_size=len(vocab))
     model = gpt(config)
-    torch.save({"model": model.state_dict(), "config": asdict(config), "vocab": vocab}, path)
+    save_checkpoint(path, {"model": model.state_dict(), "config": asdict(config), "vocab": vocab})
     return model
 
 

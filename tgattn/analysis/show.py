@@ -70,9 +70,10 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
 
     The checkpoint is a ``torch.save`` dict with ``"model"`` (state dict), ``"config"``
     (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"`` (its characters in id
-    order); ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is
-    the attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits,
-    attention)`` in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
+    order), read and verified by :func:`tgattn.lm.load_checkpoint`;
+    ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is the
+    attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits, attention)``
+    in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
     """
     try:
         from ..models import GPT, GPTConfig
@@ -81,10 +82,9 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
             "--checkpoint needs the tiny GPT of tgattn.models, which this installation lacks "
             f"({error}); run without --checkpoint to use random projections"
         ) from None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    missing = {"model", "config", "vocab"} - set(checkpoint)
-    if missing:
-        raise ValueError(f"{path} is not a tgattn GPT checkpoint: keys {sorted(missing)} are missing")
+    from ..lm.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
     vocab = checkpoint["vocab"]
     unknown = sorted(set(text) - set(vocab))
     if unknown:

@@ -1,9 +1,11 @@
 """A character-level language model on Tiny Shakespeare: ``python -m tgattn.lm train|sample|eval``."""
+from .checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint, state_digest
 from .data import CharTokenizer, get_batch, load_corpus, split
-from .train import TrainConfig, evaluate, load_checkpoint, lr_at, model_from_checkpoint, save_checkpoint, train
+from .train import TrainConfig, evaluate, lr_at, train
 
 __all__ = [
     "CharTokenizer",
+    "CheckpointError",
     "TrainConfig",
     "evaluate",
     "get_batch",
@@ -13,5 +15,6 @@ __all__ = [
     "model_from_checkpoint",
     "save_checkpoint",
     "split",
+    "state_digest",
     "train",
 ]

@@ -13,7 +13,8 @@ import torch
 from ..models import PATTERNS, GPTConfig, generate
 from . import bench
 from .data import CharTokenizer, load_corpus, split
-from .train import TrainConfig, evaluate, load_checkpoint, model_from_checkpoint, train
+from .checkpoint import load_checkpoint, model_from_checkpoint
+from .train import TrainConfig, evaluate, train
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls, skip=()) -> None:

@@ -2,15 +2,14 @@
 
 The schedule and defaults follow nanoGPT's ``config/train_shakespeare_char.py`` with its
 documented CPU run (block 64, batch 12, 4 layers, 4 heads, 128 wide, 2000 iterations).
-A checkpoint is written atomically (temporary file, then ``os.replace``) and holds plain
-types only, so :func:`load_checkpoint` reads it with ``torch.load(weights_only=True)``.
+Checkpoints (:mod:`tgattn.lm.checkpoint`) are written atomically, hold plain types only and
+carry a checksum that :func:`load_checkpoint` verifies.
 Resuming restores the model, the optimizer and the random state of batch sampling, so the
 resumed run draws the same batches and reaches the same parameters as an uninterrupted one.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..models import GPT, GPTConfig
+from .checkpoint import load_checkpoint, save_checkpoint
 from .data import get_batch
 
 
@@ -65,30 +65,6 @@ def evaluate(model: GPT, ids: Tensor, *, batch_size: int, iters: int, seed: int)
     losses = [model(*get_batch(ids, model.config.block_size, batch_size, generator))[1] for _ in range(iters)]
     model.train(was_training)
     return float(torch.stack(losses).mean())
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically: a reader sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path) -> dict:
-    """A checkpoint written by :func:`train`, loaded with ``weights_only=True``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def model_from_checkpoint(state: dict) -> GPT:
-    """The :class:`GPT` stored in a checkpoint, with its weights, in eval mode."""
-    model = GPT(GPTConfig(**state["config"]))
-    model.load_state_dict(state["model"])
-    return model.eval()
 
 
 def train(
