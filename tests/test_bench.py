@@ -3,9 +3,13 @@
 No test here depends on timing: they check which rows exist and, with fixed times, the
 arithmetic and format of the report.
 """
+import sys
+
 import pytest
 
+from conftest import one_line_error
 from tgattn import builders, engine
+from tgattn.bench import __main__ as bench_main
 from tgattn.bench.__main__ import main
 from tgattn.bench.report import read_csv, targets
 
@@ -81,3 +85,28 @@ def test_floor_peer_runs_and_its_ceiling_is_printed(tmp_path, capsys, monkeypatc
         i = next(i for i, line in enumerate(lines) if line.startswith(f"random0.05 n=128 {mode}: dense masked / tgattn"))
         assert "ceiling: dense masked / reads-only floor" in lines[i + 1]
         assert lines[i + 1].split()[-1] == f"{rows[('sdpa_mask', mode)]['ms'] / rows[('floor', mode)]['ms']:.2f}x" == shown
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sizes", "-4"], "argument --sizes: must be an integer >= 1 (got '-4')"),
+        (["--sizes", "0"], "argument --sizes: must be an integer >= 1 (got '0')"),
+        (["--threads", "0"], "argument --threads: must be an integer >= 1 (got '0')"),
+        (["--repeats", "0"], "argument --repeats: must be an integer >= 1 (got '0')"),
+        (["--patterns", "spiral"], "unknown pattern(s) ['spiral']"),
+        (["--peers", "nope"], "argument --peers: invalid choice: 'nope'"),
+        (["--out", "/proc/no/such"], "--out: cannot create the folder '/proc/no/such'"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors_before_the_sweep(cli, monkeypatch, argv, message):
+    monkeypatch.setattr(bench_main, "sweep", None)  # never reached
+    status, err = cli(main, ["--patterns", "causal", *argv] if "--patterns" not in argv else argv)
+    assert status == 2 and one_line_error(err, "python -m tgattn.bench").startswith(message)
+
+
+def test_without_matplotlib_the_extra_is_named_before_the_sweep(cli, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setattr(bench_main, "sweep", None)
+    status, err = cli(main, ["--quick", "--out", str(tmp_path)])
+    assert status == 2 and 'pip install "tgattn[plot]"' in one_line_error(err, "python -m tgattn.bench")

@@ -1,7 +1,5 @@
 """A character-level language model on Tiny Shakespeare: ``python -m tgattn.lm train|sample|eval``."""
-from .checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint, state_digest
-from .data import CharTokenizer, get_batch, load_corpus, split
-from .train import TrainConfig, evaluate, lr_at, train
+from .._lazy import lazy_exports
 
 __all__ = [
     "CharTokenizer",
@@ -18,3 +16,13 @@ __all__ = [
     "state_digest",
     "train",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(["CheckpointError", "load_checkpoint", "model_from_checkpoint", "save_checkpoint", "state_digest"], "checkpoint"),
+        **dict.fromkeys(["CharTokenizer", "get_batch", "load_corpus", "split"], "data"),
+        "TrainConfig": "config",
+        **dict.fromkeys(["evaluate", "lr_at", "train"], "training"),
+    },
+)
