@@ -20,9 +20,9 @@ def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable[[str],
             imported on attribute access too (``tgattn.engine``), as an eager package did.
 
     Example:
-        >>> getattr_, dir_ = lazy_exports("tgattn", {"causal": "builders", "builders": "builders"})
-        >>> getattr_("causal").__name__, getattr_("builders").__name__, "causal" in dir_()
-        ('causal', 'tgattn.builders', True)
+        >>> getattr_, dir_ = lazy_exports("json", {"JSONDecoder": "decoder", "scanner": "scanner"})
+        >>> getattr_("JSONDecoder").__name__, getattr_("scanner").__name__, "JSONDecoder" in dir_()
+        ('JSONDecoder', 'json.scanner', True)
     """
 
     def __getattr__(name: str):
