@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .._cli import missing_plot_extra, positive_int
 from .attention import sizes_for, sweep
 from .patterns import patterns
 from .peers import PEERS
@@ -28,11 +29,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (about a minute)")
     parser.add_argument("--patterns", nargs="+", help="pattern names (default: all; see --list)")
-    parser.add_argument("--sizes", nargs="+", type=int, help="sequence lengths (default: per pattern)")
+    parser.add_argument("--sizes", nargs="+", type=positive_int, help="sequence lengths (default: per pattern)")
     parser.add_argument("--peers", nargs="+", default=None, choices=PEERS, help="implementations to compare")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compile takes minutes)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=Path("data/bench"), help="output folder (default: data/bench)")
@@ -48,6 +49,12 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in available]
     if unknown:
         parser.error(f"unknown pattern(s) {unknown}; choose from {list(available)}")
+    if missing_plot_extra():  # the plot comes after the whole sweep: say so before it
+        parser.error(missing_plot_extra())
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
     peers = list(args.peers or PEERS)
     if args.no_flex or (args.quick and not args.peers):
         peers = [p for p in peers if p != "flex"]

@@ -16,9 +16,7 @@ the engine runs the CSR backend instead: same results, slower.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -26,20 +24,12 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure
+from .build import load_extension
 from .csr import transpose_pattern
 from .recompute import gather_attention, recompute_grads
 
 _SOURCE = Path(__file__).with_name("fused.cpp")
 _state = {"tried": False, "ok": False, "fakes": False}
-
-
-def _cpu_tag() -> str:
-    """A short hash of the CPU's feature flags: the build uses ``-march=native``."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
 def available() -> bool:
@@ -53,20 +43,13 @@ def available() -> bool:
         _state["tried"] = True
         if os.environ.get("TGATTN_NO_FUSED", "") not in ("", "0"):
             return False
-        try:
-            from torch.utils import cpp_extension
-
-            cpp_extension.load(
-                name=f"tgattn_fused_{_cpu_tag()}",
-                sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-            _state["ok"] = True
-        except Exception as err:  # no compiler, no ninja, a read-only cache: fall back, loudly once
-            warnings.warn(f"tgattn: fused kernel unavailable ({type(err).__name__}: {err}); using the CSR backend")
+        _state["ok"] = load_extension(
+            "tgattn_fused",
+            _SOURCE,
+            cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+            ldflags=["-fopenmp"],
+            fallback="the CSR backend",
+        )
     return _state["ok"]
 
 
