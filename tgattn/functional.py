@@ -15,7 +15,7 @@ from torch import Tensor
 from . import engine
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 
-BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr")
+BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton")
 
 
 def check_edge_index(edge_index: Tensor, num_keys: int, num_queries: int) -> Tensor:
@@ -122,7 +122,8 @@ def graph_attention(
             (row-blocked dense tiles), ``"fused"`` (a compiled C++ kernel over CSR rows) and
             ``"csr"`` (PyTorch sparse kernels) name an engine backend, which falls back along
             dense -> tile -> fused -> csr when it cannot honour the call
-            (see :func:`tgattn.engine.plan`); ``"gather"`` is the textbook per-edge path
+            (see :func:`tgattn.engine.plan`); ``"triton"`` (Triton kernels, CUDA) falls back
+            like ``"fused"``; ``"gather"`` is the textbook per-edge path
             (it materializes ``[E, H, d]`` copies; use it as a reference).
 
     Returns:

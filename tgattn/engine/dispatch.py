@@ -12,12 +12,16 @@ of the call, never from the values of ``q``, ``k``, ``v``:
    without dropout, when the kernel could be compiled;
 4. ``csr`` otherwise; it honours every option.
 
+On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
+when Triton is installed; it honours every option and needs no NaN check (no host sync).
+
 Inputs holding NaN or infinity always run on ``csr``, which touches nothing but the edges, so
 that a bad key or value reaches exactly the queries that attend to it. (The check is one sum
 per tensor; sums that overflow to infinity also send the call to ``csr``: slower, still exact.)
 
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
-that every backend name is always exact; :func:`plan` tells which one will run.
+that every backend name is always exact (``triton`` falls back like ``fused``); :func:`plan`
+tells which one will run.
 """
 from __future__ import annotations
 
@@ -29,10 +33,11 @@ from torch import Tensor
 from .analysis import DENSE_KINDS, Structure
 from .csr import csr_attention
 from . import fused
+from . import triton as triton_backend
 from .dense import dense_attention
 from .tiles import tile_attention, tile_layout
 
-ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
+ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton")
 # Fraction of edge cells per tile below which the sparse kernels beat the tiles. Measured at
 # n = 4096, H = 8, d = 64: CSR wins below 0.3 (one thread). Tile time / fused time on windows
 # (1 and 2 threads, forward and forward+backward): w = 32, fill 0.67: 1.55-1.75x; w = 64,
@@ -49,12 +54,14 @@ def plan(
     dropout: bool = False,
     weights: bool = False,
     fusable: bool = True,
+    triton: bool = False,
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
     Every backend honours an edge bias, so a bias never changes the choice. ``fusable`` is
     false for inputs the fused kernel does not take (not CPU, not float32 / float64); the
-    kernel must also be available (:func:`tgattn.engine.fused.available`).
+    kernel must also be available (:func:`tgattn.engine.fused.available`). ``triton`` is true
+    when the Triton kernels can run the inputs (:func:`tgattn.engine.triton.usable`).
 
     Example:
         >>> from tgattn import builders
@@ -66,6 +73,8 @@ def plan(
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
     dense_ok = s.kind in DENSE_KINDS and not weights
+    if triton and (backend == "triton" or (backend == "auto" and not dense_ok)):
+        return "triton"
     if backend == "auto" and dense_ok:
         return "dense"
     if backend == "dense" and dense_ok:
@@ -95,8 +104,9 @@ def run(
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     fusable = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-    chosen = plan(s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable)
-    if chosen != "csr" and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
+    tritonable = backend in ("auto", "triton") and triton_backend.usable(q, named=backend == "triton")
+    chosen = plan(s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable, triton=tritonable)
+    if chosen not in ("csr", "triton") and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
         # oracle keeps. The CSR kernels touch every edge and nothing else.
@@ -107,7 +117,9 @@ def run(
         return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
-    if chosen == "fused":
+    if chosen == "triton":
+        out, weights = triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights)
+    elif chosen == "fused":
         out, weights = fused.fused_attention(q, k, v, s, bias, scale)
     else:
         out, weights = csr_attention(q, k, v, s, bias, scale, dropout_p)
