@@ -46,7 +46,7 @@ def test_gpu_targets_from_fixed_times():
 
     rows = [row("window64", 16384, "fwd+bwd", "tgattn", 2.0), row("window64", 16384, "fwd+bwd", "sdpa_mask", 12.0),
             row("window64", 16384, "fwd+bwd", "flex", 1.0), row("random0.01", 16384, "fwd", "tgattn", 1.0),
-            row("random0.01", 16384, "fwd", "sdpa_mask", 30.0), row("random0.01", 16384, "fwd", "flex", 1.5)]
+            row("random0.01", 16384, "fwd", "sdpa_mask", 30.0), row("random0.01", 16384, "fwd", "flex_csr", 1.5)]
     gnn = [dict(workload="cora", model="gat", ms=4.0), dict(workload="cora", model="tgattn", ms=3.0)]
     lines = {line[:62].strip(): line[62:].split(maxsplit=1) for line in gpu_targets(rows, gnn).splitlines()}
     assert lines["window64 n=16384 fwd+bwd: SDPA masked / tgattn >= 5"] == ["6.00x", "met"]

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         parser.error(f"unknown pattern(s) {unknown}; choose from {list(available)}")
     peers = list(args.peers or (GPU_PEERS if cuda else CPU_PEERS))
     if args.no_flex or (args.quick and not args.peers and not cuda):
-        peers = [p for p in peers if p != "flex"]
+        peers = [p for p in peers if p not in ("flex", "flex_csr")]
     sizes = sizes_for(names, args.quick, device=str(device))
     if args.sizes:
         sizes = {name: args.sizes for name in names}

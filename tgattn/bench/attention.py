@@ -27,6 +27,8 @@ def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward:
         return 5.0 * n * n  # the bool mask and the float mask the memory-efficient kernel reads
     if cuda and peer == "flex":
         return 1.0 * n * n  # create_block_mask evaluates the mask_mod on every pair
+    if peer == "flex_csr":
+        return 20.0 * (n / 128) ** 2 + 4.0 * n * heads * dim * 4 * factor  # block tables, q / k / v / out
     if peer in ("gather", "transformerconv"):
         return 4.0 * edges * heads * dim * 4 * factor  # several [E, H, d] float tensors
     if peer == "gatconv":
@@ -91,7 +93,7 @@ def sweep(
                 if (name, peer, mode) in slow:
                     row["note"] = f"skipped: > {SLOW_S:g} s at a smaller n"
                     continue
-                if peer == "flex" and n not in FLEX_SIZES and not cuda:
+                if peer in peer_impls.FLEX and n not in FLEX_SIZES and not cuda:
                     row["note"] = f"skipped: compiled only for n in {FLEX_SIZES}"
                     continue
                 if _bytes_needed(peer, n, edges, heads, dim, backward, cuda) > mem_limit:
@@ -107,7 +109,7 @@ def sweep(
                     continue
                 try:
                     row["ms"] = best_time(fn, backward, (q, k, v), grad, repeats=repeats, budget_s=budget_s)
-                    if memory and peer not in peer_impls.NO_MEMORY_PROBE:
+                    if memory and (cuda or peer not in peer_impls.NO_MEMORY_PROBE):
                         row["peak_mb"] = peak_extra_mb(fn, backward, (q, k, v), grad)
                 except Exception as err:  # e.g. Flex failing to compile on this machine
                     row["note"] = f"failed: {type(err).__name__}: {str(err)[:80]}"

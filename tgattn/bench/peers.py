@@ -14,6 +14,8 @@ callable that runs the forward pass (``None`` when the peer cannot run this case
   ``nn.MultiheadAttention`` runs for a masked call without weights;
 * ``sdpa``: dense SDPA without a mask (``is_causal`` for causal), for full / causal only;
 * ``flex``: compiled FlexAttention with the pattern's ``mask_mod`` (on CPU forward only);
+* ``flex_csr``: compiled FlexAttention with the ``BlockMask`` built from the edge set's CSR
+  structure (:func:`tgattn.engine.triton.flex.block_mask`), for any edge set without duplicates;
 * ``floor``: not attention but a measuring stick: reading the key / value rows of every
   edge (and, backward, the rows the backward gathers) in the fused kernel's order, with
   nothing computed (:class:`tgattn.engine.fused.ReadsOnly`). Dense time / floor time bounds
@@ -31,11 +33,13 @@ from .. import builders
 from ..functional import graph_attention
 from .patterns import Pattern
 
-PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor", "triton", "gatconv")
+PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor", "triton", "gatconv", "flex_csr")
 CPU_PEERS = PEERS[:7]  # the default on CPU (triton needs CUDA)
-GPU_PEERS = ("tgattn", "triton", "sdpa_mask", "sdpa", "flex", "transformerconv", "gatconv")
-FORWARD_ONLY_CPU = ("flex",)  # FlexAttention has no backward on CPU
-NO_MEMORY_PROBE = ("flex", "floor")  # flex refuses the probe's dispatch mode; floor allocates nothing of note
+GPU_PEERS = ("tgattn", "triton", "sdpa_mask", "sdpa", "flex", "flex_csr", "transformerconv", "gatconv")
+FLEX = ("flex", "flex_csr")
+FORWARD_ONLY_CPU = FLEX  # FlexAttention has no backward on CPU
+# On CPU, flex refuses the probe's dispatch mode and floor allocates nothing of note (CUDA reads the allocator).
+NO_MEMORY_PROBE = ("flex", "flex_csr", "floor")
 
 
 def _heads_first(*ts: Tensor):
@@ -98,6 +102,23 @@ def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     if not q.is_cuda:  # no backward on CPU
         qh, kh, vh = qh.detach(), kh.detach(), vh.detach()
     return lambda: compiled(qh, kh, vh, block_mask=block_mask)
+
+
+def flex_csr(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from ..engine import structure_of
+    from ..engine.triton.flex import block_mask, flex_attention as csr_flex
+
+    s = structure_of(ei, q.shape[0], k.shape[0])
+    if s.duplicates:
+        return None
+    block_mask(s)  # built (and cached) outside the timed region
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    if not q.is_cuda:  # no backward on CPU
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return lambda: csr_flex(q, k, v, s, q.shape[-1] ** -0.5, compiled=compiled)
 
 
 def floor(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
