@@ -99,9 +99,14 @@ def walks(s: Structure):
     cached = s.extras.get("triton")
     if cached is None:
         colptr, row_t, perm_t = transpose_pattern(s)
-        by_degree = lambda ptr: torch.argsort(ptr[:-1] - ptr[1:], stable=True)  # noqa: E731
-        cached = s.extras["triton"] = ((s.rowptr, s.src, by_degree(s.rowptr)), (colptr, row_t, perm_t, by_degree(colptr)))
+        rows = (s.rowptr, s.src, _by_degree(s.rowptr))
+        cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, _by_degree(colptr)))
     return cached
+
+
+def _by_degree(ptr: Tensor) -> Tensor:
+    """Row ids by decreasing degree (stable: rows of equal degree keep their order)."""
+    return torch.argsort(ptr[:-1] - ptr[1:], stable=True)
 
 
 def draw_seed() -> int:
