@@ -5,6 +5,7 @@ Nothing here imports ``triton``: :func:`kernels_module` imports the kernels on f
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -32,6 +33,11 @@ def available() -> bool:
     """
     if os.environ.get("TGATTN_NO_TRITON", "") not in ("", "0"):
         return False
+    return _installed()
+
+
+@functools.lru_cache(maxsize=None)
+def _installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
@@ -63,11 +69,11 @@ def usable(q: Tensor, *, named: bool = False) -> bool:
         >>> usable(torch.zeros(2, 1, 4))  # a CPU tensor: only the interpreter runs it
         False
     """
-    if q.dtype not in DTYPES or not available():
+    if q.dtype not in DTYPES:
         return False
     if q.device.type == "cuda":
-        return True
-    return named and q.device.type == "cpu" and interpreter_ready()
+        return available()
+    return named and q.device.type == "cpu" and interpreter_ready() and available()
 
 
 def kernels_module():
