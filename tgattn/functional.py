@@ -16,7 +16,7 @@ from . import engine
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
 
-BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr")
+BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton")
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -113,7 +113,8 @@ def graph_attention(
             (row-blocked dense tiles), ``"fused"`` (a compiled C++ kernel over CSR rows) and
             ``"csr"`` (PyTorch sparse kernels) name an engine backend, which falls back along
             dense -> tile -> fused -> csr when it cannot honour the call
-            (see :func:`tgattn.engine.plan`); ``"gather"`` is the textbook per-edge path
+            (see :func:`tgattn.engine.plan`); ``"triton"`` (Triton kernels, CUDA) falls back
+            like ``"fused"``; ``"gather"`` is the textbook per-edge path
             (it materializes ``[E, H, d]`` copies; use it as a reference).
         edge_scale: a factor ``[E]`` or ``[E, H]`` on each edge's weight after the softmax
             (``o_i = sum_j m_ij a_ij v_j``), differentiable: what PyG's explainers apply as
