@@ -87,6 +87,12 @@ class GraphAttentionConv(MessagePassing):
         torch.Size([5, 32])
         >>> conv
         GraphAttentionConv(16, 8, heads=4)
+        >>> from torch_geometric.utils import to_torch_csr_tensor
+        >>> adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(5, 5))  # adj_t[i, j]: edge j -> i
+        >>> torch.allclose(conv(x, adj_t), conv(x, edge_index))
+        True
+        >>> GraphAttentionConv(-1, 8, heads=4)(x, edge_index).shape  # lazy in_channels
+        torch.Size([5, 32])
     """
 
     def __init__(
