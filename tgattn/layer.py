@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
 from . import functional
+from .explain import explain_edge_scale
 
 PairTensor = Tuple[Tensor, Tensor]
 
@@ -27,7 +28,9 @@ class GraphAttention(MessagePassing):
 
     Edge convention: ``edge_index[0]`` = source = key/value node j, ``edge_index[1]`` =
     target = query node i. The layer never adds self-loops; a node without incoming edges
-    outputs ``W_O 0 + b_O`` (its attention output is 0).
+    outputs ``W_O 0 + b_O`` (its attention output is 0). Under a PyG explainer
+    (``torch_geometric.explain``) the explainer's edge mask multiplies the attention weights,
+    on the fast path as on the message-passing path.
 
     Args:
         embed_dim (int): model dimension D (the query and output size).
@@ -63,8 +66,11 @@ class GraphAttention(MessagePassing):
         vdim: Optional[int] = None,
     ):
         super().__init__(aggr="add", node_dim=0)
-        if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"embed_dim and num_heads must be positive (got {embed_dim}, {num_heads})")
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("kdim", kdim), ("vdim", vdim)):
+            if value is None and name in ("kdim", "vdim"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int (got {value!r})")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if not 0.0 <= dropout < 1.0:
@@ -73,8 +79,8 @@ class GraphAttention(MessagePassing):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
-        self.kdim = kdim or embed_dim
-        self.vdim = vdim or embed_dim
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)
@@ -128,7 +134,8 @@ class GraphAttention(MessagePassing):
         else:
             # Ask for weights only when returned: the fast backends then never build them.
             result = functional.graph_attention(
-                q, k, v, edge_index, bias=edge_bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
+                q, k, v, edge_index, bias=edge_bias, dropout_p=p, return_weights=return_attention_weights,
+                backend=backend, edge_scale=explain_edge_scale(self, edge_index.shape[1]) if self._explain else None,
             )
             out, alpha = result if return_attention_weights else (result, None)
         out = self.out_proj(out.reshape(-1, self.embed_dim))  # [Nq, D]

@@ -1,8 +1,9 @@
 """Cheap, cached analysis of an edge set: ordering, duplicates, CSR rows and dense structure.
 
 Every check is an O(E) vectorized pass (a sort only when the edges come unsorted), and the
-result is cached per ``edge_index`` tensor (keyed on its identity and in-place version), so
-an edge set shared by the layers of a model is analysed once.
+result is cached per ``edge_index`` tensor (keyed on its identity, and compared with its
+contents on every hit), so an edge set shared by the layers of a model is analysed once and
+an edge set changed in place is never served a stale analysis.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from .validate import check_edge_index
 
 # Structure kinds the dense (SDPA) backend can run exactly.
 DENSE_KINDS = ("full", "causal", "packed_full", "packed_causal")
@@ -132,12 +135,30 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     return s
 
 
+def same_edges(edge_index: Tensor, s: Structure) -> bool:
+    """Whether ``edge_index`` still holds the edges ``s`` was analysed from (one O(E) pass).
+
+    A tensor can change without PyTorch noticing (writes through ``.numpy()``, ``.data`` or
+    DLPack leave its version counter alone, and inference tensors have none), so the cache
+    compares contents instead of trusting identity and version.
+    """
+    if edge_index.shape != (2, s.num_edges) or edge_index.device != s.src.device:
+        return False
+    src, dst = edge_index[0], edge_index[1]
+    if s.perm is not None:
+        src, dst = src[s.perm], dst[s.perm]
+    if src.dtype != s.src.dtype:
+        src, dst = src.to(s.src.dtype), dst.to(s.dst.dtype)
+    return torch.equal(dst, s.dst) and torch.equal(src, s.src)
+
+
 class _Cache:
-    """Structures keyed on (tensor identity, in-place version, sizes); entries die with the tensor."""
+    """Structures keyed on (tensor identity, sizes), checked against the tensor's contents on
+    every hit; entries die with the tensor."""
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity
-        self.entries: Dict[int, Tuple[weakref.ref, int, int, int, Structure]] = {}
+        self.entries: Dict[int, Tuple[weakref.ref, int, int, Structure]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -145,8 +166,8 @@ class _Cache:
         entry = self.entries.get(id(edge_index))
         if entry is None:
             return None
-        ref, version, eq, ek, s = entry
-        if ref() is not edge_index or version != edge_index._version or (eq, ek) != (n_q, n_k):
+        ref, eq, ek, s = entry
+        if ref() is not edge_index or (eq, ek) != (n_q, n_k) or not same_edges(edge_index, s):
             return None
         self.hits += 1
         return s
@@ -156,7 +177,7 @@ class _Cache:
             self.entries.pop(next(iter(self.entries)))
         key = id(edge_index)
         ref = weakref.ref(edge_index, lambda _, key=key: self.entries.pop(key, None))
-        self.entries[key] = (ref, edge_index._version, n_q, n_k, s)
+        self.entries[key] = (ref, n_q, n_k, s)
 
     def clear(self) -> None:
         self.entries.clear()
@@ -166,11 +187,14 @@ class _Cache:
 CACHE = _Cache()
 
 
-def structure_of(edge_index: Tensor, n_q: int, n_k: int, *, original: Optional[Tensor] = None) -> Structure:
-    """The cached :class:`Structure` of ``edge_index`` (analysed on first use).
+def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
+    """The cached :class:`Structure` of ``edge_index``, validated and analysed on first use.
 
-    ``original`` is the tensor the caller passed (before a dtype conversion) and serves as
-    the cache key, so that converted copies still hit the cache.
+    A hit is checked against the tensor's current contents (:func:`same_edges`), so an edge
+    set changed in place, by any route, is validated and analysed again.
+
+    Raises:
+        ValueError: when ``edge_index`` is malformed or refers to nodes outside ``n_k`` / ``n_q``.
 
     Example:
         >>> from tgattn import builders
@@ -178,12 +202,12 @@ def structure_of(edge_index: Tensor, n_q: int, n_k: int, *, original: Optional[T
         >>> structure_of(ei, 8, 8) is structure_of(ei, 8, 8)
         True
     """
-    key = edge_index if original is None else original
-    s = CACHE.get(key, n_q, n_k)
+    s = CACHE.get(edge_index, n_q, n_k)
     if s is not None:
         return s
     CACHE.misses += 1
+    checked = check_edge_index(edge_index, n_k, n_q)
     with torch.no_grad():
-        s = analyse(edge_index, n_q, n_k)
-    CACHE.put(key, n_q, n_k, s)
+        s = analyse(checked, n_q, n_k)
+    CACHE.put(edge_index, n_q, n_k, s)
     return s

@@ -6,8 +6,9 @@ product. The backward pass uses the same three kernels (and the transposed patte
 neither direction ever holds an ``[E, H, d]`` tensor: the largest saved tensor is the
 weights ``[E, H]``.
 
-This backend honours everything the contract allows: bias (with ``-inf``), dropout,
-returned (differentiable) weights, duplicated edges and any edge order.
+This backend honours everything the contract allows: bias (with ``-inf``), dropout, a
+multiplicative edge scale (an explainer's edge mask), returned (differentiable) weights,
+duplicated edges, any edge order and a double backward (recomputed on the textbook path).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure
+from .recompute import gather_attention, recompute_grads
 from .softmax import edge_softmax
 
 
@@ -71,31 +73,43 @@ def _spmm(rowptr: Tensor, col: Tensor, values: Tensor, dense: Tensor, shape: Tup
 
 
 class CsrAttention(torch.autograd.Function):
-    """Sorted-edge attention: returns ``(out [n_q, H, dv], weights [E, H])``."""
+    """Sorted-edge attention: returns ``(out [n_q, H, dv], weights [E, H])``.
+
+    ``mult`` (``[E, 1 or H]`` or ``None``) multiplies the weights after the softmax: dropout's
+    ``keep / (1 - p)`` and an explainer's edge mask; it receives a gradient.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, s: Structure, scale: float, keep: Optional[Tensor], p: float):
+    def forward(ctx, q, k, v, bias, mult, s: Structure, scale: float):
         qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
         scores = _sampled_dot(s, qh, kh) * scale  # [E, H]
         if bias is not None:
             scores = scores + bias
         weights = edge_softmax(scores, s.dst, s.n_q)  # [E, H]
-        used = weights if keep is None else weights * keep / (1.0 - p)
+        used = weights if mult is None else weights * mult
         out = _spmm(s.rowptr, s.src, used, vh, (s.n_q, s.n_k))  # [n_q, H, dv]
-        ctx.save_for_backward(qh, kh, vh, weights, keep)
-        ctx.s, ctx.scale, ctx.p, ctx.bias_heads = s, scale, p, None if bias is None else bias.shape[1]
+        ctx.save_for_backward(q, k, v, bias, mult, weights)
+        ctx.s, ctx.scale = s, scale
         return out, weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        qh, kh, vh, weights, keep = ctx.saved_tensors
+        q, k, v, bias, mult, weights = ctx.saved_tensors
         s, scale = ctx.s, ctx.scale
+        if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
+
+            def attend(q, k, v, bias, mult):
+                return gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale, mult)
+
+            grads = recompute_grads(attend, (q, k, v, bias, mult), (grad_out, grad_weights), ctx.needs_input_grad[:5])
+            return (*grads, None, None)
+        qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
         colptr, row_t, perm_t = transpose_pattern(s)
-        used = weights if keep is None else weights * keep / (1.0 - ctx.p)
-        grad_q = grad_k = grad_v = grad_bias = None
+        used = weights if mult is None else weights * mult
+        grad_q = grad_k = grad_v = grad_bias = grad_mult = None
         go = grad_out.transpose(0, 1).contiguous()  # [H, n_q, dv]
         d_used = _sampled_dot(s, go, vh)  # [E, H]
-        d_weights = d_used if keep is None else d_used * keep / (1.0 - ctx.p)
+        d_weights = d_used if mult is None else d_used * mult
         if grad_weights is not None:
             d_weights = d_weights + grad_weights
         delta = weights.new_zeros(s.n_q, weights.shape[1]).index_add_(0, s.dst, weights * d_weights)
@@ -107,13 +121,28 @@ class CsrAttention(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_v = _spmm(colptr, row_t, used[perm_t], go, (s.n_k, s.n_q))
         if ctx.needs_input_grad[3]:
-            grad_bias = d_scores if ctx.bias_heads > 1 else d_scores.sum(1, keepdim=True)
-        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None
+            grad_bias = d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)
+        if ctx.needs_input_grad[4]:
+            grad_mult = d_used * weights
+            grad_mult = grad_mult if mult.shape[1] > 1 else grad_mult.sum(1, keepdim=True)
+        return grad_q, grad_k, grad_v, grad_bias, grad_mult, None, None
 
 
-def csr_attention(q, k, v, s: Structure, bias: Optional[Tensor], scale: float, dropout_p: float):
-    """Run :class:`CsrAttention` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order."""
-    keep = None
+def csr_attention(
+    q,
+    k,
+    v,
+    s: Structure,
+    bias: Optional[Tensor],
+    scale: float,
+    dropout_p: float,
+    edge_scale: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+):
+    """Run :class:`CsrAttention` on sorted edges; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in sorted order."""
+    mult = edge_scale
     if dropout_p > 0:
-        keep = torch.rand(s.num_edges, q.shape[1], device=q.device) >= dropout_p  # [E, H]
-    return CsrAttention.apply(q, k, v, bias, s, scale, keep, dropout_p)
+        keep = torch.rand(s.num_edges, q.shape[1], device=q.device, generator=generator) >= dropout_p  # [E, H]
+        dropped = keep.to(q.dtype) / (1.0 - dropout_p)
+        mult = dropped if mult is None else dropped * mult
+    return CsrAttention.apply(q, k, v, bias, mult, s, scale)

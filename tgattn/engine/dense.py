@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .analysis import Structure
+from .recompute import all_finite, recompute_exact, recompute_grads
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Optional[Tensor], p: float) -> Tensor:
@@ -61,13 +62,56 @@ def _block_mask(bias: Tensor, s: Structure, first: Tensor, length: int, keys: in
     return mask.permute(0, 3, 1, 2)  # [B, Hb, L, keys]
 
 
+class DenseAttention(torch.autograd.Function):
+    """SDPA with a guarded backward: SDPA's own gradients, unless the upstream gradient holds
+    NaN / inf (SDPA would spread it to keys outside a query's edges: ``0 * nan``) or a double
+    backward is asked for (SDPA's CPU kernels have none); then edge-wise recomputation."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float):
+        leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (q, k, v, bias)]
+        with torch.enable_grad():
+            out = _dense(*leaves[:3], s, scale, leaves[3], p)
+        ctx.save_for_backward(q, k, v, bias)
+        ctx.inner, ctx.s, ctx.scale, ctx.p = (leaves, out), s, scale, p
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        needs = ctx.needs_input_grad[:4]
+        create_graph = torch.is_grad_enabled()
+        if create_graph and ctx.p > 0:
+            raise RuntimeError("tgattn: a double backward through attention dropout is not supported; use dropout_p=0")
+        if create_graph or (ctx.p == 0 and not all_finite(grad_out)):
+            exact = recompute_exact(ctx.s, ctx.scale, create_graph=create_graph)
+            grads = recompute_grads(exact, ctx.saved_tensors, (grad_out,), needs)
+            return (*grads, None, None, None)
+        leaves, out = ctx.inner
+        wanted = [i for i, t in enumerate(leaves) if t is not None and needs[i]]
+        # retain_graph: gradcheck and retain_graph=True callers go through this node again; what
+        # SDPA saved is mostly the inputs and output themselves (shared storage).
+        got = torch.autograd.grad(out, [leaves[i] for i in wanted], grad_out, allow_unused=True, retain_graph=True)
+        grads = [None] * 4
+        for i, g in zip(wanted, got):
+            grads[i] = torch.zeros_like(leaves[i]) if g is None else g
+        return (*grads, None, None, None)
+
+
 def dense_attention(
     q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float, bias: Optional[Tensor] = None, dropout_p: float = 0.0
 ) -> Tensor:
     """Full / causal / packed attention through SDPA; ``s.kind`` must be in ``DENSE_KINDS``.
 
     ``bias`` is ``[E, 1 or H]`` in sorted edge order; ``dropout_p`` drops attention weights.
+    With dropout, a NaN upstream gradient follows SDPA's backward (the dropped cells cannot be
+    recomputed).
     """
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias)):
+        return DenseAttention.apply(q, k, v, bias, s, scale, dropout_p)
+    return _dense(q, k, v, s, scale, bias, dropout_p)
+
+
+def _dense(q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float, bias: Optional[Tensor], dropout_p: float) -> Tensor:
     causal = s.kind in ("causal", "packed_causal")
     lengths = torch.tensor(s.lengths if s.lengths is not None else (s.n_q,), device=q.device)
     starts = torch.cumsum(lengths, 0) - lengths

@@ -8,13 +8,14 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 2. ``tile`` when the row-blocked tiles are well filled (banded, block structured and
    dense-ish sets: at least ``TILE_FILL_VS_FUSED``, or ``TILE_FILL_VS_CSR`` when the fused
    kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
-3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`) for float32 / float64 CPU calls
-   without dropout, when the kernel could be compiled;
-4. ``csr`` otherwise; it honours every option.
+3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`) for CPU calls without dropout,
+   when the kernel could be compiled;
+4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``).
 
-Inputs holding NaN or infinity always run on ``csr``, which touches nothing but the edges, so
-that a bad key or value reaches exactly the queries that attend to it. (The check is one sum
-per tensor; sums that overflow to infinity also send the call to ``csr``: slower, still exact.)
+Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr``, which touches
+nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
+attend to it. (The check is one sum per tensor; sums that overflow to infinity also send the
+call to ``csr``: slower, still exact.) float16 / bfloat16 run in float32 on every backend.
 
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
 that every backend name is always exact; :func:`plan` tells which one will run.
@@ -49,12 +50,13 @@ def plan(
     dropout: bool = False,
     weights: bool = False,
     fusable: bool = True,
+    edge_scale: bool = False,
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
     Every backend honours an edge bias, so a bias never changes the choice. ``fusable`` is
-    false for inputs the fused kernel does not take (not CPU, not float32 / float64); the
-    kernel must also be available (:func:`tgattn.engine.fused.available`).
+    false for inputs the fused kernel does not take (not on the CPU); the kernel must also be
+    available (:func:`tgattn.engine.fused.available`). Only ``csr`` takes an ``edge_scale``.
 
     Example:
         >>> from tgattn import builders
@@ -65,6 +67,8 @@ def plan(
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
+    if edge_scale:
+        return "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
     if backend == "auto" and dense_ok:
         return "dense"
@@ -79,6 +83,11 @@ def plan(
     return "fused" if fused_ok else "csr"
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels run in: half precision is computed (and accumulated) in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def run(
     q: Tensor,
     k: Tensor,
@@ -89,30 +98,56 @@ def run(
     dropout_p: float,
     return_weights: bool,
     backend: str = "auto",
+    *,
+    edge_scale: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Attention on structure ``s``; ``bias`` is ``[E, 1 or H]`` in the caller's edge order.
+    """Attention on structure ``s``; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order.
+
+    float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
+    inside, so that scores and sums accumulate in float32 on every backend.
+    ``generator`` draws the dropout mask of the ``csr`` backend.
 
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
-    fusable = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-    chosen = plan(s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable)
-    if chosen != "csr" and not bool(torch.isfinite(q.sum() + k.sum() + v.sum())):
+    dtype = q.dtype
+    work = compute_dtype(dtype)
+    fusable = q.device.type == "cpu" and work in (torch.float32, torch.float64)
+    chosen = plan(
+        s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable, edge_scale=edge_scale is not None
+    )
+    if chosen != "csr" and not (
+        bool(torch.isfinite(q.sum() + k.sum() + v.sum())) and (bias is None or not bool(torch.isnan(bias).any()))
+    ):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
-        # oracle keeps. The CSR kernels touch every edge and nothing else.
+        # oracle keeps (and its max drops a NaN bias). The CSR kernels touch every edge and nothing else.
         chosen = "csr"
-    if s.perm is not None and bias is not None:
-        bias = bias[s.perm]  # sorted edge order
+    if s.perm is not None:  # sorted edge order
+        bias = None if bias is None else bias[s.perm]
+        edge_scale = None if edge_scale is None else edge_scale[s.perm]
+    if work != dtype:
+        q, k, v = q.to(work), k.to(work), v.to(work)
+        bias = None if bias is None else bias.to(work)
+        edge_scale = None if edge_scale is None else edge_scale.to(work)
+    if torch.is_autocast_enabled(q.device.type):
+        with torch.autocast(q.device.type, enabled=False):
+            out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
+    else:
+        out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
+    out = out.to(dtype)
+    if not return_weights or weights is None:
+        return out, None
+    if s.perm is not None:
+        weights = torch.empty_like(weights).index_copy(0, s.perm, weights)  # caller's order
+    return out, weights.to(dtype)
+
+
+def _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator):
     if chosen == "dense":
         return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
     if chosen == "fused":
-        out, weights = fused.fused_attention(q, k, v, s, bias, scale)
-    else:
-        out, weights = csr_attention(q, k, v, s, bias, scale, dropout_p)
-    if not return_weights:
-        return out, None
-    if s.perm is not None:
-        weights = torch.empty_like(weights).index_copy(0, s.perm, weights)  # caller's order
-    return out, weights
+        return fused.fused_attention(q, k, v, s, bias, scale)
+    return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator)

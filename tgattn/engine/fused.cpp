@@ -353,6 +353,31 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
               "tgattn fused: q, k, v must be contiguous CPU tensors");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "tgattn fused: q, k, v must share a dtype");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.size(0) == k.size(0) && k.size(0) == v.size(0) &&
+                  q.size(2) == k.size(2) && k.size(1) == v.size(1),
+              "tgattn fused: q, k, v must be [H, N, d] with matching heads, key nodes and head dims");
+}
+
+// The kernels index rows through ptr and idx without bounds checks, so a malformed structure
+// must never reach them: ptr [rows + 1] runs from 0 to idx.size(0) without going down, and
+// every idx is a row of a tensor with n rows. One pass over the indices, next to the
+// O(E * H * d) work of the kernels.
+void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows, int64_t n, const char* what) {
+  TORCH_CHECK(ptr.scalar_type() == at::kLong && idx.scalar_type() == at::kLong && ptr.is_contiguous() &&
+                  idx.is_contiguous() && ptr.dim() == 1 && idx.dim() == 1 && ptr.device().is_cpu() && idx.device().is_cpu(),
+              "tgattn fused: ", what, " must be contiguous int64 CPU vectors");
+  TORCH_CHECK(ptr.size(0) == rows + 1, "tgattn fused: ", what, " pointer has ", ptr.size(0), " entries, expected ",
+              rows + 1);
+  const int64_t* p = ptr.data_ptr<int64_t>();
+  const int64_t* x = idx.data_ptr<int64_t>();
+  const int64_t E = idx.size(0);
+  TORCH_CHECK(p[0] == 0 && p[rows] == E, "tgattn fused: ", what, " pointer must run from 0 to ", E);
+  bool ok = true;
+  for (int64_t r = 0; r < rows; ++r) ok &= p[r] <= p[r + 1];
+  TORCH_CHECK(ok, "tgattn fused: ", what, " pointer goes down");
+  ok = true;
+  for (int64_t e = 0; e < E; ++e) ok &= (x[e] >= 0) & (x[e] < n);
+  TORCH_CHECK(ok, "tgattn fused: ", what, " holds an index outside [0, ", n, ")");
 }
 
 // q [H, n_q, dk], k [H, n_k, dk], v [H, n_k, dv]; bias [E, 1 or H] or None.
@@ -361,8 +386,12 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
                                 const at::Tensor& rowptr, const at::Tensor& col,
                                 const c10::optional<at::Tensor>& bias, double scale) {
   check_inputs(q, k, v);
-  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
+  check_structure(rowptr, col, n_q, n_k, "rowptr / col");
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  TORCH_CHECK(!b.defined() || (b.dim() == 2 && b.size(0) == E && (b.size(1) == 1 || b.size(1) == H) &&
+                               b.scalar_type() == q.scalar_type()),
+              "tgattn fused: bias must be [E, 1 or H] of the dtype of q");
   at::Tensor out = at::zeros({H, n_q, dv}, q.options());
   at::Tensor w = at::zeros({H, E}, q.options());
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
@@ -390,6 +419,14 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const at::Tensor go = grad_out.contiguous();
   const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
   const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
+  check_structure(rowptr, col, n_q, n_k, "rowptr / col");
+  check_structure(colptr, row_t, n_k, n_q, "colptr / row_t");
+  check_structure(colptr, perm_t, n_k, E, "colptr / perm_t");
+  const auto same = [&](const at::Tensor& t, at::IntArrayRef shape) {
+    return t.sizes() == shape && t.scalar_type() == q.scalar_type();
+  };
+  TORCH_CHECK(same(go, {H, n_q, dv}) && same(weights, {H, E}) && (!gw.defined() || same(gw, {H, E})),
+              "tgattn fused: grad_out [H, n_q, dv], weights and grad_weights [H, E] must match q");
   at::Tensor dq = at::zeros_like(q), dkt = at::zeros_like(k), dvt = at::zeros_like(v);
   at::Tensor ds = at::zeros_like(weights);
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
@@ -424,6 +461,7 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   check_inputs(a, b, b);
   TORCH_CHECK(a.sizes() == b.sizes(), "tgattn gather_rows: a and b must have one shape");
   const int64_t H = a.size(0), n = a.size(1), d = a.size(2), rows = ptr_t.size(0) - 1;
+  check_structure(ptr_t, idx_t, rows, n, "ptr / idx");
   at::Tensor out = at::zeros({H, rows, d}, a.options());
   const int64_t* ptr = ptr_t.data_ptr<int64_t>();
   const int64_t* idx = idx_t.data_ptr<int64_t>();
@@ -444,11 +482,17 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 
 }  // namespace
 
+// Schemas here, CPU kernels below: the Python side registers fake (meta) kernels and autograd
+// for these ops, so that torch.compile can trace through them.
 TORCH_LIBRARY(tgattn_fused, m) {
-  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale) -> Tensor[]",
-        &forward);
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale) -> Tensor[]");
   m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor weights, Tensor? grad_weights, "
-        "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t, Tensor perm_t, float scale) -> Tensor[]",
-        &backward);
-  m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor", &gather_rows);
+        "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t, Tensor perm_t, float scale) -> Tensor[]");
+  m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {
+  m.impl("forward", &forward);
+  m.impl("backward", &backward);
+  m.impl("gather_rows", &gather_rows);
 }

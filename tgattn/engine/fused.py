@@ -4,7 +4,10 @@ The kernel (``fused.cpp``) computes scores, softmax and aggregation for a block 
 in one pass, reading each key and value row for all heads while it is in cache, and skips the
 dot products of edges whose bias is ``-inf``. The backward pass recomputes nothing it saved:
 it reads the weights ``[E, H]`` and walks the transposed pattern for ``dk`` / ``dv``, so no
-``[E, H, d]`` tensor exists in either direction.
+``[E, H, d]`` tensor exists in either direction. A double backward (``create_graph=True``)
+recomputes the gradients on the textbook per-edge path, which is twice differentiable.
+The kernels check the CSR structure they are given (one pass over the indices), so a
+malformed structure raises instead of reading out of bounds.
 
 The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (about
 half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
@@ -24,9 +27,10 @@ from torch import Tensor
 
 from .analysis import Structure
 from .csr import transpose_pattern
+from .recompute import gather_attention, recompute_grads
 
 _SOURCE = Path(__file__).with_name("fused.cpp")
-_state = {"tried": False, "ok": False}
+_state = {"tried": False, "ok": False, "fakes": False}
 
 
 def _cpu_tag() -> str:
@@ -66,37 +70,60 @@ def available() -> bool:
     return _state["ok"]
 
 
+def _register_fake_kernels() -> None:
+    """Shapes of the C++ ops' outputs, so that ``torch.compile`` can trace calls to them."""
+
+    @torch.library.register_fake("tgattn_fused::forward")
+    def _(q, k, v, rowptr, col, bias, scale):
+        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], col.shape[0])]
+
+    @torch.library.register_fake("tgattn_fused::backward")
+    def _(grad_out, q, k, v, weights, grad_weights, rowptr, col, colptr, row_t, perm_t, scale):
+        return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(weights)]
+
+    @torch.library.register_fake("tgattn_fused::gather_rows")
+    def _(a, b, ptr, idx):
+        return a.new_empty(a.shape[0], ptr.shape[0] - 1, a.shape[2])
+
+
 class FusedAttention(torch.autograd.Function):
     """Head-major attention on the fused kernel: ``(out [H, n_q, dv], weights [H, E])``."""
 
     @staticmethod
     def forward(ctx, qh, kh, vh, bias, s: Structure, scale: float):
         out, weights = torch.ops.tgattn_fused.forward(qh, kh, vh, s.rowptr, s.src, bias, scale)
-        ctx.save_for_backward(qh, kh, vh, weights)
-        ctx.s, ctx.scale, ctx.bias_heads = s, scale, None if bias is None else bias.shape[1]
+        ctx.save_for_backward(qh, kh, vh, bias, weights)
+        ctx.s, ctx.scale = s, scale
         return out, weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        if torch.is_grad_enabled():  # create_graph=True: the kernel's gradients would carry no graph
-            raise RuntimeError(
-                "the fused attention kernel has no second derivative; "
-                "pass backend='csr' to graph_attention (or GraphAttention) for double backward"
-            )
-        qh, kh, vh, weights = ctx.saved_tensors
+        qh, kh, vh, bias, weights = ctx.saved_tensors
         s = ctx.s
+        if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
+            heads = lambda t: t.transpose(0, 1)  # noqa: E731  # [H, N, d] <-> [N, H, d]
+
+            def attend(qh, kh, vh, bias):
+                out, w = gather_attention(heads(qh), heads(kh), heads(vh), s.src, s.dst, s.n_q, bias, ctx.scale)
+                return heads(out), w.T
+
+            grads = recompute_grads(attend, (qh, kh, vh, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
+            return (*grads, None, None)
         colptr, row_t, perm_t = transpose_pattern(s)
         grad_q, grad_k, grad_v, d_scores = torch.ops.tgattn_fused.backward(
             grad_out, qh, kh, vh, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale
         )
         grad_bias = None
         if ctx.needs_input_grad[3]:
-            grad_bias = d_scores.T if ctx.bias_heads > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
+            grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
         return grad_q, grad_k, grad_v, grad_bias, None, None
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], scale: float):
     """``(out [n_q, H, dv], weights [E, H])`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order."""
+    if not _state["fakes"]:
+        _register_fake_kernels()
+        _state["fakes"] = True
     qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
     bias = None if bias is None else bias.to(q.dtype)
     out, weights = FusedAttention.apply(qh, kh, vh, bias, s, scale)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure
+from .recompute import all_finite, recompute_exact, recompute_grads
 
 BLOCKS = (32, 64, 128)  # candidate query rows per tile
 CHUNK_CELLS = 1 << 21  # tile cells per step (all heads): bounds the working set to ~8 MB per buffer
@@ -262,6 +263,12 @@ class TileAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, bias, out, lse = ctx.saved_tensors
         s, lay, scale = ctx.s, ctx.lay, ctx.scale
+        if torch.is_grad_enabled() or not all_finite(grad_out):
+            # A double backward, or a NaN / inf upstream gradient that the masked cells of the
+            # tiles would spread to keys outside each query's edges (0 * nan): edge-wise recompute.
+            exact = recompute_exact(s, scale, create_graph=torch.is_grad_enabled())
+            grads = recompute_grads(exact, (q, k, v, bias), (grad_out,), ctx.needs_input_grad[:4])
+            return (*grads, None, None, None)
         nb, B, C = lay.mask.shape
         heads = q.shape[1]
         qs, gob = _rows(q, nb, B).mul_(scale), _rows(grad_out, nb, B)  # [H, nb, B, d]

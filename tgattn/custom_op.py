@@ -1,0 +1,156 @@
+"""Graph attention as one ``torch.library`` custom op, the form ``torch.compile`` traces.
+
+Under ``torch.compile``, :func:`tgattn.functional.graph_attention` becomes a single call to
+``torch.ops.tgattn.graph_attention``: the compiler sees its output shapes (a fake kernel)
+and its autograd formula, and never traces into the engine, whose analysis and dispatch are
+data dependent (validation, caching, the backend choice). So a compiled model has no graph
+break at the attention, ``fullgraph=True`` included.
+
+The backward op recomputes the forward on the same backend with autograd and differentiates
+it (one extra forward per backward, compiled models only). Dropout draws its mask from a seed
+that the compiled graph samples from torch's generator and hands to both ops, so the
+recomputed forward drops the same weights.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .engine.recompute import recompute_grads
+
+
+def _generator(seed: Optional[Tensor], device: torch.device) -> Optional[torch.Generator]:
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def _seeded(seed: Optional[Tensor]):
+    """Fixes torch's global generator for the SDPA backend's dropout; nothing without a seed."""
+    if seed is None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=[]))
+    torch.manual_seed(int(seed))
+    return stack
+
+
+@contextlib.contextmanager
+def _autograd_inside_op():
+    """Autograd on inside a custom op's kernel, which the dispatcher enters below autograd.
+
+    The backward op recomputes the forward with autograd (the engine's backends are autograd
+    Functions), so it lifts the dispatcher's exclusion of the autograd keys for its own body.
+    """
+    key = torch._C.DispatchKey.AutogradFunctionality
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        yield
+    finally:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+
+
+def _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend):
+    from .functional import eager_graph_attention
+
+    with _seeded(seed):
+        return eager_graph_attention(
+            q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend,
+            generator=_generator(seed, q.device),
+        )
+
+
+@torch.library.custom_op("tgattn::graph_attention", mutates_args=())
+def graph_attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    edge_index: Tensor,
+    bias: Optional[Tensor],
+    edge_scale: Optional[Tensor],
+    seed: Optional[Tensor],
+    scale: Optional[float],
+    dropout_p: float,
+    return_weights: bool,
+    backend: str,
+) -> Tuple[Tensor, Tensor]:
+    """``(out [Nq, H, dv], weights [E, H], or [0, H] when not asked for)``."""
+    with torch.no_grad():
+        out, weights = _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend)
+    if weights is None:
+        weights = q.new_empty(0, q.shape[1])
+    return out.contiguous(), weights.contiguous()
+
+
+@graph_attention_op.register_fake
+def _(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend):
+    num_weights = edge_index.shape[1] if return_weights else 0
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(num_weights, q.shape[1])
+
+
+@torch.library.custom_op("tgattn::graph_attention_backward", mutates_args=())
+def graph_attention_backward_op(
+    grad_out: Tensor,
+    grad_weights: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    edge_index: Tensor,
+    bias: Optional[Tensor],
+    edge_scale: Optional[Tensor],
+    seed: Optional[Tensor],
+    scale: Optional[float],
+    dropout_p: float,
+    return_weights: bool,
+    backend: str,
+    needs: List[bool],
+) -> List[Tensor]:
+    """Gradients of ``(q, k, v, bias, edge_scale)``; an empty tensor where none is needed."""
+    inputs = (q, k, v, bias, edge_scale)
+
+    def forward(q, k, v, bias, edge_scale):
+        return _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend)
+
+    if grad_weights is not None and grad_weights.numel() == 0:
+        grad_weights = None
+    with _autograd_inside_op():
+        grads = recompute_grads(forward, inputs, (grad_out, grad_weights), needs)
+    return [q.new_empty(0) if g is None else g.contiguous() for g in grads]
+
+
+@graph_attention_backward_op.register_fake
+def _(grad_out, grad_weights, q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend, needs):
+    inputs = (q, k, v, bias, edge_scale)
+    return [torch.empty_like(t) if t is not None and need else q.new_empty(0) for t, need in zip(inputs, needs)]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend = inputs
+    ctx.save_for_backward(q, k, v, edge_index, bias, edge_scale, seed)
+    ctx.options = (scale, dropout_p, return_weights, backend)
+
+
+def _backward(ctx, grad_out, grad_weights):
+    q, k, v, edge_index, bias, edge_scale, seed = ctx.saved_tensors
+    needs = [bool(n) for n in ctx.needs_input_grad[:3]] + [bool(ctx.needs_input_grad[4]), bool(ctx.needs_input_grad[5])]
+    grads = graph_attention_backward_op(
+        grad_out, grad_weights, q, k, v, edge_index, bias, edge_scale, seed, *ctx.options, needs
+    )
+    dq, dk, dv, dbias, dscale = (g if need else None for g, need in zip(grads, needs))
+    return dq, dk, dv, None, dbias, dscale, None, None, None, None, None
+
+
+graph_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def compiled_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend):
+    """The traced form of :func:`tgattn.functional.graph_attention`: ``(out, weights or None)``."""
+    seed = torch.randint(0, 2**62, (), device="cpu") if dropout_p > 0 else None
+    out, weights = graph_attention_op(
+        q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend
+    )
+    return out, (weights if return_weights else None)

@@ -1,0 +1,93 @@
+"""The textbook edge-wise path, and gradients recomputed on it or on another backend.
+
+Two cases make a backend's own backward pass the wrong tool, and both recompute instead:
+
+* a double backward (``create_graph=True``): the kernels' gradients carry no graph, so the
+  gradients are recomputed on :func:`gather_attention`, plain autograd ops that are
+  differentiable any number of times;
+* a non-finite upstream gradient on a dense backend (SDPA, tiles): dense kernels multiply
+  masked cells by 0, and ``0 * nan`` would carry a NaN into the gradients of keys that the
+  query never sees; the edge-wise CSR kernels touch the edges and nothing else.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .softmax import edge_softmax
+
+
+def gather_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    src: Tensor,
+    dst: Tensor,
+    n_q: int,
+    bias: Optional[Tensor],
+    scale: float,
+    mult: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Gather ``q_i``, ``k_j``, ``v_j`` per edge, softmax per target, sum at the target.
+
+    Materializes ``[E, H, d]`` copies: the readable reference, not a fast path.
+    ``mult`` (``[E, 1 or H]``) multiplies the weights after the softmax (dropout's
+    ``keep / (1 - p)``, an explainer's edge mask). Returns ``(out [n_q, H, dv], weights [E, H])``.
+    """
+    scores = (q[dst] * k[src]).sum(-1) * scale  # [E, H]
+    if bias is not None:
+        scores = scores + bias
+    weights = edge_softmax(scores, dst, n_q)  # [E, H]
+    used = weights if mult is None else weights * mult
+    out = q.new_zeros(n_q, q.shape[1], v.shape[2]).index_add(0, dst, used.unsqueeze(-1) * v[src])  # [n_q, H, dv]
+    return out, weights
+
+
+def recompute_grads(
+    fn: Callable[..., Sequence[Optional[Tensor]]],
+    inputs: Sequence[Optional[Tensor]],
+    grads: Sequence[Optional[Tensor]],
+    needs: Sequence[bool],
+) -> list:
+    """Gradients of ``fn(*inputs)`` for the upstream ``grads``, one per input (``None`` where not needed).
+
+    Called from an autograd ``backward``. Under ``create_graph=True`` (grad mode on there) the
+    saved inputs themselves are used, so the result is differentiable with respect to them;
+    otherwise detached copies are.
+    """
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        if create_graph:
+            leaves = list(inputs)
+        else:
+            leaves = [None if t is None else t.detach().requires_grad_(bool(need)) for t, need in zip(inputs, needs)]
+        outs = fn(*leaves)
+    pairs = [(o, g) for o, g in zip(outs, grads) if o is not None and g is not None and o.requires_grad]
+    wanted = [i for i, t in enumerate(leaves) if t is not None and needs[i]]
+    result = [None] * len(inputs)
+    if not pairs or not wanted:
+        return result
+    got = torch.autograd.grad(
+        [o for o, _ in pairs], [leaves[i] for i in wanted], [g for _, g in pairs],
+        allow_unused=True, create_graph=create_graph,
+    )
+    for i, g in zip(wanted, got):
+        result[i] = torch.zeros_like(leaves[i]) if g is None else g
+    return result
+
+
+def recompute_exact(s, scale: float, *, create_graph: bool) -> Callable[..., Tuple[Tensor]]:
+    """``fn(q, k, v, bias) -> (out,)`` on structure ``s`` for :func:`recompute_grads`: the
+    textbook path for a double backward, else the CSR kernels (both touch only the edges)."""
+    if create_graph:
+        return lambda q, k, v, bias: gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale)[:1]
+    from .csr import csr_attention  # csr imports this module
+
+    return lambda q, k, v, bias: csr_attention(q, k, v, s, bias, scale, 0.0)[:1]
+
+
+def all_finite(*tensors: Optional[Tensor]) -> bool:
+    """Whether every given tensor holds only finite numbers (``None`` counts as finite)."""
+    return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)

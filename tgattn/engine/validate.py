@@ -1,0 +1,39 @@
+"""Validation of user edge sets: every path into the engine's kernels goes through here."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_edge_index(edge_index: Tensor, num_keys: int, num_queries: int) -> Tensor:
+    """Validate an edge set against node counts and return it as ``torch.long``.
+
+    Raises:
+        TypeError: when ``edge_index`` is not a tensor.
+        ValueError: naming the bad shape, dtype or node id.
+
+    Example:
+        >>> check_edge_index(torch.tensor([[0, 1], [1, 1]]), 2, 2).tolist()
+        [[0, 1], [1, 1]]
+        >>> check_edge_index(torch.tensor([[0, 5], [1, 1]]), 2, 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: edge_index refers to key/source node 5, but there are 2 key nodes
+    """
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"edge_index must be a torch.Tensor (got {type(edge_index).__name__})")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, E] (got {list(edge_index.shape)})")
+    if edge_index.dtype not in (torch.long, torch.int32):
+        raise ValueError(f"edge_index must be an integer tensor of dtype torch.long (got {edge_index.dtype})")
+    edge_index = edge_index.long()
+    if edge_index.numel():
+        lo = int(edge_index.min())
+        if lo < 0:
+            raise ValueError(f"edge_index holds the negative node id {lo}")
+        src_max, dst_max = (int(m) for m in edge_index.max(dim=1).values)
+        if src_max >= num_keys:
+            raise ValueError(f"edge_index refers to key/source node {src_max}, but there are {num_keys} key nodes")
+        if dst_max >= num_queries:
+            raise ValueError(f"edge_index refers to query/target node {dst_max}, but there are {num_queries} query nodes")
+    return edge_index
