@@ -408,6 +408,31 @@ def test_gnn_explainer_equals_message_passing_and_transformer_conv(
     assert shape is None or ours.node_mask.shape == shape
 
 
+@pytest.mark.parametrize("loops", [False, True])
+def test_explainer_edge_mask_on_the_fast_path(loops):
+    """PyG's set_masks: the fast path scales the weights by sigmoid(mask) (added loops: 1), with
+    the gradients to the mask of the message-passing path and of TransformerConv."""
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+
+    edge_index = torch.cat([EDGE_INDEX, torch.tensor([[3], [3]])], dim=1)  # one existing self-loop
+    x = X.double()
+    conv = GraphAttentionConv(3, 4, heads=2, add_self_loops=loops).double()
+    ref = (LoopedTransformerConv if loops else TransformerConv)(3, 4, heads=2).double()
+    (ref.conv if loops else ref).load_state_dict(conv.state_dict())
+    mask = torch.nn.Parameter(torch.randn(15, dtype=torch.float64))
+    results = []
+    for model, kw in ((conv, {}), (conv, dict(backend="message_passing")), (ref, {})):
+        set_masks(model, mask, edge_index)
+        assert not conv._wants_messages()  # the fast path, not a detour through propagate
+        out = model(x, edge_index, **kw)
+        results.append((out, torch.autograd.grad(out.pow(2).sum(), mask)[0]))
+        clear_masks(model)
+    for out, grad in results[1:]:
+        torch.testing.assert_close(results[0][0], out, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(results[0][1], grad, rtol=1e-10, atol=1e-12)
+    assert (results[0][1][-1] == 0) == loops  # a replaced self-loop takes no part
+
+
 class LoopedTransformerConv(nn.Module):
     """TransformerConv after GATConv's self-loop handling: the oracle for add_self_loops=True."""
 
@@ -496,19 +521,35 @@ def test_message_passing_backend_equals_the_fast_path(edge_dim, loops, bipartite
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.skip(reason="functional.graph_attention is not compile-safe on main yet (the lead's custom op)")
-def test_compile_without_graph_breaks():
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = GraphAttentionConv(16, 8, heads=4)
+class Compiled(nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
 
-        def forward(self, x, edge_index):
-            return self.conv(x, edge_index).relu()
+    def forward(self, x, edge_index, edge_attr=None, size=None):
+        return self.conv(x, edge_index, edge_attr, size=size).relu()
 
-    x = torch.randn(10, 16)
-    edge_index = torch.randint(0, 10, (2, 40))
-    model = Model()
-    explanation = torch._dynamo.explain(model)(x, edge_index)
-    assert explanation.graph_break_count == 0
-    torch.testing.assert_close(torch.compile(model)(x, edge_index), model(x, edge_index), rtol=0, atol=1e-6)
+
+COMPILE_CASES = {  # (conv, x, edge_index, edge_attr, size); Nk = 10
+    "plain": lambda x, ei: (GraphAttentionConv(16, 8, heads=4), x, ei, None, None),
+    "edge_dim, mean": lambda x, ei: (GraphAttentionConv(16, 8, 2, edge_dim=3, concat=False), x, ei, torch.randn(40, 3), None),
+    "bipartite, lazy": lambda x, ei: (GraphAttentionConv((-1, -1), 8, 2), (x, torch.randn(12, 5)), ei, None, None),
+    "(x, None), size": lambda x, ei: (GraphAttentionConv(16, 8, 2), (x, None), ei, None, (10, 12)),
+    "EdgeIndex": lambda x, ei: (GraphAttentionConv(16, 8, 2), x, EdgeIndex(ei, sparse_size=(10, 10)), None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPILE_CASES))
+def test_compile_without_graph_breaks(case):
+    """test_compile_conv's check: one graph (fullgraph=True raises at a break) that computes the
+    eager result; inductor: tests/test_compile.py. Graph breaks remain at PyG's own conversions
+    (a sparse adj_t, add_self_loops=True)."""
+    from torch._dynamo.testing import CompileCounter
+
+    conv, x, edge_index, edge_attr, size = COMPILE_CASES[case](torch.randn(10, 16), torch.randint(0, 10, (2, 40)))
+    model = Compiled(conv)
+    expected = model(x, edge_index, edge_attr, size)  # also sizes the lazy projections
+    counter = CompileCounter()
+    out = torch.compile(model, backend=counter, fullgraph=True)(x, edge_index, edge_attr, size)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)

@@ -12,6 +12,7 @@ from torch_geometric.utils import add_self_loops as add_loops
 from torch_geometric.utils import remove_self_loops
 
 from . import _adjacency, functional
+from .explain import explain_edge_scale
 
 OptPairTensor = Tuple[Tensor, Optional[Tensor]]
 
@@ -190,9 +191,13 @@ class GraphAttentionConv(MessagePassing):
         if backend == "message_passing" or self._wants_messages():
             out, alpha = self._propagate(q, k, v, edge_index, bias, p, size)
         else:
+            # An explainer's edge mask scales the weights (added self-loops: factor 1, as in PyG).
+            loops = size[1] if self.add_self_loops else 0
+            mask = explain_edge_scale(self, edge_index.shape[1], loops) if self._explain else None  # [E]
             # Weights only when asked: they keep the engine off dense SDPA.
             out = functional.graph_attention(
-                q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
+                q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=return_attention_weights, backend=backend,
+                edge_scale=mask,
             )  # [Nq, H, C] (and alpha [E, H])
             out, alpha = out if return_attention_weights else (out, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
@@ -244,8 +249,11 @@ class GraphAttentionConv(MessagePassing):
     # The message-passing path: PyG's edge_updater + propagate, readable, and what hooks see.
 
     def _wants_messages(self) -> bool:
-        """Whether something looks at the messages: message hooks, or an explainer (for now)."""
-        return bool(self._message_forward_pre_hooks or self._message_forward_hooks or self.explain)
+        """Whether something must see the messages: message hooks (``AttentionExplainer``) or a
+        replaced ``explain_message`` (``GraphMaskExplainer``)."""
+        if self._message_forward_pre_hooks or self._message_forward_hooks:
+            return True
+        return bool(self._explain) and getattr(self.explain_message, "__func__", None) is not MessagePassing.explain_message
 
     def _propagate(self, q, k, v, edge_index, bias, p, size):
         edge_index = functional.check_edge_index(edge_index, *size)
