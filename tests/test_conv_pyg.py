@@ -48,6 +48,16 @@ def twin(conv: GraphAttentionConv) -> TransformerConv:
     return ref.to(conv.lin_query.weight.dtype)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny graphs, many small ops (explainers train masks): one thread is the fastest, and two
+    threads on a loaded 2-core machine make these tests several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 X1, X2 = torch.randn(4, 8), torch.randn(2, 16)
 EI = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])
 
@@ -382,7 +392,7 @@ def explain_gnn(model, mode, task_level, return_type, explanation_type, node_mas
             target = target.argmax(-1) if mode == "multiclass_classification" else target
             if mode == "binary_classification":
                 target = (target > (0.5 if return_type == "probs" else 0)).float()
-    explainer = Explainer(model, GNNExplainer(epochs=20), explanation_type=explanation_type,
+    explainer = Explainer(model, GNNExplainer(epochs=8), explanation_type=explanation_type,
                           node_mask_type=node_mask_type, edge_mask_type="object", model_config=config)
     torch.manual_seed(12)  # the same initial masks for every model
     return explainer(X, EDGE_INDEX, target=target, index=index, **kwargs)
@@ -463,7 +473,7 @@ def test_gnn_explainer_with_existing_self_loops():
     config = dict(mode="regression", task_level="node", return_type="raw")
     masks = []
     for model in (Net1(conv), Net1(conv, backend="message_passing"), Net1(ref)):
-        explainer = Explainer(model, GNNExplainer(epochs=20), explanation_type="model", edge_mask_type="object",
+        explainer = Explainer(model, GNNExplainer(epochs=8), explanation_type="model", edge_mask_type="object",
                               model_config=config)
         torch.manual_seed(12)
         masks.append(explainer(X.double(), edge_index, index=torch.arange(8)).edge_mask)
@@ -492,7 +502,7 @@ def test_gnn_explainer_hetero_equals_transformer_conv():
     config = dict(mode="multiclass_classification", task_level="node", return_type="raw")
     masks = []
     for model in (ours, theirs):
-        explainer = Explainer(model, GNNExplainer(epochs=10), explanation_type="model", edge_mask_type="object",
+        explainer = Explainer(model, GNNExplainer(epochs=8), explanation_type="model", edge_mask_type="object",
                               model_config=config)
         torch.manual_seed(12)
         masks.append(explainer(x, edges, index=torch.arange(4)).edge_mask_dict)
