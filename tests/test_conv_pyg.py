@@ -110,7 +110,7 @@ def test_torch_sparse_adjacency_and_its_weights(layout, bipartite):
     conv = GraphAttentionConv((6, 5), 3, 2).double()
     out, (_, alpha) = conv(x, ei, return_attention_weights=True)
     adj_t = to_torch_coo_tensor(ei.flip(0), size=(n_dst, n_src))  # adj_t[i, j]: edge j -> i
-    adj_t = {torch.sparse_coo: adj_t, torch.sparse_csr: adj_t.to_sparse_csr(), torch.sparse_csc: adj_t.to_sparse_csc()}[layout]
+    adj_t = adj_t if layout == torch.sparse_coo else adj_t.to_sparse(layout=layout)
     out_s, (weights, alpha_s) = conv(x, adj_t, return_attention_weights=True)
     torch.testing.assert_close(out_s, out, rtol=1e-12, atol=1e-12)
     assert weights.layout == layout and weights.shape == (n_dst, n_src, 2)
@@ -194,12 +194,11 @@ def test_missing_target_features():
 # lazy sizes, meta device, to_hetero ---------------------------------------------------------------
 
 def test_lazy_in_channels_equal_transformer_conv():
-    for in_channels, x in ((-1, X1), ((-1, -1), (X1, X2))):
+    for in_channels, x, target_size in ((-1, X1, 8), ((-1, -1), (X1, X2), 16)):
         conv, ref = AdaptedTransformerConv(in_channels, 32, heads=2), TransformerConv(in_channels, 32, heads=2)
         assert str(conv) == f"AdaptedTransformerConv({in_channels}, 32, heads=2)"
         out = conv(x, EI)  # materializes the weights
-        assert conv.lin_key.weight.shape == (64, 8) and conv.lin_query.weight.shape == (64, x[1].shape[1] if
-                                                                                          isinstance(x, tuple) else 8)
+        assert conv.lin_key.weight.shape == (64, 8) and conv.lin_query.weight.shape == (64, target_size)
         ref(x, EI)
         ref.load_state_dict(conv.state_dict())
         torch.testing.assert_close(ref(x, EI), out, rtol=0, atol=1e-6)
@@ -219,7 +218,7 @@ def test_construction_on_the_meta_device():
 
 
 class TwoLayer(nn.Module):
-    def __init__(self, conv_cls, out_channels=7, **kw):
+    def __init__(self, conv_cls, out_channels=7):
         super().__init__()
         self.conv1 = conv_cls((-1, -1), 8, heads=2)
         self.conv2 = conv_cls((-1, -1), out_channels, heads=1)
@@ -250,7 +249,8 @@ class HeteroNet(nn.Module):
 def hetero_twins():
     """A to_hetero model of lazy GraphAttentionConv, and one of TransformerConv with its weights."""
     x, edges = hetero_data()
-    ours, theirs = HeteroNet(AdaptedTransformerConv, (list(x), list(edges))), HeteroNet(TransformerConv, (list(x), list(edges)))
+    metadata = (list(x), list(edges))
+    ours, theirs = HeteroNet(AdaptedTransformerConv, metadata), HeteroNet(TransformerConv, metadata)
     with torch.no_grad():
         ours(x, edges), theirs(x, edges)  # materialize the lazy sizes
     theirs.load_state_dict(ours.state_dict())
@@ -322,7 +322,8 @@ class Net(nn.Module):
 
 def net_twins(**kw):
     """Net of GraphAttentionConv, the same through message passing, and Net of TransformerConv."""
-    ours, mp, theirs = Net(AdaptedTransformerConv, **kw), Net(AdaptedTransformerConv, **kw, backend="message_passing"), Net(TransformerConv, **kw)
+    ours, theirs = Net(AdaptedTransformerConv, **kw), Net(TransformerConv, **kw)
+    mp = Net(AdaptedTransformerConv, **kw, backend="message_passing")
     mp.load_state_dict(ours.state_dict())
     theirs.load_state_dict(ours.state_dict())
     return ours, mp, theirs
@@ -517,7 +518,8 @@ def test_gnn_explainer_hetero_equals_transformer_conv():
 def test_message_passing_backend_equals_the_fast_path(edge_dim, loops, bipartite):
     g = torch.Generator().manual_seed(7)
     n_src, n_dst = (6, 4) if bipartite else (6, 6)
-    ei = torch.unique(torch.stack([torch.randint(n_src, (15,), generator=g), torch.randint(n_dst, (15,), generator=g)]), dim=1)
+    ei = torch.stack([torch.randint(n_src, (15,), generator=g), torch.randint(n_dst, (15,), generator=g)])
+    ei = torch.unique(ei, dim=1)
     x = (torch.randn(n_src, 5, dtype=torch.float64), torch.randn(n_dst, 5, dtype=torch.float64))
     x = x if bipartite else x[0]
     e = None if edge_dim is None else torch.randn(ei.shape[1], edge_dim, dtype=torch.float64)
@@ -542,7 +544,9 @@ class Compiled(nn.Module):
 
 COMPILE_CASES = {  # (conv, x, edge_index, edge_attr, size); Nk = 10
     "plain": lambda x, ei: (GraphAttentionConv(16, 8, heads=4), x, ei, None, None),
-    "edge_dim, mean": lambda x, ei: (GraphAttentionConv(16, 8, 2, edge_dim=3, concat=False), x, ei, torch.randn(40, 3), None),
+    "edge_dim, mean": lambda x, ei: (
+        GraphAttentionConv(16, 8, 2, edge_dim=3, concat=False), x, ei, torch.randn(40, 3), None
+    ),
     "bipartite, lazy": lambda x, ei: (GraphAttentionConv((-1, -1), 8, 2), (x, torch.randn(12, 5)), ei, None, None),
     "(x, None), size": lambda x, ei: (GraphAttentionConv(16, 8, 2), (x, None), ei, None, (10, 12)),
     "EdgeIndex": lambda x, ei: (GraphAttentionConv(16, 8, 2), x, EdgeIndex(ei, sparse_size=(10, 10)), None, None),

@@ -112,7 +112,7 @@ class GraphAttentionConv(MessagePassing):
     ):
         super().__init__(aggr="add", node_dim=0)
         sizes = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
-        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or not (s > 0 or s == -1) for s in sizes):
+        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or (s <= 0 and s != -1) for s in sizes):
             raise ValueError(
                 f"in_channels must be a positive int or -1, or a (source, target) pair of them (got {in_channels!r})"
             )
@@ -253,7 +253,9 @@ class GraphAttentionConv(MessagePassing):
         replaced ``explain_message`` (``GraphMaskExplainer``)."""
         if self._message_forward_pre_hooks or self._message_forward_hooks:
             return True
-        return bool(self._explain) and getattr(self.explain_message, "__func__", None) is not MessagePassing.explain_message
+        if not self._explain:
+            return False
+        return getattr(self.explain_message, "__func__", None) is not MessagePassing.explain_message
 
     def _propagate(self, q, k, v, edge_index, bias, p, size):
         edge_index = functional.check_edge_index(edge_index, *size)
