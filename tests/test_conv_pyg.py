@@ -342,15 +342,21 @@ def test_attention_explainer_on_tgattn_only_equals_transformer_conv(index):
         torch.testing.assert_close(masks[0], torch.maximum(a1.max(1).values, a2.max(1).values), rtol=0, atol=1e-6)
 
 
-def test_message_hooks_see_the_attention_weights():
+def test_hooks_see_the_message_passing_steps():
+    """A hook on any step runs the message-passing path; message hooks see the weights."""
     conv = GraphAttentionConv(3, 4, heads=2)
     _, (_, alpha) = conv(X, EDGE_INDEX, return_attention_weights=True)
     seen = []
-    handle = conv.register_message_forward_hook(lambda module, inputs, out: seen.append(inputs[0]["alpha"]))
+    handles = [
+        conv.register_message_forward_hook(lambda module, inputs, out: seen.append(inputs[0]["alpha"])),
+        conv.register_propagate_forward_hook(lambda module, inputs, out: seen.append(out)),
+    ]
     out = conv(X, EDGE_INDEX)
-    handle.remove()
-    assert len(seen) == 1
+    for handle in handles:
+        handle.remove()
+    assert len(seen) == 2
     torch.testing.assert_close(seen[0], alpha, rtol=0, atol=1e-6)
+    torch.testing.assert_close(seen[1].reshape(8, 8) + conv.lin_skip(X), out, rtol=0, atol=1e-6)
     torch.testing.assert_close(out, conv(X, EDGE_INDEX), rtol=0, atol=1e-6)
 
 

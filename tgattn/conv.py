@@ -15,6 +15,7 @@ from . import _adjacency, functional
 from .explain import explain_edge_scale
 
 OptPairTensor = Tuple[Tensor, Optional[Tensor]]
+_STEPS = ("propagate", "edge_update", "message", "aggregate")  # MessagePassing's hookable steps
 
 
 class GraphAttentionConv(MessagePassing):
@@ -249,9 +250,9 @@ class GraphAttentionConv(MessagePassing):
     # The message-passing path: PyG's edge_updater + propagate, readable, and what hooks see.
 
     def _wants_messages(self) -> bool:
-        """Whether something must see the messages: message hooks (``AttentionExplainer``) or a
-        replaced ``explain_message`` (``GraphMaskExplainer``)."""
-        if self._message_forward_pre_hooks or self._message_forward_hooks:
+        """Whether something must see the message-passing steps: a hook on them (message hooks:
+        ``AttentionExplainer``) or a replaced ``explain_message`` (``GraphMaskExplainer``)."""
+        if any(getattr(self, f"_{step}_forward{kind}_hooks") for step in _STEPS for kind in ("_pre", "")):
             return True
         if not self._explain:
             return False
