@@ -9,7 +9,10 @@ from torch import nn
 from tgattn import GraphAttention, builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
+from conftest import one_line_error
+from tgattn.analysis import show
 from tgattn.analysis.show import checkpoint_attention, random_attention
+from tgattn.lm import save_checkpoint
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -72,7 +75,7 @@ def save_fake_checkpoint(path, gpt=FakeGPT, vocab="abc"):
     torch.manual_seed(3)
     config = FakeConfig(vocab_size=len(vocab))
     model = gpt(config)
-    torch.save({"model": model.state_dict(), "config": asdict(config), "vocab": vocab}, path)
+    save_checkpoint(path, {"model": model.state_dict(), "config": asdict(config), "vocab": vocab})
     return model
 
 
@@ -102,8 +105,44 @@ def test_show_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tgattn.models", None)  # as if tgattn.models did not exist
     with pytest.raises(RuntimeError, match="tgattn.models"):
         checkpoint_attention(str(tmp_path / "none.pt"), "abc")
-    with pytest.raises(ValueError, match="--query"):
-        main(["show", "--text", "a b", "--query", "2", "--out", str(tmp_path / "x.png")])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--text", "a b", "--query", "2"], "--query must be a token index in [0, 2) (got 2)"),
+        (["--text", ""], "--text is empty"),
+        (["--text", "  "], "--text is empty"),
+        (["--out", "/missing/dir/x.png"], "--out: the folder '/missing/dir' does not exist"),
+        (["--heads", "3"], "--heads must divide the random layers' width 32 (got 3)"),
+        (["--heads", "0"], "argument --heads: must be an integer >= 1 (got '0')"),
+        (["--layers", "-1"], "argument --layers: must be an integer >= 1 (got '-1')"),
+        (["--window", "-2"], "argument --window: must be an integer >= 0 (got '-2')"),
+        (["--top-k", "0"], "argument --top-k: must be an integer >= 1 (got '0')"),
+        (["--pattern", "spiral"], "argument --pattern: invalid choice: 'spiral'"),
+        (["--checkpoint", "/missing/gpt.pt"], "no checkpoint at /missing/gpt.pt"),
+    ],
+)
+def test_bad_options_are_one_line_errors_before_any_work(cli, tmp_path, monkeypatch, argv, message):
+    monkeypatch.setattr(show, "random_attention", None)  # the work: never reached
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "x.png")]
+    status, err = cli(main, ["show", *argv, *out])
+    assert status == 2 and one_line_error(err, "python -m tgattn show").startswith(message)
+
+
+def test_a_damaged_checkpoint_is_a_one_line_error(cli, tmp_path):
+    path = tmp_path / "gpt.pt"
+    save_fake_checkpoint(path)
+    path.write_bytes(path.read_bytes()[:-100])
+    status, err = cli(main, ["show", "--text", "abc", "--checkpoint", str(path), "--out", str(tmp_path / "x.png")])
+    assert status == 2 and "is truncated or corrupted" in one_line_error(err, "python -m tgattn show")
+
+
+def test_without_matplotlib_show_names_the_extra_up_front(cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setattr(show, "random_attention", None)
+    status, err = cli(main, ["show", "--out", str(tmp_path / "x.png")])
+    assert status == 2 and 'pip install "tgattn[plot]"' in one_line_error(err, "python -m tgattn show")
 
 
 @pytest.mark.slow

@@ -127,9 +127,12 @@ def test_returned_weights_are_exact_and_differentiable(backend):
         assert max_err(a, b) <= 1e-10
 
 
-@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("backend", ["csr", "gather"])
 def test_dropout_matches_gather_with_the_same_mask(backend):
-    """Dropout keeps E[out] = out and zeroes whole edges; compare with gather under one seed."""
+    """Dropout keeps E[out] = out and zeroes whole edges; compare with gather under one seed.
+
+    (These two draw the mask with ``torch.rand``; the fused kernel hashes it from a seed and
+    has its own oracle test in test_engine_fused.py.)"""
     ei = builders.window(30, 4)
     q, k, v, _ = inputs(30, 30)
     torch.manual_seed(5)

@@ -8,6 +8,7 @@ import torch
 from tgattn import builders, engine
 from tgattn.engine import fused
 from tgattn.functional import graph_attention
+from tgattn.reference import dense_attention
 from tgattn.verify import random_edges
 
 from engine_helpers import TOL, inputs, max_err, oracle
@@ -23,7 +24,8 @@ def test_kernel_compiles_and_is_chosen():
     assert fused.available()
     assert engine.plan(s) == "fused"
     assert engine.plan(s, "fused", weights=True) == "fused"
-    assert engine.plan(s, "fused", dropout=True) == "csr"
+    assert engine.plan(s, "fused", dropout=True) == "fused"  # dropout inside the kernel
+    assert engine.plan(s, edge_scale=True) == "csr"
     assert engine.plan(s, fusable=False) == "csr"
 
 
@@ -151,3 +153,37 @@ def test_tiles_only_above_the_measured_fill(monkeypatch):
     assert TILE_FILL_VS_CSR < tile_layout(middle).fill < TILE_FILL_VS_FUSED < tile_layout(full).fill
     assert engine.plan(middle) == "fused" and engine.plan(full) == "tile"
     assert engine.plan(middle, fusable=False) == "tile"  # against CSR the tiles win from 0.3
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dropout_inside_the_kernel_equals_the_oracle_with_the_same_mask(with_bias):
+    n, heads, p = 30, 2, 0.4
+    ei = random_edges(n, n, 0.3, seed=7)
+    q, k, v, grad_out = inputs(n, n, heads=heads, dk=4)
+    bias = torch.randn(ei.shape[1], heads, dtype=torch.float64).requires_grad_() if with_bias else None
+    torch.manual_seed(11)
+    out = graph_attention(q, k, v, ei, bias=bias, dropout_p=p, backend="fused")
+    torch.manual_seed(11)  # replay torch's generator: the seed the kernel was given
+    keep = fused.dropout_keep(heads, ei.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E], sorted order
+    s = engine.structure_of(ei, n, n)
+    factor = torch.zeros(heads, n, n, dtype=torch.float64)
+    factor[:, s.dst, s.src] = keep.double() / (1 - p)  # the mask in dense form
+    mask, dense_bias = torch.zeros(n, n, dtype=torch.bool), None
+    mask[ei[1], ei[0]] = True
+    if bias is not None:
+        dense_bias = torch.zeros(heads, n, n, dtype=torch.float64)
+        dense_bias[:, ei[1], ei[0]] = bias.T
+    _, weights = dense_attention(q, k, v, mask, bias=dense_bias, return_weights=True)  # [H, Nq, Nk]
+    ref = torch.einsum("hij,jhd->ihd", weights * factor, v)
+    assert max_err(out, ref) < 1e-10
+    wanted = (q, k, v) + ((bias,) if bias is not None else ())
+    for got, exp in zip(torch.autograd.grad(out, wanted, grad_out), torch.autograd.grad(ref, wanted, grad_out)):
+        assert max_err(got, exp) < 1e-10
+
+
+def test_dropout_keeps_one_minus_p_of_the_edges_and_follows_the_seed():
+    keep = fused.dropout_keep(8, 50_000, 0.3, 1234)
+    assert abs(keep.double().mean().item() - 0.7) < 0.005  # 400k draws: 7 standard deviations
+    assert torch.equal(keep, fused.dropout_keep(8, 50_000, 0.3, 1234))
+    assert not torch.equal(keep, fused.dropout_keep(8, 50_000, 0.3, 1235))
+    assert not torch.equal(keep[0], keep[1])  # heads draw independently

@@ -4,8 +4,9 @@ import sys
 
 import torch
 
-from conftest import REPO
+from conftest import REPO, one_line_error
 from tgattn import verify
+from tgattn.__main__ import main
 
 
 def test_every_case_passes():
@@ -34,3 +35,9 @@ def test_command_line_prints_table_and_exit_code():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "causal(64)" in run.stdout and "FAIL" not in run.stdout
     assert f"{len(verify.CASES)} passed, 0 failed" in run.stdout
+
+
+def test_an_unknown_backend_is_a_one_line_error(cli):
+    status, err = cli(main, ["verify", "--backend", "nope"])
+    assert status == 2 and one_line_error(err, "python -m tgattn verify").startswith(
+        "argument --backend: invalid choice: 'nope' (choose from 'auto', 'gather', 'dense', 'tile', 'fused', 'csr')")

@@ -3,12 +3,25 @@
 Attention patterns (full, causal, window, ...) are edge sets built by :mod:`tgattn.builders`;
 :class:`GraphAttention` and :func:`tgattn.functional.graph_attention` attend along them and
 equal dense masked attention (:func:`tgattn.reference.dense_attention`).
+
+Names are imported on first use (:mod:`tgattn._lazy`): ``import tgattn`` loads neither torch
+nor PyG, so the command lines answer ``--help`` and bad arguments at once.
 """
-from . import builders, functional, reference
-from . import data, probsparse  # sequences as PyG graphs; Informer's ProbSparse attention
-from .conv import GraphAttentionConv
-from .layer import GraphAttention
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse", "reference"]
 __all__ += ["__version__"]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "GraphAttention": "layer",
+        "GraphAttentionConv": "conv",
+        "builders": "builders",
+        "data": "data",  # sequences as PyG graphs
+        "functional": "functional",
+        "probsparse": "probsparse",  # Informer's ProbSparse attention
+        "reference": "reference",
+    },
+)

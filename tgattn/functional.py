@@ -16,7 +16,7 @@ from . import engine
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
 
-BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr")
+BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton")
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -113,7 +113,8 @@ def graph_attention(
             (row-blocked dense tiles), ``"fused"`` (a compiled C++ kernel over CSR rows) and
             ``"csr"`` (PyTorch sparse kernels) name an engine backend, which falls back along
             dense -> tile -> fused -> csr when it cannot honour the call
-            (see :func:`tgattn.engine.plan`); ``"gather"`` is the textbook per-edge path
+            (see :func:`tgattn.engine.plan`); ``"triton"`` (Triton kernels, CUDA) falls back
+            like ``"fused"``; ``"gather"`` is the textbook per-edge path
             (it materializes ``[E, H, d]`` copies; use it as a reference).
         edge_scale: a factor ``[E]`` or ``[E, H]`` on each edge's weight after the softmax
             (``o_i = sum_j m_ij a_ij v_j``), differentiable: what PyG's explainers apply as
@@ -167,7 +168,8 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
         mult = edge_scale
         if dropout_p > 0:
             keep = torch.rand(num_edges, q.shape[1], device=q.device, generator=generator) >= dropout_p  # [E, H]
-            mult = keep / (1.0 - dropout_p) if mult is None else mult * keep / (1.0 - dropout_p)
+            dropped = keep.to(work) / (1.0 - dropout_p)
+            mult = dropped if mult is None else mult * dropped
         out, weights = engine.recompute.gather_attention(
             cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult)
         )

@@ -7,17 +7,20 @@ GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge s
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .. import builders
+from .._cli import non_negative_int, positive_int, seed_int
 from ..layer import GraphAttention
 from .influence import Influencers, top_influencers
 from .weights import Layer
 
 PATTERNS = ("full", "causal", "window", "causal_window")
+DIM = 32  # width of the random layers
 
 
 def pattern_edges(pattern: str, n: int, *, window: int = 2):
@@ -34,7 +37,7 @@ def pattern_edges(pattern: str, n: int, *, window: int = 2):
 
 
 def random_attention(
-    tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = 32, seed: int = 0
+    tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = DIM, seed: int = 0
 ) -> List[Layer]:
     """Attention of ``layers`` random (seeded) GraphAttention layers with residuals over ``tokens``.
 
@@ -70,9 +73,10 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
 
     The checkpoint is a ``torch.save`` dict with ``"model"`` (state dict), ``"config"``
     (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"`` (its characters in id
-    order); ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is
-    the attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits,
-    attention)`` in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
+    order), read and verified by :func:`tgattn.lm.load_checkpoint`;
+    ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is the
+    attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits, attention)``
+    in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
     """
     try:
         from ..models import GPT, GPTConfig
@@ -81,10 +85,9 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
             "--checkpoint needs the tiny GPT of tgattn.models, which this installation lacks "
             f"({error}); run without --checkpoint to use random projections"
         ) from None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    missing = {"model", "config", "vocab"} - set(checkpoint)
-    if missing:
-        raise ValueError(f"{path} is not a tgattn GPT checkpoint: keys {sorted(missing)} are missing")
+    from ..lm.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
     vocab = checkpoint["vocab"]
     unknown = sorted(set(text) - set(vocab))
     if unknown:
@@ -136,31 +139,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m tgattn show``."""
     parser.add_argument("--text", default="The sky is blue", help="the text (words; characters with --checkpoint)")
     parser.add_argument("--pattern", default="causal", choices=PATTERNS, help="edge set (default: causal)")
-    parser.add_argument("--window", type=int, default=2, help="radius w of the window patterns (default: 2)")
-    parser.add_argument("--layers", type=int, default=2, help="random layers (default: 2)")
-    parser.add_argument("--heads", type=int, default=2, help="heads per random layer (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random projections (default: 0)")
+    parser.add_argument("--window", type=non_negative_int, default=2, help="radius w of the window patterns (default: 2)")
+    parser.add_argument("--layers", type=positive_int, default=2, help="random layers (default: 2)")
+    parser.add_argument("--heads", type=positive_int, default=2, help=f"heads per random layer, dividing {DIM} (default: 2)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the random projections (default: 0)")
     parser.add_argument("--query", type=int, default=-1, help="token whose influencers are ranked (default: last)")
-    parser.add_argument("--top-k", type=int, default=5, help="influencers to show (default: 5)")
+    parser.add_argument("--top-k", type=positive_int, default=5, help="influencers to show (default: 5)")
     parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``show`` with parsed arguments: write the picture, print the top influencers."""
+    """Run ``show`` with parsed arguments: write the picture, print the top influencers.
+
+    Raises:
+        ValueError: for options that do not fit together, before any work.
+    """
+    tokens = list(args.text) if args.checkpoint else args.text.split()
+    if not tokens:
+        raise ValueError("--text is empty")
+    if not -len(tokens) <= args.query < len(tokens):
+        raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
+    if not args.checkpoint and DIM % args.heads:
+        raise ValueError(f"--heads must divide the random layers' width {DIM} (got {args.heads})")
+    if not Path(args.out).parent.is_dir():
+        raise ValueError(f"--out: the folder {str(Path(args.out).parent)!r} does not exist")
     if args.checkpoint:
         tokens, attention = checkpoint_attention(args.checkpoint, args.text)
         tokens = [t.replace(" ", "\u2423") for t in tokens]  # a character model's spaces, drawn visibly
         source = f"tiny GPT {args.checkpoint}"
     else:
-        tokens = args.text.split()
-        if not tokens:
-            raise ValueError("--text has no words")
         edge_index = pattern_edges(args.pattern, len(tokens), window=args.window)
         attention = random_attention(tokens, edge_index, layers=args.layers, heads=args.heads, seed=args.seed)
         source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
-    if not -len(tokens) <= args.query < len(tokens):
-        raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
     query = args.query % len(tokens)
     ranked = rank(attention, query, args.top_k, len(tokens))
     fig = show_figure(tokens, attention, ranked, query=query, title=f"{args.text!r}: {source}")

@@ -5,6 +5,7 @@ Examples::
     python -m tgattn.bench --quick                 # about a minute: n = 128, 256, no FlexAttention
     python -m tgattn.bench                         # the full sweep (tens of minutes on 2 cores)
     python -m tgattn.bench --patterns window64 --sizes 4096
+    python -m tgattn.bench --device cuda           # GPU peers, window 16k-1M, random / top-k 1 %, GNN steps
 
 Writes ``<out>/attention[_quick].csv`` and ``.png`` and prints the ratio table
 (peer time / tgattn time: above 1 = tgattn faster) and the issue's targets.
@@ -18,40 +19,59 @@ from pathlib import Path
 
 import torch
 
+from .._cli import missing_plot_extra, positive_int
 from .attention import sizes_for, sweep
+from .gpu import GNN_FIELDS, check_device, gnn_steps, gpu_targets
 from .patterns import patterns
-from .peers import PEERS
+from .peers import CPU_PEERS, GPU_PEERS, PEERS
 from .report import plot, ratio_table, targets, write_csv
+
+GPU_PATTERNS = ("window64", "random0.01", "topk0.01")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (about a minute)")
     parser.add_argument("--patterns", nargs="+", help="pattern names (default: all; see --list)")
-    parser.add_argument("--sizes", nargs="+", type=int, help="sequence lengths (default: per pattern)")
+    parser.add_argument("--sizes", nargs="+", type=positive_int, help="sequence lengths (default: per pattern)")
     parser.add_argument("--peers", nargs="+", default=None, choices=PEERS, help="implementations to compare")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compile takes minutes)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=Path("data/bench"), help="output folder (default: data/bench)")
     parser.add_argument("--name", default=None, help="output file stem (default: attention, attention_quick)")
     parser.add_argument("--list", action="store_true", help="list the patterns and exit")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: GPU peers, sizes and GNN steps")
+    parser.add_argument("--no-gnn", action="store_true", help="on CUDA: skip the GNN training steps")
+    parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     args = parser.parse_args(argv)
+    try:
+        device = check_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    cuda = device.type == "cuda"
 
     available = patterns()
     if args.list:
         print("\n".join(available))
         return 0
-    names = args.patterns or (["causal", "window64", "random0.05"] if args.quick else list(available))
+    default = list(GPU_PATTERNS) if cuda else ["causal", "window64", "random0.05"] if args.quick else list(available)
+    names = args.patterns or default
     unknown = [n for n in names if n not in available]
     if unknown:
         parser.error(f"unknown pattern(s) {unknown}; choose from {list(available)}")
-    peers = list(args.peers or PEERS)
-    if args.no_flex or (args.quick and not args.peers):
-        peers = [p for p in peers if p != "flex"]
-    sizes = sizes_for(names, args.quick)
+    if missing_plot_extra():  # the plot comes after the whole sweep: say so before it
+        parser.error(missing_plot_extra())
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
+    peers = list(args.peers or (GPU_PEERS if cuda else CPU_PEERS))
+    if args.no_flex or (args.quick and not args.peers and not cuda):
+        peers = [p for p in peers if p not in ("flex", "flex_csr")]
+    sizes = sizes_for(names, args.quick, device=str(device))
     if args.sizes:
         sizes = {name: args.sizes for name in names}
     torch.set_num_threads(args.threads)
@@ -62,15 +82,25 @@ def main(argv=None) -> int:
         repeats=1 if args.quick else args.repeats,
         memory=not args.no_memory,
         progress=not args.no_progress,
+        device=str(device),
     )
-    stem = args.name or ("attention_quick" if args.quick else "attention")
+    stem = args.name or ("attention_quick" if args.quick else "attention") + ("_cuda" if cuda else "")
     write_csv(rows, args.out / f"{stem}.csv")
-    plot(rows, args.out / f"{stem}.png")
-    print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
+    where = torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine()
+    plot(rows, args.out / f"{stem}.png", device=where)
+    print(f"torch {torch.__version__}, {args.threads} threads, {where}; "
           f"H=8, d=64, fp32; ratio = peer time / tgattn time (> 1: tgattn faster)")
     print(ratio_table(rows, peers))
     print()
-    print(targets(rows))
+    if cuda:
+        gnn = [] if args.no_gnn else gnn_steps(device, data_root=args.data)
+        if gnn:
+            write_csv(gnn, args.out / f"{stem}_gnn.csv", fields=GNN_FIELDS)
+            print("\n".join(f"{r['workload']:<10} {r['model']:<12} {r.get('ms') or float('nan'):>9.2f} ms  {r.get('note', '')}"
+                            for r in gnn))
+        print(gpu_targets(rows, gnn))
+    else:
+        print(targets(rows))
     print(f"\nwrote {args.out / (stem + '.csv')} and {args.out / (stem + '.png')}")
     return 0
 

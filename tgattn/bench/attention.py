@@ -14,16 +14,25 @@ from . import peers as peer_impls
 from .measure import best_time, peak_extra_mb
 from .patterns import Pattern
 
-MEM_LIMIT = 12 * 2**30  # bytes a single peer may need (the machines have 24 GB)
+MEM_LIMIT = 12 * 2**30  # bytes a single peer may need on CPU (the machines have 24 GB)
+GPU_MEM_FRACTION = 0.75  # of the GPU's memory a single peer may need
 SLOW_S = 20.0  # a peer slower than this at one size is not run at larger sizes
 FLEX_SIZES = (4096,)  # each (pattern, n) costs FlexAttention a compile of ~1 minute or more here
 
 
-def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward: bool) -> float:
+def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward: bool, cuda: bool = False) -> float:
     """Rough working set of a peer (to skip runs that cannot fit)."""
     factor = 3 if backward else 1
+    if cuda and peer == "sdpa_mask":
+        return 5.0 * n * n  # the bool mask and the float mask the memory-efficient kernel reads
+    if cuda and peer == "flex":
+        return 1.0 * n * n  # create_block_mask evaluates the mask_mod on every pair
+    if peer == "flex_csr":
+        return 20.0 * (n / 128) ** 2 + 4.0 * n * heads * dim * 4 * factor  # block tables, q / k / v / out
     if peer in ("gather", "transformerconv"):
         return 4.0 * edges * heads * dim * 4 * factor  # several [E, H, d] float tensors
+    if peer == "gatconv":
+        return 4.0 * edges * heads * (dim + 8) * factor  # messages [E, H, d] and edge scores
     if peer == "sdpa_mask":
         return n * n * (1 + 4 * heads * factor)  # the mask, and scores if a math kernel runs
     if peer == "flex":
@@ -31,10 +40,10 @@ def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward:
     return 4.0 * (edges * heads * 3 + 8 * n * heads * dim)
 
 
-def _inputs(n: int, heads: int, dim: int, seed: int = 0):
+def _inputs(n: int, heads: int, dim: int, seed: int = 0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(n, heads, dim, generator=g).requires_grad_() for _ in range(3))
-    return q, k, v, torch.randn(n, heads, dim, generator=g)
+    q, k, v, grad = (torch.randn(n, heads, dim, generator=g).to(device) for _ in range(4))
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
 
 
 def sweep(
@@ -48,21 +57,29 @@ def sweep(
     budget_s: float = 10.0,
     memory: bool = True,
     progress: bool = True,
+    device: str = "cpu",
 ) -> List[dict]:
     """Measure every (pattern, n, peer, mode); returns one row per measurement (or skip)."""
     from tqdm.auto import tqdm
+
+    from ..engine import triton as triton_backend
+
+    cuda = torch.device(device).type == "cuda"
+    mem_limit = GPU_MEM_FRACTION * torch.cuda.get_device_properties(device).total_memory if cuda else MEM_LIMIT
 
     tasks = [(name, n) for name in patterns for n in sizes[name]]
     rows: List[dict] = []
     slow = set()  # (pattern, peer, mode) that ran out of time at a smaller n
     for name, n in tqdm(tasks, desc="attention bench", disable=not progress):
         pattern = patterns[name]
-        edge_index = pattern.make(n)
+        edge_index = pattern.make(n).to(device)
         edges = edge_index.shape[1]
-        q, k, v, grad = _inputs(n, heads, dim)
+        q, k, v, grad = _inputs(n, heads, dim, device=device)
         t0 = time.perf_counter()
         s = engine.structure_of(edge_index, n, n)
-        backend = engine.plan(s)
+        backend = engine.plan(s, fusable=not cuda, triton=triton_backend.usable(q))
+        if cuda:
+            torch.cuda.synchronize(device)
         analysis_ms = (time.perf_counter() - t0) * 1e3
         base = dict(pattern=name, n=n, edges=edges, density=edges / n**2, heads=heads, dim=dim)
         for peer in peers:
@@ -70,16 +87,16 @@ def sweep(
                 mode = "fwd+bwd" if backward else "fwd"
                 row = dict(base, peer=peer, mode=mode, ms=None, peak_mb=None, note="")
                 rows.append(row)
-                if backward and peer in peer_impls.FORWARD_ONLY:
+                if backward and peer in peer_impls.FORWARD_ONLY_CPU and not cuda:
                     row["note"] = "no backward"
                     continue
                 if (name, peer, mode) in slow:
                     row["note"] = f"skipped: > {SLOW_S:g} s at a smaller n"
                     continue
-                if peer == "flex" and n not in FLEX_SIZES:
+                if peer in peer_impls.FLEX and n not in FLEX_SIZES and not cuda:
                     row["note"] = f"skipped: compiled only for n in {FLEX_SIZES}"
                     continue
-                if _bytes_needed(peer, n, edges, heads, dim, backward) > MEM_LIMIT:
+                if _bytes_needed(peer, n, edges, heads, dim, backward, cuda) > mem_limit:
                     row["note"] = "skipped: does not fit in memory"
                     continue
                 try:
@@ -92,7 +109,7 @@ def sweep(
                     continue
                 try:
                     row["ms"] = best_time(fn, backward, (q, k, v), grad, repeats=repeats, budget_s=budget_s)
-                    if memory and peer not in peer_impls.NO_MEMORY_PROBE:
+                    if memory and (cuda or peer not in peer_impls.NO_MEMORY_PROBE):
                         row["peak_mb"] = peak_extra_mb(fn, backward, (q, k, v), grad)
                 except Exception as err:  # e.g. Flex failing to compile on this machine
                     row["note"] = f"failed: {type(err).__name__}: {str(err)[:80]}"
@@ -105,11 +122,16 @@ def sweep(
     return rows
 
 
-def sizes_for(patterns: Iterable[str], quick: bool, largest: Optional[int] = None) -> Dict[str, List[int]]:
-    """Sizes per pattern: quick = small ones; full = 256 up to what each pattern can reach."""
+def sizes_for(patterns: Iterable[str], quick: bool, largest: Optional[int] = None, device: str = "cpu") -> Dict[str, List[int]]:
+    """Sizes per pattern: quick = small ones; full = 256 up to what each pattern can reach.
+
+    On CUDA: window 16k to 128k and 1M tokens, random / top-k at 16k (the issue's targets).
+    """
     out = {}
     for name in patterns:
-        if quick:
+        if torch.device(device).type == "cuda":
+            sizes = _gpu_sizes(name, quick)
+        elif quick:
             sizes = [128, 256]
         elif name in ("full", "causal"):
             sizes = [256, 1024, 4096, 8192]  # E grows as n^2
@@ -121,3 +143,15 @@ def sizes_for(patterns: Iterable[str], quick: bool, largest: Optional[int] = Non
             sizes = [256, 1024, 4096, 16384, 65536]
         out[name] = [n for n in sizes if largest is None or n <= largest]
     return out
+
+
+def _gpu_sizes(name: str, quick: bool) -> List[int]:
+    if quick:
+        return [4096, 16384]
+    if name in ("full", "causal"):
+        return [4096, 16384]
+    if name.startswith(("random", "topk")):
+        return [16384]
+    if name.startswith("window"):
+        return [16384, 32768, 65536, 131072, 1 << 20]
+    return [16384, 65536]

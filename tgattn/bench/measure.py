@@ -11,14 +11,17 @@ from torch.utils._pytree import tree_leaves
 
 
 def run_once(fn: Callable, backward: bool, leaves: Sequence[torch.Tensor], grad: Optional[torch.Tensor]) -> None:
+    """One forward (+ backward) of ``fn``; on CUDA it waits for the kernels to finish."""
     if not backward:
         with torch.no_grad():
             fn()
-        return
-    for t in leaves:
-        t.grad = None
-    out = fn()
-    out.backward(grad.view_as(out))
+    else:
+        for t in leaves:
+            t.grad = None
+        out = fn()
+        out.backward(grad.view_as(out))
+    if leaves[0].is_cuda:
+        torch.cuda.synchronize(leaves[0].device)
 
 
 def best_time(fn: Callable, backward: bool, leaves, grad, *, repeats: int, budget_s: float) -> float:
@@ -80,7 +83,17 @@ class _LiveBytes(TorchDispatchMode):
 
 
 def peak_extra_mb(fn: Callable, backward: bool, leaves, grad) -> float:
-    """Peak MB of tensors created during one forward (+ backward) beyond the inputs (run warm)."""
+    """Peak MB of tensors created during one forward (+ backward) beyond the inputs (run warm).
+
+    On CUDA it reads the caching allocator's peak instead (everything allocated, kernels' own
+    workspaces included).
+    """
+    if leaves[0].is_cuda:
+        torch.cuda.synchronize(leaves[0].device)
+        base = torch.cuda.memory_allocated(leaves[0].device)
+        torch.cuda.reset_peak_memory_stats(leaves[0].device)
+        run_once(fn, backward, leaves, grad)
+        return (torch.cuda.max_memory_allocated(leaves[0].device) - base) / 2**20
     probe = _LiveBytes()
     with probe:
         run_once(fn, backward, leaves, grad)

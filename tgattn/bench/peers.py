@@ -4,13 +4,18 @@ Each peer gets the same per-head ``q, k, v [N, H, d]`` and edge set, and returns
 callable that runs the forward pass (``None`` when the peer cannot run this case):
 
 * ``tgattn``: :func:`tgattn.functional.graph_attention`, ``backend="auto"``;
+* ``triton``: the same function, ``backend="triton"`` (the Triton kernels, CUDA only);
 * ``gather``: the same function, ``backend="gather"`` (the textbook per-edge path);
 * ``transformerconv``: PyG ``TransformerConv(root_weight=False)`` with identity
   projections, so that only its attention core runs (keys double as values);
+* ``gatconv``: PyG ``GATConv`` (additive attention, Velickovic et al., 2018) with an identity
+  projection and no added self-loops, on the same edges: the GNN layer users pick for speed;
 * ``sdpa_mask``: ``scaled_dot_product_attention`` with the boolean mask, the kernel
   ``nn.MultiheadAttention`` runs for a masked call without weights;
 * ``sdpa``: dense SDPA without a mask (``is_causal`` for causal), for full / causal only;
-* ``flex``: compiled FlexAttention with the pattern's ``mask_mod`` (forward only);
+* ``flex``: compiled FlexAttention with the pattern's ``mask_mod`` (on CPU forward only);
+* ``flex_csr``: compiled FlexAttention with the ``BlockMask`` built from the edge set's CSR
+  structure (:func:`tgattn.engine.triton.flex.block_mask`), for any edge set without duplicates;
 * ``floor``: not attention but a measuring stick: reading the key / value rows of every
   edge (and, backward, the rows the backward gathers) in the fused kernel's order, with
   nothing computed (:class:`tgattn.engine.fused.ReadsOnly`). Dense time / floor time bounds
@@ -28,9 +33,13 @@ from .. import builders
 from ..functional import graph_attention
 from .patterns import Pattern
 
-PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor")
-FORWARD_ONLY = ("flex",)
-NO_MEMORY_PROBE = ("flex", "floor")  # flex refuses the probe's dispatch mode; floor allocates nothing of note
+PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor", "triton", "gatconv", "flex_csr")
+CPU_PEERS = PEERS[:7]  # the default on CPU (triton needs CUDA)
+GPU_PEERS = ("tgattn", "triton", "sdpa_mask", "sdpa", "flex", "flex_csr", "transformerconv", "gatconv")
+FLEX = ("flex", "flex_csr")
+FORWARD_ONLY_CPU = FLEX  # FlexAttention has no backward on CPU
+# On CPU, flex refuses the probe's dispatch mode and floor allocates nothing of note (CUDA reads the allocator).
+NO_MEMORY_PROBE = ("flex", "flex_csr", "floor")
 
 
 def _heads_first(*ts: Tensor):
@@ -41,6 +50,10 @@ def tgattn(q, k, v, ei, pattern: Pattern) -> Callable:
     return lambda: graph_attention(q, k, v, ei)
 
 
+def triton(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    return (lambda: graph_attention(q, k, v, ei, backend="triton")) if q.is_cuda else None
+
+
 def gather(q, k, v, ei, pattern: Pattern) -> Callable:
     return lambda: graph_attention(q, k, v, ei, backend="gather")
 
@@ -49,9 +62,18 @@ def transformerconv(q, k, v, ei, pattern: Pattern) -> Callable:
     from torch_geometric.nn import TransformerConv
 
     n, h, d = q.shape
-    conv = TransformerConv(h * d, d, heads=h, root_weight=False)
+    conv = TransformerConv(h * d, d, heads=h, root_weight=False).to(q.device)
     conv.lin_query = conv.lin_key = conv.lin_value = nn.Identity()
     return lambda: conv((k.reshape(n, h * d), q.reshape(n, h * d)), ei).view(n, h, d)
+
+
+def gatconv(q, k, v, ei, pattern: Pattern) -> Callable:
+    from torch_geometric.nn import GATConv
+
+    n, h, d = q.shape
+    conv = GATConv(h * d, d, heads=h, add_self_loops=False).to(q.device)
+    conv.lin = nn.Identity()
+    return lambda: conv(k.reshape(n, h * d), ei).view(n, h, d)
 
 
 def sdpa_mask(q, k, v, ei, pattern: Pattern) -> Callable:
@@ -76,14 +98,33 @@ def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     compiled = torch.compile(flex_attention, dynamic=False)
     n = q.shape[0]
     block_mask = create_block_mask(pattern.mask_mod, None, None, n, n, device=str(q.device))
-    qh, kh, vh = (t.detach() for t in _heads_first(q, k, v))
+    qh, kh, vh = _heads_first(q, k, v)
+    if not q.is_cuda:  # no backward on CPU
+        qh, kh, vh = qh.detach(), kh.detach(), vh.detach()
     return lambda: compiled(qh, kh, vh, block_mask=block_mask)
+
+
+def flex_csr(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from ..engine import structure_of
+    from ..engine.triton.flex import block_mask, flex_attention as csr_flex
+
+    s = structure_of(ei, q.shape[0], k.shape[0])
+    if s.duplicates:
+        return None
+    block_mask(s)  # built (and cached) outside the timed region
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    if not q.is_cuda:  # no backward on CPU
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return lambda: csr_flex(q, k, v, s, q.shape[-1] ** -0.5, compiled=compiled)
 
 
 def floor(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     from ..engine import fused, structure_of
 
-    if not fused.available() or q.shape[-1] != v.shape[-1]:
+    if q.is_cuda or not fused.available() or q.shape[-1] != v.shape[-1]:
         return None
     s = structure_of(ei, q.shape[0], k.shape[0])
     heads = tuple(t.detach().transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]

@@ -8,13 +8,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 FIELDS = ("pattern", "n", "edges", "density", "heads", "dim", "peer", "mode", "ms", "peak_mb", "note")
 
 
-def write_csv(rows: List[dict], path: Path) -> None:
+def write_csv(rows: List[dict], path: Path, fields: Sequence[str] = FIELDS) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: row.get(k) for k in FIELDS})
+            writer.writerow({k: row.get(k) for k in fields})
 
 
 def read_csv(path: Path) -> List[dict]:
@@ -114,7 +114,7 @@ def targets(rows: List[dict], window: str = "window64") -> str:
     return "\n".join(out)
 
 
-def plot(rows: List[dict], path: Path) -> None:
+def plot(rows: List[dict], path: Path, device: str = "CPU") -> None:
     """One panel per pattern. Over several n: time against n, solid = forward, dashed =
     forward+backward. At a single n: one bar per peer and mode (light = forward)."""
     import matplotlib
@@ -150,7 +150,7 @@ def plot(rows: List[dict], path: Path) -> None:
                                        lw=0 if single else 1.5, label=p) for p in peers]
     fig.legend(handles=handles, loc="lower center", ncol=len(peers), fontsize=8, bbox_to_anchor=(0.5, -0.01))
     how = "light: forward, dark: forward+backward" if single else "solid: forward, dashed: forward+backward"
-    fig.suptitle(f"attention core, H=8, d=64, fp32 CPU ({how})")
+    fig.suptitle(f"attention core, H=8, d=64, fp32 {device} ({how})")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

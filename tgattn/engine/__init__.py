@@ -9,6 +9,8 @@ Backends (all exact, none holds an ``[E, H, d]`` tensor in forward or backward):
   sets when the call has no dropout;
 * ``csr``: per-head sparse kernels (sampled dot products, segment softmax, CSR x dense),
   for scattered sets and for every option (dropout, returned weights, duplicated edges).
+* ``triton``: Triton kernels over the CSR rows (online softmax forward, FlashAttention-2
+  style backward), for CUDA tensors; every option (:mod:`tgattn.engine.triton`).
 
 Edge sets are analysed once and cached (:func:`structure_of`); :func:`plan` names the
 backend ``auto`` picks.

@@ -8,17 +8,22 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 2. ``tile`` when the row-blocked tiles are well filled (banded, block structured and
    dense-ish sets: at least ``TILE_FILL_VS_FUSED``, or ``TILE_FILL_VS_CSR`` when the fused
    kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
-3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`) for CPU calls without dropout,
+3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`, dropout included) for CPU calls,
    when the kernel could be compiled;
 4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``).
 
-Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr``, which touches
-nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
+On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
+when Triton is installed; it honours every option but ``edge_scale``, runs float16 / bfloat16
+natively and needs no NaN check (no host sync).
+
+Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr`` on the CPU, which
+touches nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
 attend to it. (The check is one sum per tensor; sums that overflow to infinity also send the
-call to ``csr``: slower, still exact.) float16 / bfloat16 run in float32 on every backend.
+call to ``csr``: slower, still exact.) float16 / bfloat16 run in float32 on the CPU backends.
 
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
-that every backend name is always exact; :func:`plan` tells which one will run.
+that every backend name is always exact (``triton`` falls back like ``fused``); :func:`plan`
+tells which one will run.
 """
 from __future__ import annotations
 
@@ -30,10 +35,11 @@ from torch import Tensor
 from .analysis import DENSE_KINDS, Structure
 from .csr import csr_attention
 from . import fused
+from . import triton as triton_backend
 from .dense import dense_attention
-from .tiles import tile_attention, tile_layout
+from .tiles import fill_bound, tile_attention, tile_layout
 
-ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
+ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton")
 # Fraction of edge cells per tile below which the sparse kernels beat the tiles. Measured at
 # n = 4096, H = 8, d = 64: CSR wins below 0.3 (one thread). Tile time / fused time on windows
 # (1 and 2 threads, forward and forward+backward): w = 32, fill 0.67: 1.55-1.75x; w = 64,
@@ -51,12 +57,15 @@ def plan(
     weights: bool = False,
     fusable: bool = True,
     edge_scale: bool = False,
+    triton: bool = False,
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
     Every backend honours an edge bias, so a bias never changes the choice. ``fusable`` is
     false for inputs the fused kernel does not take (not on the CPU); the kernel must also be
-    available (:func:`tgattn.engine.fused.available`). Only ``csr`` takes an ``edge_scale``.
+    available (:func:`tgattn.engine.fused.available`). ``triton`` is true when the Triton
+    kernels can run the inputs (:func:`tgattn.engine.triton.usable`). Only ``csr`` takes an
+    ``edge_scale``.
 
     Example:
         >>> from tgattn import builders
@@ -70,14 +79,22 @@ def plan(
     if edge_scale:
         return "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
+    if triton and (backend == "triton" or (backend == "auto" and not dense_ok)):
+        return "triton"
     if backend == "auto" and dense_ok:
         return "dense"
     if backend == "dense" and dense_ok:
         return "dense"
-    # Tiles are laid out (and cached) only when they may be used.
-    tile_ok = s.num_edges > 0 and not (dropout or weights or s.duplicates) and tile_layout(s) is not None
-    fused_ok = backend != "csr" and fusable and not dropout and fused.available()
+    fused_ok = backend != "csr" and fusable and fused.available()
     threshold = TILE_FILL_VS_FUSED if fused_ok else TILE_FILL_VS_CSR
+    # Tiles are laid out (and cached) only when they may be used: under auto, only when the
+    # cheap bound on their fill reaches the threshold.
+    tile_ok = (
+        s.num_edges > 0
+        and not (dropout or weights or s.duplicates)
+        and (backend != "auto" or fill_bound(s) >= threshold)
+        and tile_layout(s) is not None
+    )
     if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
         return "tile"
     return "fused" if fused_ok else "csr"
@@ -106,17 +123,18 @@ def run(
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
     inside, so that scores and sums accumulate in float32 on every backend.
-    ``generator`` draws the dropout mask of the ``csr`` backend.
+    ``generator`` draws the dropout mask of ``csr`` and the dropout seed of ``fused``.
 
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     dtype = q.dtype
-    work = compute_dtype(dtype)
-    fusable = q.device.type == "cpu" and work in (torch.float32, torch.float64)
+    fusable = q.device.type == "cpu"
+    tritonable = backend in ("auto", "triton") and triton_backend.usable(q, named=backend == "triton")
     chosen = plan(
-        s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable, edge_scale=edge_scale is not None
+        s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable,
+        edge_scale=edge_scale is not None, triton=tritonable,
     )
-    if chosen != "csr" and not (
+    if chosen not in ("csr", "triton") and not (
         bool(torch.isfinite(q.sum() + k.sum() + v.sum())) and (bias is None or not bool(torch.isnan(bias).any()))
     ):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
@@ -126,15 +144,16 @@ def run(
     if s.perm is not None:  # sorted edge order
         bias = None if bias is None else bias[s.perm]
         edge_scale = None if edge_scale is None else edge_scale[s.perm]
+    work = dtype if chosen == "triton" else compute_dtype(dtype)  # Triton accumulates in float32 itself
     if work != dtype:
         q, k, v = q.to(work), k.to(work), v.to(work)
         bias = None if bias is None else bias.to(work)
         edge_scale = None if edge_scale is None else edge_scale.to(work)
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
-            out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
+            out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_scale, generator)
     else:
-        out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
+        out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_scale, generator)
     out = out.to(dtype)
     if not return_weights or weights is None:
         return out, None
@@ -143,11 +162,13 @@ def run(
     return out, weights.to(dtype)
 
 
-def _attend(chosen, q, k, v, s, bias, scale, dropout_p, edge_scale, generator):
+def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_scale, generator):
     if chosen == "dense":
         return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
+    if chosen == "triton":
+        return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights)
     if chosen == "fused":
-        return fused.fused_attention(q, k, v, s, bias, scale)
+        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator)
     return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator)

@@ -240,11 +240,35 @@ void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, const F& f
   });
 }
 
+// Attention dropout without a stored mask: whether edge e of head h is kept is a hash of
+// (seed, h, e) (the SplitMix64 finaliser; Steele et al., "Fast splittable pseudorandom number
+// generators", OOPSLA 2014), so the backward recomputes the forward's mask from the seed, and
+// torch.manual_seed reproduces it (the seed is drawn from torch's generator).
+struct Dropout {
+  double p = 0;  // drop probability; 0 = no dropout
+  uint64_t seed = 0;
+
+  bool on() const { return p > 0; }
+  bool keep(int64_t h, int64_t e) const {
+    uint64_t x = seed ^ (uint64_t(h) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(e) * 0xD1B54A32D192ED03ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return double(x >> 11) * 0x1.0p-53 >= p;  // uniform in [0, 1) from the top 53 bits
+  }
+  // The factor on a kept weight: 1 / (1 - p), 0 for a dropped one.
+  template <typename T>
+  T factor(int64_t h, int64_t e) const {
+    return !on() ? T(1) : keep(h, e) ? T(1.0 / (1.0 - p)) : T(0);
+  }
+};
+
 // Key-side gradients of one head, over each key's edges (the transposed pattern: colptr,
 // row_t, and perm_t mapping to the edge): dk_j += scale * sum_e ds_e q_i, dv_j += sum_e w_e dO_i.
 template <typename T>
 void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t,
-              const T* q, int64_t dk, const T* go, int64_t dv, const T* w, const T* ds, T scale, T* dkey, T* dval) {
+              const T* q, int64_t dk, const T* go, int64_t dv, const T* w, const T* ds, T scale, T* dkey, T* dval,
+              const Dropout& drop, int64_t h) {
   std::vector<int64_t> query;
   std::vector<T> a, b;
   for (int64_t j = c0; j < c1; ++j) {
@@ -254,7 +278,7 @@ void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_
     for (int64_t t = colptr[j]; t < colptr[j + 1]; ++t) {
       const int64_t e = perm_t[t];
       if (w[e] == 0) continue;  // then ds_e = 0 too
-      a[n] = ds[e] * scale, b[n] = w[e], query[n++] = row_t[t];
+      a[n] = ds[e] * scale, b[n] = w[e] * drop.factor<T>(h, e), query[n++] = row_t[t];
     }
     accumulate(dkey + j * dk, a.data(), Rows<T>{q, query.data(), dk}, n, dk);
     accumulate(dval + j * dv, b.data(), Rows<T>{go, query.data(), dv}, n, dv);
@@ -294,12 +318,13 @@ struct RowEdges {
 };
 
 // Forward of one head: w_e = softmax over row i of (<q_i, k_j> * scale + bias_e), and
-// out_i = sum_e w_e v_j, in one visit of each row.
+// out_i = sum_e w_e v_j (w_e times the dropout factor under dropout), in one visit of each row.
 // Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
 // -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
 template <typename T>
 void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, const T* k, int64_t d,
-                 const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out) {
+                 const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out,
+                 const Dropout& drop, int64_t h) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
@@ -318,16 +343,19 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     const T inv_sum = T(1) / exp_shifted(x, n, row_max);
     for (int64_t r = 0; r < n; ++r) x[r] *= inv_sum;
     for (int64_t r = 0; r < n; ++r) w[re.edge(r)] = x[r];
+    if (drop.on())
+      for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.edge(r));
     accumulate(out + i * dv, x, Rows<T>{v, re.key, dv}, n, dv);
   }
 }
 
 // Softmax backward of one head, and dq: ds_e = w_e (dw_e - sum_e' w_e' dw_e') with
-// dw_e = <dO_i, v_j> (+ gw_e, the gradient that reached the returned weights), then
-// dq_i += scale * sum_e ds_e k_j. Edges of weight 0 keep ds = 0.
+// dw_e = <dO_i, v_j> (times the dropout factor) (+ gw_e, the gradient that reached the
+// returned weights), then dq_i += scale * sum_e ds_e k_j. Edges of weight 0 keep ds = 0.
 template <typename T>
 void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* go, const T* v,
-                   int64_t dv, const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq) {
+                   int64_t dv, const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq,
+                   const Dropout& drop, int64_t h) {
   RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
     const int64_t n = re.gather(ptr, col, i, [&](int64_t e) { return w[e] != 0; });
@@ -336,6 +364,7 @@ void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* co
     T delta = 0;
     for (int64_t r = 0; r < n; ++r) {
       const int64_t e = re.edge(r);
+      if (drop.on()) x[r] *= drop.factor<T>(h, e);
       if (gw) x[r] += gw[e];
       delta += w[e] * x[r];
     }
@@ -384,7 +413,8 @@ void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows,
 // Returns (out [H, n_q, dv], weights [H, E]).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& rowptr, const at::Tensor& col,
-                                const c10::optional<at::Tensor>& bias, double scale) {
+                                const c10::optional<at::Tensor>& bias, double scale, double dropout_p,
+                                int64_t seed) {
   check_inputs(q, k, v);
   const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
@@ -399,10 +429,11 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
     for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
+      const Dropout drop{dropout_p, uint64_t(seed)};
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
       attend_rows<scalar_t>(r0, r1, ptr, cp, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
                             dk, bh, bias_heads, static_cast<scalar_t>(scale), w.data_ptr<scalar_t>() + h * E,
-                            v.data_ptr<scalar_t>() + h * n_k * dv, dv, out.data_ptr<scalar_t>() + h * n_q * dv);
+                            v.data_ptr<scalar_t>() + h * n_k * dv, dv, out.data_ptr<scalar_t>() + h * n_q * dv, drop, h);
     });
   });
   return {out, w};
@@ -414,7 +445,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                                  const at::Tensor& v, const at::Tensor& weights,
                                  const c10::optional<at::Tensor>& grad_weights, const at::Tensor& rowptr,
                                  const at::Tensor& col, const at::Tensor& colptr, const at::Tensor& row_t,
-                                 const at::Tensor& perm_t, double scale) {
+                                 const at::Tensor& perm_t, double scale, double dropout_p, int64_t seed) {
   check_inputs(q, k, v);
   const at::Tensor go = grad_out.contiguous();
   const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
@@ -436,19 +467,20 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const int64_t* pt = perm_t.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
     const scalar_t s = static_cast<scalar_t>(scale);
+    const Dropout drop{dropout_p, uint64_t(seed)};
     const scalar_t* wp = weights.data_ptr<scalar_t>();
     scalar_t* dsp = ds.data_ptr<scalar_t>();
     for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
       backward_rows<scalar_t>(r0, r1, ptr, cp, go.data_ptr<scalar_t>() + h * n_q * dv,
                               v.data_ptr<scalar_t>() + h * n_k * dv, dv, k.data_ptr<scalar_t>() + h * n_k * dk, dk,
                               wp + h * E, gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsp + h * E,
-                              dq.data_ptr<scalar_t>() + h * n_q * dk);
+                              dq.data_ptr<scalar_t>() + h * n_q * dk, drop, h);
     });
     // The key side needs every d score of a head: a second region, over the transposed pattern.
     for_head_blocks(tptr, n_k, H, [&](int64_t h, int64_t c0, int64_t c1) {
       key_rows<scalar_t>(c0, c1, tptr, rt, pt, q.data_ptr<scalar_t>() + h * n_q * dk, dk,
                          go.data_ptr<scalar_t>() + h * n_q * dv, dv, wp + h * E, dsp + h * E, s,
-                         dkt.data_ptr<scalar_t>() + h * n_k * dk, dvt.data_ptr<scalar_t>() + h * n_k * dv);
+                         dkt.data_ptr<scalar_t>() + h * n_k * dk, dvt.data_ptr<scalar_t>() + h * n_k * dv, drop, h);
     });
   });
   return {dq, dkt, dvt, ds};
@@ -480,19 +512,60 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   return out;
 }
 
+// The kept edges [H, E] of the dropout with this seed: what the kernels multiply by
+// 1 / (1 - p), for tests and for recomputing a double backward.
+at::Tensor dropout_keep(int64_t heads, int64_t edges, double dropout_p, int64_t seed) {
+  const Dropout drop{dropout_p, uint64_t(seed)};
+  at::Tensor keep = at::empty({heads, edges}, at::TensorOptions().dtype(at::kBool));
+  bool* kp = keep.data_ptr<bool>();
+  at::parallel_for(0, heads * edges, 1 << 14, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) kp[t] = drop.keep(t / edges, t % edges);
+  });
+  return keep;
+}
+
+// The transposed pattern by a stable counting sort on the keys, O(E + n_k) instead of an
+// argsort: edges come sorted by (target, source), so a stable sort by source alone orders them
+// by (source, target). Returns (colptr [n_k + 1], perm [E]) with perm[t] = the t-th edge of
+// the transposed order.
+std::vector<at::Tensor> transpose(const at::Tensor& col, int64_t n_k) {
+  TORCH_CHECK(col.scalar_type() == at::kLong && col.dim() == 1 && col.is_contiguous() && col.device().is_cpu(),
+              "tgattn transpose: col must be a contiguous int64 CPU vector");
+  const int64_t E = col.size(0);
+  const int64_t* c = col.data_ptr<int64_t>();
+  at::Tensor colptr = at::zeros({n_k + 1}, col.options());
+  at::Tensor perm = at::empty({E}, col.options());
+  int64_t* cp = colptr.data_ptr<int64_t>();
+  int64_t* pp = perm.data_ptr<int64_t>();
+  bool ok = true;
+  for (int64_t e = 0; e < E; ++e) ok &= (c[e] >= 0) & (c[e] < n_k);
+  TORCH_CHECK(ok, "tgattn transpose: col holds an index outside [0, ", n_k, ")");
+  for (int64_t e = 0; e < E; ++e) ++cp[c[e] + 1];
+  for (int64_t j = 0; j < n_k; ++j) cp[j + 1] += cp[j];
+  std::vector<int64_t> next(cp, cp + n_k);
+  for (int64_t e = 0; e < E; ++e) pp[next[c[e]]++] = e;
+  return {colptr, perm};
+}
+
 }  // namespace
 
 // Schemas here, CPU kernels below: the Python side registers fake (meta) kernels and autograd
 // for these ops, so that torch.compile can trace through them.
 TORCH_LIBRARY(tgattn_fused, m) {
-  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale) -> Tensor[]");
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale, "
+        "float dropout_p, int seed) -> Tensor[]");
   m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor weights, Tensor? grad_weights, "
-        "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t, Tensor perm_t, float scale) -> Tensor[]");
+        "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t, Tensor perm_t, float scale, float dropout_p, "
+        "int seed) -> Tensor[]");
+  // No tensor argument to dispatch on and never traced: a catch-all kernel.
+  m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);
   m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor");
+  m.def("transpose(Tensor col, int n_k) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {
   m.impl("forward", &forward);
   m.impl("backward", &backward);
   m.impl("gather_rows", &gather_rows);
+  m.impl("transpose", &transpose);
 }

@@ -16,9 +16,7 @@ the engine runs the CSR backend instead: same results, slower.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -26,20 +24,12 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure
+from .build import load_extension
 from .csr import transpose_pattern
 from .recompute import gather_attention, recompute_grads
 
 _SOURCE = Path(__file__).with_name("fused.cpp")
 _state = {"tried": False, "ok": False, "fakes": False}
-
-
-def _cpu_tag() -> str:
-    """A short hash of the CPU's feature flags: the build uses ``-march=native``."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
 def available() -> bool:
@@ -53,20 +43,13 @@ def available() -> bool:
         _state["tried"] = True
         if os.environ.get("TGATTN_NO_FUSED", "") not in ("", "0"):
             return False
-        try:
-            from torch.utils import cpp_extension
-
-            cpp_extension.load(
-                name=f"tgattn_fused_{_cpu_tag()}",
-                sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-            _state["ok"] = True
-        except Exception as err:  # no compiler, no ninja, a read-only cache: fall back, loudly once
-            warnings.warn(f"tgattn: fused kernel unavailable ({type(err).__name__}: {err}); using the CSR backend")
+        _state["ok"] = load_extension(
+            "tgattn_fused",
+            _SOURCE,
+            cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+            ldflags=["-fopenmp"],
+            fallback="the CSR backend",
+        )
     return _state["ok"]
 
 
@@ -74,26 +57,39 @@ def _register_fake_kernels() -> None:
     """Shapes of the C++ ops' outputs, so that ``torch.compile`` can trace calls to them."""
 
     @torch.library.register_fake("tgattn_fused::forward")
-    def _(q, k, v, rowptr, col, bias, scale):
+    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed):
         return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], col.shape[0])]
 
     @torch.library.register_fake("tgattn_fused::backward")
-    def _(grad_out, q, k, v, weights, grad_weights, rowptr, col, colptr, row_t, perm_t, scale):
+    def _(grad_out, q, k, v, weights, grad_weights, rowptr, col, colptr, row_t, perm_t, scale, dropout_p, seed):
         return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(weights)]
+
+    @torch.library.register_fake("tgattn_fused::transpose")
+    def _(col, n_k):
+        return [col.new_empty(n_k + 1), torch.empty_like(col)]
 
     @torch.library.register_fake("tgattn_fused::gather_rows")
     def _(a, b, ptr, idx):
         return a.new_empty(a.shape[0], ptr.shape[0] - 1, a.shape[2])
 
 
+def dropout_keep(heads: int, edges: int, dropout_p: float, seed: int) -> Tensor:
+    """The edges ``[H, E]`` (sorted order) that the kernels keep under dropout with this seed."""
+    return torch.ops.tgattn_fused.dropout_keep(heads, edges, dropout_p, seed)
+
+
 class FusedAttention(torch.autograd.Function):
-    """Head-major attention on the fused kernel: ``(out [H, n_q, dv], weights [H, E])``."""
+    """Head-major attention on the fused kernel: ``(out [H, n_q, dv], weights [H, E])``.
+
+    Dropout (probability ``p``) draws no mask: the kernels hash ``(seed, head, edge)``, in
+    backward as in forward. The returned weights are those before dropout.
+    """
 
     @staticmethod
-    def forward(ctx, qh, kh, vh, bias, s: Structure, scale: float):
-        out, weights = torch.ops.tgattn_fused.forward(qh, kh, vh, s.rowptr, s.src, bias, scale)
+    def forward(ctx, qh, kh, vh, bias, s: Structure, scale: float, p: float, seed: int):
+        out, weights = torch.ops.tgattn_fused.forward(qh, kh, vh, s.rowptr, s.src, bias, scale, p, seed)
         ctx.save_for_backward(qh, kh, vh, bias, weights)
-        ctx.s, ctx.scale = s, scale
+        ctx.s, ctx.scale, ctx.p, ctx.seed = s, scale, p, seed
         return out, weights
 
     @staticmethod
@@ -102,31 +98,48 @@ class FusedAttention(torch.autograd.Function):
         s = ctx.s
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
             heads = lambda t: t.transpose(0, 1)  # noqa: E731  # [H, N, d] <-> [N, H, d]
+            mult = None
+            if ctx.p > 0:
+                mult = dropout_keep(qh.shape[0], s.num_edges, ctx.p, ctx.seed).T.to(qh.dtype) / (1.0 - ctx.p)  # [E, H]
 
             def attend(qh, kh, vh, bias):
-                out, w = gather_attention(heads(qh), heads(kh), heads(vh), s.src, s.dst, s.n_q, bias, ctx.scale)
+                out, w = gather_attention(heads(qh), heads(kh), heads(vh), s.src, s.dst, s.n_q, bias, ctx.scale, mult)
                 return heads(out), w.T
 
             grads = recompute_grads(attend, (qh, kh, vh, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
-            return (*grads, None, None)
+            return (*grads, None, None, None, None)
         colptr, row_t, perm_t = transpose_pattern(s)
         grad_q, grad_k, grad_v, d_scores = torch.ops.tgattn_fused.backward(
-            grad_out, qh, kh, vh, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale
+            grad_out, qh, kh, vh, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale, ctx.p, ctx.seed
         )
         grad_bias = None
         if ctx.needs_input_grad[3]:
             grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
-        return grad_q, grad_k, grad_v, grad_bias, None, None
+        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], scale: float):
-    """``(out [n_q, H, dv], weights [E, H])`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order."""
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Structure,
+    bias: Optional[Tensor],
+    scale: float,
+    dropout_p: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+):
+    """``(out [n_q, H, dv], weights [E, H])`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
+
+    The dropout seed comes from ``generator`` (default: torch's global generator), so
+    ``torch.manual_seed`` reproduces the dropped edges.
+    """
     if not _state["fakes"]:
         _register_fake_kernels()
         _state["fakes"] = True
+    seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
     bias = None if bias is None else bias.to(q.dtype)
-    out, weights = FusedAttention.apply(qh, kh, vh, bias, s, scale)
+    out, weights = FusedAttention.apply(qh, kh, vh, bias, s, scale, dropout_p, seed)
     return out.transpose(0, 1), weights.T
 
 

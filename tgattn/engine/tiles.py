@@ -102,6 +102,33 @@ def _cost(lay: TileLayout) -> float:
     return lay.mask.numel() * (1.0 + 12.0 / lay.block)
 
 
+def fill_bound(s: Structure) -> float:
+    """An upper bound on the fill of any layout :func:`tile_layout` can return, from O(E)
+    vector facts and without laying out a tile (cached).
+
+    A band layout's tiles are at least ``BLOCKS[0] + hi - lo`` wide (``lo``, ``hi``: the
+    extreme ``j - i``), and a union layout's at least as wide as the largest row degree, over
+    at least ``n_q`` rows. Dispatch asks this first, so that scattered sets (molecule batches,
+    citation graphs) never pay for six tile layouts the engine would not use.
+
+    Example:
+        >>> from tgattn import builders
+        >>> from tgattn.engine.analysis import analyse
+        >>> s = analyse(builders.window(512, 16), 512, 512)
+        >>> fill_bound(s) >= tile_layout(s).fill
+        True
+    """
+    if "fill_bound" not in s.extras:
+        bound = 0.0
+        if s.num_edges and s.n_q:
+            diff = s.src - s.dst  # [E]
+            band = s.num_edges / (s.n_q * (BLOCKS[0] + int(diff.max()) - int(diff.min())))
+            union = s.num_edges / (s.n_q * int((s.rowptr[1:] - s.rowptr[:-1]).max()))
+            bound = min(1.0, max(band, union))
+        s.extras["fill_bound"] = bound
+    return s.extras["fill_bound"]
+
+
 def tile_layout(s: Structure) -> Optional[TileLayout]:
     """The cheapest (cached) tile layout of a structure with at least one edge.
 

@@ -1,9 +1,9 @@
 """A character-level language model on Tiny Shakespeare: ``python -m tgattn.lm train|sample|eval``."""
-from .data import CharTokenizer, get_batch, load_corpus, split
-from .train import TrainConfig, evaluate, load_checkpoint, lr_at, model_from_checkpoint, save_checkpoint, train
+from .._lazy import lazy_exports
 
 __all__ = [
     "CharTokenizer",
+    "CheckpointError",
     "TrainConfig",
     "evaluate",
     "get_batch",
@@ -13,5 +13,16 @@ __all__ = [
     "model_from_checkpoint",
     "save_checkpoint",
     "split",
+    "state_digest",
     "train",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(["CheckpointError", "load_checkpoint", "model_from_checkpoint", "save_checkpoint", "state_digest"], "checkpoint"),
+        **dict.fromkeys(["CharTokenizer", "get_batch", "load_corpus", "split"], "data"),
+        "TrainConfig": "config",
+        **dict.fromkeys(["evaluate", "lr_at", "train"], "training"),
+    },
+)

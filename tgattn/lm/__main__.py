@@ -1,38 +1,50 @@
-"""``python -m tgattn.lm train|sample|eval|bench-decode|bench-train|bench-memory``."""
+"""``python -m tgattn.lm train|sample|eval|bench-decode|bench-train|bench-memory``.
+
+The parser needs no torch (the settings are plain dataclasses): ``--help`` and bad
+arguments answer at once; each command imports what it runs.
+"""
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import re
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-import torch
+from .._cli import boolean, non_negative_int, positive_float, positive_int, positive_ints, run, seed_int
+from ..models.config import ATTENTIONS, PATTERNS, GPTConfig
+from .config import TrainConfig
 
-from ..models import PATTERNS, GPTConfig, generate
-from . import bench
-from .data import CharTokenizer, load_corpus, split
-from .train import TrainConfig, evaluate, load_checkpoint, model_from_checkpoint, train
+COMMANDS = ("train", "eval", "sample", "bench-decode", "bench-train", "bench-memory")  # memory-probe: internal
+CHOICES = {"attention": ATTENTIONS, "pattern": PATTERNS}
+THREADS = dict(type=non_negative_int, default=0, help="torch threads (default: torch's choice)")
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls, skip=()) -> None:
+    """One flag per field of the dataclass ``cls``; its values are checked when ``cls`` is built."""
     for f in fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default)
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(flag, type=kind, default=f.default, help=f"(default: {f.default})")
+        kind = {"int": int, "float": float, "str": str, "bool": boolean}[f.type if isinstance(f.type, str) else f.type.__name__]
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, choices=CHOICES.get(f.name),
+                            help=f"(default: {f.default})")
 
 
-def _pick(args, cls, **extra):
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}, **extra)
+def _as_flags(message: str) -> str:
+    """A settings error in the words of the command line: ``n_embd`` -> ``--n-embd``."""
+    names = sorted({f.name for cls in (GPTConfig, TrainConfig) for f in fields(cls)}, key=len, reverse=True)
+    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
+def _pick(args, cls):
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def _corpus(args):
+    from .data import CharTokenizer, load_corpus, split
+
     text = load_corpus(args.data)
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = split(tok.encode(text))
@@ -40,11 +52,15 @@ def _corpus(args):
 
 
 def cmd_train(args) -> int:
+    import torch
+
+    from .training import train
+
     tok, train_ids, val_ids = _corpus(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_config = _pick(args, GPTConfig, vocab_size=len(tok))
-    cfg = _pick(args, TrainConfig)
+    model_config = replace(args.model_config, vocab_size=len(tok))
+    cfg = args.train_config
     ckpt = Path(args.out) / "ckpt.pt"
     history = train(
         model_config, cfg, train_ids, val_ids, tok.vocab, checkpoint=ckpt, resume=args.resume, progress=not args.no_progress
@@ -80,6 +96,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from .checkpoint import load_checkpoint, model_from_checkpoint
+    from .data import CharTokenizer, load_corpus, split
+    from .training import evaluate
+
     state = load_checkpoint(args.checkpoint)
     model = model_from_checkpoint(state)
     text = load_corpus(args.data)
@@ -92,7 +112,16 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
+    import torch
+
+    from ..models import generate
+    from .checkpoint import load_checkpoint, model_from_checkpoint
+    from .data import CharTokenizer
+
     state = load_checkpoint(args.checkpoint)
+    unknown = sorted(set(args.prompt) - set(state["vocab"]))
+    if unknown:
+        raise ValueError(f"--prompt holds characters that {args.checkpoint} has no token for: {''.join(unknown)!r}")
     model = model_from_checkpoint(state)
     tok = CharTokenizer(state["vocab"])
     prompt = tok.encode(args.prompt).unsqueeze(0)
@@ -104,48 +133,95 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def _bench(name: str):
+    def command(args) -> int:
+        from . import bench
+
+        return getattr(bench, name)(args)
+
+    return command
+
+
+def _add_bench_parsers(sub) -> None:
+    p = sub.add_parser("bench-decode", help="incremental decoding vs full recomputation (window pattern)")
+    p.add_argument("--threads", **THREADS)
+    p.add_argument("--lengths", type=positive_ints, default=[256, 1024, 4096], help="context lengths (default: 256,1024,4096)")
+    p.add_argument("--window", type=non_negative_int, default=32, help="window radius w (default: 32)")
+    p.add_argument("--tokens", type=positive_int, default=16, help="timed tokens per length (default: 16)")
+    p.set_defaults(func=_bench("bench_decode"))
+
+    p = sub.add_parser("bench-train", help="time per training step: graph GPT vs dense twin, interleaved")
+    p.add_argument("--threads", **THREADS)
+    p.add_argument("--pattern", default="causal", choices=PATTERNS)
+    p.add_argument("--window", type=non_negative_int, default=32)
+    p.add_argument("--block-size", type=positive_int, default=64)
+    p.add_argument("--batch-size", type=positive_int, default=12)
+    p.add_argument("--steps", type=positive_int, default=60, help="timed steps per model (default: 60)")
+    p.set_defaults(func=_bench("bench_train"))
+
+    p = sub.add_parser("bench-memory", help="training memory; longest window context in dense memory")
+    p.add_argument("--threads", **THREADS)
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--dense-block", type=positive_int, default=64, help="the dense model's context (default: 64)")
+    p.add_argument("--window", type=non_negative_int, default=32)
+    p.add_argument("--lengths", type=positive_ints, default=[64, 96, 128, 256, 512, 1024])
+    p.add_argument("--tokens", type=non_negative_int, default=0, help="keep batch * context at this many tokens (default: off)")
+    p.add_argument("--with-dense", action="store_true", help="also measure the dense model at each length")
+    p.set_defaults(func=_bench("bench_memory"))
+
+    p = sub.add_parser("memory-probe")  # internal: one configuration of bench-memory, in a fresh process
+    p.add_argument("--threads", **THREADS)
+    p.add_argument("--attention", default="graph", choices=ATTENTIONS)
+    p.add_argument("--pattern", default="causal", choices=PATTERNS)
+    p.add_argument("--window", type=non_negative_int, default=32)
+    p.add_argument("--block-size", type=positive_int, default=64)
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.set_defaults(func=_bench("memory_probe"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.lm", description="Character GPT on Tiny Shakespeare.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
 
-    p = sub.add_parser("train", help="train (or --resume) a GPT; checkpoint in OUT/ckpt.pt")
-    p.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
-    p.add_argument("--out", default="out-lm", help="checkpoint folder (default: out-lm)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    p.add_argument("--log", default=None, help="write LOG.steps.csv, LOG.evals.csv and LOG.json")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    _add_fields(p, GPTConfig, skip=("vocab_size",))
-    _add_fields(p, TrainConfig)
-    p.set_defaults(func=cmd_train)
+    train = sub.add_parser("train", help="train (or --resume) a GPT; checkpoint in OUT/ckpt.pt")
+    train.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
+    train.add_argument("--out", default="out-lm", help="checkpoint folder (default: out-lm)")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    train.add_argument("--log", default=None, help="write LOG.steps.csv, LOG.evals.csv and LOG.json")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--threads", **THREADS)
+    _add_fields(train, GPTConfig, skip=("vocab_size",))
+    _add_fields(train, TrainConfig)
+    train.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="train and validation loss of a checkpoint")
     p.add_argument("--checkpoint", default="out-lm/ckpt.pt")
     p.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
-    p.add_argument("--batch-size", type=int, default=12)
-    p.add_argument("--eval-iters", type=int, default=200)
-    p.add_argument("--seed", type=int, default=1338, help="seed of the evaluation batches (training uses seed + 1)")
+    p.add_argument("--batch-size", type=positive_int, default=12)
+    p.add_argument("--eval-iters", type=positive_int, default=200)
+    p.add_argument("--seed", type=seed_int, default=1338, help="seed of the evaluation batches (training uses seed + 1)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("sample", help="generate text from a checkpoint")
-    p.add_argument("--checkpoint", default="out-lm/ckpt.pt")
-    p.add_argument("--prompt", default="\n")
-    p.add_argument("--num-tokens", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step")
-    p.set_defaults(func=cmd_sample)
+    sample = sub.add_parser("sample", help="generate text from a checkpoint")
+    sample.add_argument("--checkpoint", default="out-lm/ckpt.pt")
+    sample.add_argument("--prompt", default="\n", help="text to continue (characters of the model's vocabulary)")
+    sample.add_argument("--num-tokens", type=non_negative_int, default=500)
+    sample.add_argument("--temperature", type=positive_float, default=0.8)
+    sample.add_argument("--top-k", type=positive_int, default=None)
+    sample.add_argument("--seed", type=seed_int, default=1337)
+    sample.add_argument("--no-cache", action="store_true", help="recompute the whole context every step")
+    sample.set_defaults(func=cmd_sample)
 
-    bench.add_parsers(sub)
+    _add_bench_parsers(sub)
     args = parser.parse_args(argv)
-    if getattr(args, "pattern", "causal") not in PATTERNS:
-        parser.error(f"--pattern must be one of {PATTERNS} (got {args.pattern!r})")
-    try:
-        return args.func(args)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.command == "train":
+        try:  # the settings, checked before the corpus is read
+            args.model_config, args.train_config = _pick(args, GPTConfig), _pick(args, TrainConfig)
+        except ValueError as err:
+            train.error(_as_flags(str(err)))
+    if args.command == "sample" and not args.prompt:
+        sample.error("--prompt must hold at least one character")
+    return run(sub.choices[args.command], args.func, args)
 
 
 if __name__ == "__main__":

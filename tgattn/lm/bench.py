@@ -8,10 +8,11 @@
   subprocess (tensor bytes kept between steps plus a step's peak, and peak RSS as a
   cross-check), and the longest context a window pattern trains at within the dense
   model's memory.
+
+Their flags are in :mod:`tgattn.lm.__main__`.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
@@ -25,47 +26,6 @@ import torch
 
 from ..models import GPT, GPTConfig
 from ..models.decode import DecodePattern, KVCache, step
-
-
-def _ints(text: str):
-    return [int(v) for v in text.split(",")]
-
-
-def add_parsers(sub) -> None:
-    p = sub.add_parser("bench-decode", help="incremental decoding vs full recomputation (window pattern)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--lengths", type=_ints, default=[256, 1024, 4096], help="context lengths (default: 256,1024,4096)")
-    p.add_argument("--window", type=int, default=32, help="window radius w (default: 32)")
-    p.add_argument("--tokens", type=int, default=16, help="timed tokens per length (default: 16)")
-    p.set_defaults(func=bench_decode)
-
-    p = sub.add_parser("bench-train", help="time per training step: graph GPT vs dense twin, interleaved")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--pattern", default="causal")
-    p.add_argument("--window", type=int, default=32)
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=12)
-    p.add_argument("--steps", type=int, default=60, help="timed steps per model (default: 60)")
-    p.set_defaults(func=bench_train)
-
-    p = sub.add_parser("bench-memory", help="training memory; longest window context in dense memory")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--dense-block", type=int, default=64, help="the dense model's context (default: 64)")
-    p.add_argument("--window", type=int, default=32)
-    p.add_argument("--lengths", type=_ints, default=[64, 96, 128, 256, 512, 1024])
-    p.add_argument("--tokens", type=int, default=0, help="keep batch * context at this many tokens (default: off)")
-    p.add_argument("--with-dense", action="store_true", help="also measure the dense model at each length")
-    p.set_defaults(func=bench_memory)
-
-    p = sub.add_parser("memory-probe", help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--attention", default="graph")
-    p.add_argument("--pattern", default="causal")
-    p.add_argument("--window", type=int, default=32)
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.set_defaults(func=memory_probe)
 
 
 def _threads(args) -> None:

@@ -126,8 +126,12 @@ def generate(
     """
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must be a non-empty [B, T] prompt (got shape {list(idx.shape)})")
-    if temperature <= 0:
+    if not temperature > 0:  # NaN too
         raise ValueError(f"temperature must be > 0 (got {temperature})")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None (got {top_k})")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
     pattern = DecodePattern(model)
     block = model.config.block_size
     cache = KVCache(model, idx.shape[0]) if use_cache else None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -20,28 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layer import GraphAttention
+from .config import GPTConfig
 from .dense import DenseAttention
 from .patterns import Pattern, make_pattern
 
 _CACHE_SIZE = 8  # edge sets kept per model (one per (B, T, device) seen recently)
-
-
-@dataclass
-class GPTConfig:
-    block_size: int = 64  # longest context; learned positions 0 .. block_size - 1 (nanoGPT CPU run)
-    vocab_size: int = 65  # distinct characters of Tiny Shakespeare
-    n_layer: int = 4  # transformer blocks (nanoGPT CPU run)
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 128  # model width D
-    dropout: float = 0.0  # dropout on embeddings, attention weights and residual branches
-    bias: bool = False  # biases in Linear and LayerNorm (nanoGPT's default: none)
-    attention: str = "graph"  # "graph": GraphAttention over edges; "dense": the SDPA twin with the mask
-    pattern: str = "causal"  # "causal", "window", "dilated" or "bigbird" (see make_pattern)
-    window: int = 32  # window radius w of window / dilated / bigbird: keys i - w .. i
-    dilation: int = 2  # stride between keys of the dilated pattern
-    num_global: int = 1  # bigbird: leading tokens every query sees
-    num_random: int = 4  # bigbird: random earlier keys per query
-    pattern_seed: int = 0  # seed of bigbird's random keys (drawn once per (B, T))
 
 
 class MLP(nn.Module):

@@ -12,10 +12,9 @@ import torch
 from torch import Tensor
 
 from .. import builders
+from .config import PATTERNS
 
 Pattern = Callable[[Sequence[int]], Tensor]
-
-PATTERNS = ("causal", "window", "dilated", "bigbird")
 
 
 def make_pattern(config) -> Pattern:

@@ -2,17 +2,16 @@
 
 The schedule and defaults follow nanoGPT's ``config/train_shakespeare_char.py`` with its
 documented CPU run (block 64, batch 12, 4 layers, 4 heads, 128 wide, 2000 iterations).
-A checkpoint is written atomically (temporary file, then ``os.replace``) and holds plain
-types only, so :func:`load_checkpoint` reads it with ``torch.load(weights_only=True)``.
+Checkpoints (:mod:`tgattn.lm.checkpoint`) are written atomically, hold plain types only and
+carry a checksum that :func:`load_checkpoint` verifies.
 Resuming restores the model, the optimizer and the random state of batch sampling, so the
 resumed run draws the same batches and reaches the same parameters as an uninterrupted one.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -20,24 +19,9 @@ import torch
 from torch import Tensor
 
 from ..models import GPT, GPTConfig
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import TrainConfig
 from .data import get_batch
-
-
-@dataclass
-class TrainConfig:
-    max_iters: int = 2000  # optimizer steps
-    batch_size: int = 12  # sequences per step
-    lr: float = 1e-3  # peak learning rate
-    min_lr: float = 1e-4  # floor of the cosine decay (lr / 10)
-    warmup_iters: int = 100  # linear warm-up steps
-    lr_decay_iters: int = 2000  # the cosine reaches min_lr here
-    weight_decay: float = 0.1  # AdamW decay of matrices
-    beta2: float = 0.99  # AdamW beta2 (small batches: a shorter memory)
-    grad_clip: float = 1.0  # clip the global gradient norm (0 = off)
-    eval_interval: int = 250  # validate every so many steps
-    eval_iters: int = 200  # batches per validation estimate
-    checkpoint_interval: int = 250  # write a checkpoint every so many steps
-    seed: int = 1337  # model initialisation and batch sampling
 
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
@@ -67,30 +51,6 @@ def evaluate(model: GPT, ids: Tensor, *, batch_size: int, iters: int, seed: int)
     return float(torch.stack(losses).mean())
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically: a reader sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path) -> dict:
-    """A checkpoint written by :func:`train`, loaded with ``weights_only=True``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def model_from_checkpoint(state: dict) -> GPT:
-    """The :class:`GPT` stored in a checkpoint, with its weights, in eval mode."""
-    model = GPT(GPTConfig(**state["config"]))
-    model.load_state_dict(state["model"])
-    return model.eval()
-
-
 def train(
     model_config: GPTConfig,
     cfg: TrainConfig,
@@ -118,12 +78,23 @@ def train(
 
     ``steps`` holds ``{"iter", "loss", "lr", "seconds"}`` per step (``seconds`` of the step
     alone); ``evals`` holds ``{"iter", "train", "val"}`` per validation.
+
+    Raises:
+        ValueError: before the first step, when a split has no more tokens than ``block_size``
+            (validation would fail after training) or the checkpoint's vocabulary differs.
+        CheckpointError: when resuming from a damaged checkpoint.
     """
     torch.manual_seed(cfg.seed)
     batches = torch.Generator().manual_seed(cfg.seed)
     state = load_checkpoint(checkpoint) if resume else None
     if state is not None:
         model_config = GPTConfig(**state["config"])
+    for name, ids in (("training", train_ids), ("validation", val_ids)):  # refused now, not at the first validation
+        if len(ids) <= model_config.block_size:
+            raise ValueError(
+                f"the {name} split has {len(ids)} tokens, too few for block_size {model_config.block_size}: "
+                "use a longer corpus or a smaller block_size"
+            )
     model = GPT(model_config)
     optimizer = model.configure_optimizer(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, cfg.beta2))
     start, best_val = 0, float("inf")

@@ -1,0 +1,31 @@
+"""The PyG-workload benchmark runs end to end and computes its ratios from its own rows."""
+from __future__ import annotations
+
+import csv
+
+from tgattn.bench import gnn
+
+
+def test_ratios_are_taken_within_one_workload_mode_and_thread_count():
+    rows = [
+        dict(workload="cora", mode="train", threads=1, model="gat", ms=10.0),
+        dict(workload="cora", mode="train", threads=1, model="transformer", ms=20.0),
+        dict(workload="cora", mode="train", threads=1, model="tgattn", ms=15.0),
+        dict(workload="cora", mode="train", threads=2, model="gat", ms=5.0),
+        dict(workload="cora", mode="train", threads=2, model="tgattn", ms=6.0),
+    ]
+    gnn._ratios(rows)
+    assert rows[2]["vs_gat"] == 1.5 and rows[2]["vs_transformer"] == 0.75
+    assert rows[4]["vs_gat"] == 1.2 and rows[4]["vs_transformer"] is None
+    assert "| cora | train | 1 | tgattn | 15.00 | 1.50x | 0.75x |" in gnn.summary(rows)
+
+
+def test_cli_writes_csv_table_and_plot(tmp_path):
+    argv = ["--workloads", "molecules", "--models", "gat", "tgattn", "--threads", "1", "--rounds", "1",
+            "--out", str(tmp_path), "--no-progress"]
+    assert gnn.main(argv) == 0
+    with open(tmp_path / "gnn.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["workload"], r["model"]) for r in rows] == [("molecules", "gat"), ("molecules", "tgattn"), ("overhead", "tgattn")]
+    assert float(rows[0]["vs_gat"]) == 1.0 and float(rows[1]["ms"]) > 0
+    assert (tmp_path / "gnn.png").stat().st_size > 0 and "molecules" in (tmp_path / "gnn.md").read_text()

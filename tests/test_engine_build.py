@@ -1,0 +1,110 @@
+"""Building the C++ extension: a killed build does not hang later processes, one build serves every venv.
+
+The builds here compile a one-line C++ file (a second or two), never the fused kernel.
+"""
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import REPO
+from tgattn.engine import build
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks: POSIX only")
+
+
+@pytest.fixture
+def source(tmp_path, monkeypatch, request):
+    """A tiny C++ source, unique per test, built under a fresh TGATTN_BUILD_DIR."""
+    monkeypatch.setenv("TGATTN_BUILD_DIR", str(tmp_path / "builds"))
+    path = tmp_path / "dummy.cpp"
+    path.write_text(f'// {request.node.name}\nextern "C" int tgattn_dummy() {{ return 1; }}\n')
+    return path
+
+
+def test_the_build_folder_is_keyed_by_torch_cpu_and_source_not_by_the_venv(source, tmp_path, monkeypatch):
+    folder = build.build_dir("dummy", source, cflags=["-O3"])
+    assert folder.parent == tmp_path / "builds"
+    with monkeypatch.context() as venv:  # another virtual environment, the same torch
+        for attr in ("prefix", "exec_prefix", "base_prefix", "executable"):
+            venv.setattr(sys, attr, "/elsewhere/venv")
+        venv.setenv("VIRTUAL_ENV", "/elsewhere/venv")
+        assert build.build_dir("dummy", source, cflags=["-O3"]) == folder
+    assert build.build_dir("dummy", source, cflags=["-O2"]) != folder
+    with monkeypatch.context() as other:
+        other.setattr(build, "cpu_tag", lambda: "deadbeef")  # another CPU: -march=native differs
+        assert build.build_dir("dummy", source, cflags=["-O3"]) != folder
+    with monkeypatch.context() as other:
+        other.setattr(torch, "__version__", "2.99.0+cpu")
+        assert build.build_dir("dummy", source, cflags=["-O3"]) != folder
+    with monkeypatch.context() as other:
+        other.delenv("TGATTN_BUILD_DIR")
+        other.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch-ext"))
+        assert build.build_dir("dummy", source, cflags=["-O3"]) == tmp_path / "torch-ext" / folder.name
+    source.write_text(source.read_text() + "// edited\n")
+    assert build.build_dir("dummy", source, cflags=["-O3"]) != folder
+
+
+def test_a_build_killed_while_holding_the_lock_does_not_hang_the_next(source):
+    folder = build.build_dir("dummy", source)
+    folder.mkdir(parents=True)
+    # A process that locks the folder the way a build does, leaves torch's lock file, then is killed.
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import fcntl, os, sys, time
+        fh = open(sys.argv[1], "a+")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write('{"pid": %d}' % os.getpid()); fh.flush()
+        open(sys.argv[2], "w").close()  # torch.utils.cpp_extension's lock file
+        print("locked", flush=True)
+        time.sleep(600)
+        """), str(folder / "build.lock"), str(folder / "lock")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    assert (folder / "lock").exists() and str(holder.pid) in (folder / "build.lock").read_text()
+    loader = ("import sys; from tgattn.engine.build import load_extension; "
+              "print(load_extension('dummy', sys.argv[1], wait=30))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-c", loader, str(source)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)  # torch's own lock file alone made this wait forever
+    assert run.stdout.strip() == "True", run.stderr
+    assert "compiled dummy in" in run.stderr and not (folder / "lock").exists()
+
+
+def test_a_live_build_elsewhere_is_waited_for_then_given_up_with_a_warning(source, caplog):
+    import fcntl
+
+    folder = build.build_dir("dummy", source)
+    folder.mkdir(parents=True)
+    with open(folder / "build.lock", "a+") as fh:  # another process building right now (here: this one)
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write('{"pid": 4242, "host": "builder"}')
+        fh.flush()
+        with pytest.warns(UserWarning, match=r"dummy unavailable \(TimeoutError: waited 0.5 s for .*build.lock, held by "
+                                             r'\{"pid": 4242, "host": "builder"\}\); using the CSR backend'):
+            assert build.load_extension("dummy", source, wait=0.5, fallback="the CSR backend") is False
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f'tgattn: waiting up to 0.5 s for the build in {folder} by {{"pid": 4242, "host": "builder"}}']
+
+
+def test_the_first_build_logs_one_line_and_later_loads_reuse_it(source, caplog, monkeypatch):
+    with caplog.at_level(logging.INFO, logger="tgattn.engine.build"):
+        assert build.load_extension("dummy", source)
+    shown = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(shown) == 1 and shown[0].startswith("tgattn: compiled dummy in ") and " s, once for this torch" in shown[0]
+    caplog.clear()
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(sys, "prefix", "/another/venv")  # another environment, the same torch
+    assert build.load_extension("dummy", source)
+    assert caplog.records == []

@@ -1,0 +1,73 @@
+"""Shared pieces of tgattn's command lines: argument types, the plot extra, one-line errors.
+
+Every command line turns bad input into argparse's one-line ``error:`` and exit status 2:
+values are checked as they are parsed (the types below), settings when the command starts,
+and a ``ValueError`` or ``OSError`` from the command itself (a damaged checkpoint, a prompt
+outside the vocabulary, a folder that cannot be written) ends the same way instead of in a
+traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from typing import Callable, List, Optional
+
+
+def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule} (got {text!r})")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
+non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
+seed_int = _number(int, "an integer in [0, 2**63)", lambda v: 0 <= v < 2**63)
+positive_float = _number(float, "a number > 0", lambda v: v > 0)  # NaN fails the comparison
+
+
+def positive_ints(text: str) -> List[int]:
+    """A comma-separated list of integers >= 1: ``"256,1024"`` -> ``[256, 1024]``.
+
+    Example:
+        >>> positive_ints("256,1024")
+        [256, 1024]
+    """
+    return [positive_int(part) for part in text.split(",")]
+
+
+def boolean(text: str) -> bool:
+    """``true/false``, ``yes/no``, ``on/off`` or ``1/0`` (any case); anything else is an error.
+
+    Example:
+        >>> boolean("True"), boolean("0")
+        (True, False)
+    """
+    value = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+    if text.lower() not in value:
+        raise argparse.ArgumentTypeError(f"must be true or false (got {text!r})")
+    return value[text.lower()]
+
+
+def missing_plot_extra() -> Optional[str]:
+    """The error to show when matplotlib is not installed, else ``None``."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return 'this command draws with matplotlib, which is not installed: pip install "tgattn[plot]"'
+    return None
+
+
+def run(parser: argparse.ArgumentParser, command: Callable[[argparse.Namespace], int], args) -> int:
+    """``command(args)``; a ``ValueError`` or ``OSError`` becomes a one-line error and exit status 2."""
+    try:
+        return command(args)
+    except (ValueError, OSError) as err:
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        return 2

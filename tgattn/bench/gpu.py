@@ -1,0 +1,145 @@
+"""The GPU side of ``python -m tgattn.bench --device cuda``: GNN training steps and the targets.
+
+The attention sweep itself is :func:`tgattn.bench.attention.sweep` with ``device="cuda"`` (peers
+from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
+
+* :func:`gnn_steps`: one training step (forward, backward, Adam) of the GAT paper's two-layer
+  network with ``GATConv``, ``TransformerConv`` and tgattn's ``GraphAttentionConv``, on Cora and
+  on molecule-sized batches that bring a new edge set every step;
+* :func:`gpu_targets`: the issue's GPU targets, each with the ratio this run measured ("Flex":
+  the faster of the ``flex`` and ``flex_csr`` peers).
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .report import _index, _ratio
+
+GNN_MODELS = ("gat", "transformer", "tgattn")
+GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
+
+
+def check_device(device: str) -> torch.device:
+    """The ``torch.device`` for ``device``; a ``ValueError`` naming the reason when it cannot run.
+
+    Example:
+        >>> check_device("cpu")
+        device(type='cpu')
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: torch.cuda.is_available() is False (torch {torch.__version__}); "
+            "run on a machine with a CUDA GPU and a CUDA build of torch"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda (got {device!r})")
+    return dev
+
+
+def molecule_batches(steps: int, *, graphs: int = 128, sizes=(18, 30), features: int = 64, seed: int = 0) -> Iterator:
+    """``steps`` batches ``(x [N, features], edge_index [2, E], y [N])`` of ring-shaped graphs with
+    three random chords each (both directions), a fresh edge set per batch."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        lengths = torch.randint(sizes[0], sizes[1] + 1, (graphs,), generator=g)
+        offsets = torch.cumsum(lengths, 0) - lengths
+        node_graph = torch.repeat_interleave(torch.arange(graphs), lengths)
+        nodes = torch.arange(int(lengths.sum()))
+        ring = torch.stack([nodes, offsets[node_graph] + (nodes - offsets[node_graph] + 1) % lengths[node_graph]])
+        pick = torch.randint(0, 1 << 30, (2, graphs * 3), generator=g)
+        graph = torch.arange(graphs).repeat_interleave(3)
+        chords = offsets[graph] + pick % lengths[graph]
+        edges = torch.cat([ring, chords], dim=1)
+        edges = torch.cat([edges, edges.flip(0)], dim=1)
+        yield torch.randn(nodes.numel(), features, generator=g), edges, torch.randint(0, 16, (nodes.numel(),), generator=g)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_steps(net, batches, device, repeats: int) -> float:
+    """Minimum ms of one optimizer step over ``batches`` (after one warm-up step)."""
+    opt = torch.optim.Adam(net.parameters(), lr=0.005)
+    net.train()
+    best = float("inf")
+    for i, (x, edge_index, y, mask) in enumerate(batches):
+        if i > repeats:
+            break
+        _sync(device)
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x, edge_index)[mask], y[mask])
+        loss.backward()
+        opt.step()
+        _sync(device)
+        if i > 0:
+            best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def gnn_steps(device, *, data_root=None, repeats: int = 20, workloads=("cora", "molecules"), graphs: int = 128) -> List[dict]:
+    """One training step per (workload, model): Cora (GAT protocol) and batches of ``graphs``
+    molecules.
+
+    Molecule batches bring a new edge set every step (each is analysed on its first and only
+    use); Cora's edge set is analysed once.
+    """
+    from ..datasets import load_planetoid
+    from .planetoid import MODELS, Net, build_model, prepare
+
+    rows, data = [], None
+    if "cora" in workloads:
+        try:
+            data = prepare(load_planetoid("Cora", data_root)).to(device)
+        except (OSError, RuntimeError) as err:  # no data folder and no internet
+            rows += [dict(workload="cora", model=m, note=f"no data: {err}"[:100]) for m in GNN_MODELS]
+    for model in GNN_MODELS if data is not None else ():
+        net = build_model(model, data, "Cora").to(device)
+        steps = ((data.x, data.edge_index, data.y, data.train_mask) for _ in range(repeats + 1))
+        rows.append(dict(workload="cora", model=model, nodes=data.num_nodes, edges=data.num_edges,
+                         ms=_time_steps(net, steps, device, repeats)))
+    for model in GNN_MODELS if "molecules" in workloads else ():
+        net = Net(MODELS[model], 64, 16, hidden=16, heads=4).to(device)
+        batches = [(x.to(device), ei.to(device), y.to(device), slice(None)) for x, ei, y in molecule_batches(repeats + 1, graphs=graphs)]
+        rows.append(dict(workload="molecules", model=model, nodes=batches[0][0].shape[0], edges=batches[0][1].shape[1],
+                         ms=_time_steps(net, batches, device, repeats)))
+    return rows
+
+
+def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str = "window64") -> str:
+    """The issue's GPU targets, each with its measured ratio (``n/a`` when not in this run)."""
+    idx = _index(rows)
+    out = []
+
+    def line(text, value, ok):
+        shown = "n/a" if value is None else f"{value:.2f}x"
+        out.append(f"{text:<62} {shown:>12}  {'' if value is None else ('met' if ok(value) else 'NOT met')}")
+
+    def flex(pattern, n, mode):  # the faster FlexAttention variant (pattern mask_mod or CSR BlockMask)
+        ratios = [r for r in (_ratio(idx, pattern, n, mode, p) for p in ("flex", "flex_csr")) if r is not None]
+        return min(ratios) if ratios else None
+
+    for n in sorted({r["n"] for r in rows if r["pattern"] == window and r["n"] <= 131072}):
+        line(f"{window} n={n} fwd+bwd: SDPA masked / tgattn >= 5", _ratio(idx, window, n, "fwd+bwd", "sdpa_mask"), lambda r: r >= 5)
+        line(f"{window} n={n} fwd+bwd: Flex / tgattn >= 1", flex(window, n, "fwd+bwd"), lambda r: r >= 1)
+    for pattern in sorted({r["pattern"] for r in rows if r["pattern"].startswith(("random", "topk"))}):
+        for n in sorted({r["n"] for r in rows if r["pattern"] == pattern}):
+            for mode in ("fwd", "fwd+bwd"):
+                line(f"{pattern} n={n} {mode}: SDPA masked / tgattn >= 10", _ratio(idx, pattern, n, mode, "sdpa_mask"), lambda r: r >= 10)
+                line(f"{pattern} n={n} {mode}: Flex / tgattn >= 2", flex(pattern, n, mode), lambda r: r >= 2)
+    for workload in sorted({r["workload"] for r in gnn or ()}):
+        step = {r["model"]: r.get("ms") for r in gnn if r["workload"] == workload}
+        ratio = step["tgattn"] / step["gat"] if step.get("tgattn") and step.get("gat") else None
+        line(f"GNN {workload} train step: tgattn / GATConv <= 1", ratio, lambda r: r <= 1)
+    big = idx.get((window, 1 << 20, "fwd+bwd", "tgattn"))
+    if big and big["ms"]:
+        peak = f", peak extra {big['peak_mb']:.0f} MB" if big["peak_mb"] else ""
+        out.append(f"{window} n=1048576 fwd+bwd completes: {big['ms'] / 1e3:.2f} s{peak}")
+    return "\n".join(out)

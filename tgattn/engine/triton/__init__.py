@@ -1,0 +1,16 @@
+"""The ``triton`` backend: exact graph attention on the GPU with kernels of tgattn's own.
+
+Triton kernels (:mod:`.kernels`, imported on first use) walk the CSR rows of the analysed edge
+set: a forward pass with online softmax that saves each row's log-sum-exp, and a
+FlashAttention-2 style backward (``dq`` over query rows, ``dk`` / ``dv`` over key rows of the
+transposed pattern). They take float16, bfloat16, float32 and float64, an edge bias
+(``-inf`` removes an edge), dropout (a counter-based mask regenerated in backward), returned
+weights and duplicated edges; a row without edges outputs 0.
+
+The engine picks this backend for CUDA tensors. With ``TRITON_INTERPRET=1`` in the
+environment, ``backend="triton"`` also runs on CPU tensors through Triton's interpreter
+(slowly: that is how the tests check the kernels without a GPU).
+"""
+from .attention import available, dropout_keep, draw_seed, triton_attention, usable
+
+__all__ = ["available", "dropout_keep", "draw_seed", "triton_attention", "usable"]

@@ -1,0 +1,202 @@
+"""Autograd around the Triton kernels, and the entry the engine calls.
+
+Nothing here imports ``triton``: :func:`kernels_module` imports the kernels on first use, so
+``import tgattn`` stays light and works without Triton.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..analysis import Structure
+from ..csr import transpose_pattern
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Elements of one gathered [BLOCK_M, BLOCK_N, d] chunk: 64 registers a thread at 4 warps.
+CHUNK_ELEMENTS = 8192
+BLOCK_N = 16  # edge slots per row and chunk
+
+
+def available() -> bool:
+    """Whether ``triton`` can be imported (and ``TGATTN_NO_TRITON`` does not turn it off).
+
+    Example:
+        >>> isinstance(available(), bool)
+        True
+    """
+    if os.environ.get("TGATTN_NO_TRITON", "") not in ("", "0"):
+        return False
+    return _installed()
+
+
+@functools.lru_cache(maxsize=None)
+def _installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` asks for Triton's interpreter (kernels on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def interpreter_ready() -> bool:
+    """Whether the interpreter can run the kernels: ``TRITON_INTERPRET=1`` is set and was set
+    when ``triton`` was imported (Triton defines its own jit library then), or triton is not
+    imported yet.
+
+    Example:
+        >>> interpreter_ready() <= interpreting()  # ready implies asked for
+        True
+    """
+    if not interpreting():
+        return False
+    language = sys.modules.get("triton.language")
+    return language is None or type(language.zeros).__name__ == "InterpretedFunction"
+
+
+def usable(q: Tensor, *, named: bool = False) -> bool:
+    """Whether the kernels can run on inputs like ``q``: CUDA tensors of a float dtype, or
+    (only when the backend is named) CPU tensors under Triton's interpreter.
+
+    Example:
+        >>> usable(torch.zeros(2, 1, 4))  # a CPU tensor: only the interpreter runs it
+        False
+    """
+    if q.dtype not in DTYPES:
+        return False
+    if q.device.type == "cuda":
+        return available()
+    return named and q.device.type == "cpu" and interpreter_ready() and available()
+
+
+def kernels_module():
+    """The kernel module, imported on first use (re-imported when ``TRITON_INTERPRET`` changed)."""
+    from . import kernels
+
+    if kernels.INTERPRETED != interpreting():
+        kernels = importlib.reload(kernels)
+    return kernels
+
+
+def blocks_for(dk: int, dv: int) -> Tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: rows per program and edge slots per chunk for head dims ``dk, dv``.
+
+    Example:
+        >>> blocks_for(64, 64)
+        (8, 16)
+    """
+    d = 1 << (max(dk, dv, 1) - 1).bit_length()  # next power of two
+    return max(1, min(16, CHUNK_ELEMENTS // (BLOCK_N * d))), BLOCK_N
+
+
+def walks(s: Structure):
+    """``((rowptr, src, row_order), (colptr, row_t, perm_t, col_order))``, cached on ``s``.
+
+    The orders list query rows (key columns) by decreasing degree, so that the rows of one
+    program have about as many edges each.
+    """
+    cached = s.extras.get("triton")
+    if cached is None:
+        colptr, row_t, perm_t = transpose_pattern(s)
+        rows = (s.rowptr, s.src, _by_degree(s.rowptr))
+        cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, _by_degree(colptr)))
+    return cached
+
+
+def _by_degree(ptr: Tensor) -> Tensor:
+    """Row ids by decreasing degree (stable: rows of equal degree keep their order)."""
+    return torch.argsort(ptr[:-1] - ptr[1:], stable=True)
+
+
+def draw_seed() -> int:
+    """The dropout seed of one call, drawn from torch's CPU generator (no device sync)."""
+    return int(torch.randint(0, 2**31 - 1, ()))
+
+
+def dropout_keep(seed: int, num_edges: int, heads: int, p: float, device="cpu") -> Tensor:
+    """The dropout mask ``[E, H]`` (True = kept, sorted edge order) of a call drawing ``seed``.
+
+    Example (under ``TRITON_INTERPRET=1`` on CPU)::
+
+        torch.manual_seed(0); seed = draw_seed()
+        torch.manual_seed(0); out = triton_attention(q, k, v, s, None, scale, 0.5, False)
+        keep = dropout_keep(seed, s.num_edges, q.shape[1], 0.5)
+    """
+    return kernels_module().keep(num_edges, heads, p, seed, device)
+
+
+def _unit_stride(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class TritonAttention(torch.autograd.Function):
+    """Sorted-edge attention on the Triton kernels: ``(out [n_q, H, dv], weights [E, H] or [0, H])``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float, weights: bool, blocks):
+        kern = kernels_module()
+        q, k, v = (_unit_stride(t) for t in (q, k, v))
+        rows, cols = walks(s)
+        seed = draw_seed() if p > 0 else 0
+        out, lse, w = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks)
+        if not weights:
+            ctx.mark_non_differentiable(w)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, bias, out, lse, w)
+        ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.blocks = s, scale, p, seed, blocks
+        return out, w
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_w):
+        if torch.is_grad_enabled():  # create_graph=True: the kernels' gradients carry no graph
+            raise RuntimeError(
+                "the Triton attention kernels have no second derivative; "
+                "pass backend='csr' to graph_attention (or GraphAttention) for double backward"
+            )
+        q, k, v, bias, out, lse, w = ctx.saved_tensors
+        s = ctx.s
+        grad_out = torch.zeros_like(out) if grad_out is None else _unit_stride(grad_out)
+        delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # [n_q, H]: <dO_i, O_i>
+        if grad_w is not None:  # the returned weights' gradient joins each row's softmax backward
+            grad_w = grad_w.contiguous()
+            delta = delta.index_add(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
+        rows, cols = walks(s)
+        bias_grad = bias is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, d_scores = kernels_module().backward(
+            q, k, v, bias, grad_out, lse, delta.T.contiguous(), grad_w, rows, cols,
+            ctx.scale, ctx.p, ctx.seed, bias_grad, ctx.blocks,
+        )
+        grad_bias = None
+        if bias_grad:
+            grad_bias = (d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)).to(bias.dtype)
+        return dq, dk, dv, grad_bias, None, None, None, None, None
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Structure,
+    bias: Optional[Tensor],
+    scale: float,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    *,
+    blocks: Optional[Tuple[int, int]] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]``
+    in sorted order. ``blocks = (BLOCK_M, BLOCK_N)`` overrides :func:`blocks_for`.
+
+    Accumulates in float32 (float64 for float64 inputs); dropout draws its seed from torch's
+    CPU generator (:func:`dropout_keep` regenerates the mask).
+    """
+    blocks = blocks or blocks_for(q.shape[2], v.shape[2])
+    out, w = TritonAttention.apply(q, k, v, bias, s, scale, dropout_p, return_weights, blocks)
+    return out, (w if return_weights else None)

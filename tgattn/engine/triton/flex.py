@@ -1,0 +1,109 @@
+"""FlexAttention over an analysed edge set, with a ``BlockMask`` built from its CSR structure.
+
+:func:`block_mask` never forms an ``n x n`` mask: it counts the edges of each
+``[BLOCK, BLOCK]`` tile and hands FlexAttention (Dong et al., 2024) the tiles that hold any
+(``BlockMask.from_kv_blocks``). A tile whose cells are all edges is *full* and runs without a
+mask check; the others are *partial* and run through a ``mask_mod`` that reads one bit per cell
+from a compact per-tile bitmask (``[partial tiles, BLOCK, BLOCK / 32]`` int32 words), found
+through an ``[n_q / BLOCK, n_k / BLOCK]`` table of tile ids. (The ``mask_mod`` is exact on
+every cell, full tiles included, as FlexAttention's contract asks.)
+
+For block-structured sets (packed sequences, block-local, BigBird) most visited tiles are full
+and FlexAttention does little more than the edges' work; for scattered sets every tile is
+partial and it does dense work. The route takes no bias, dropout, returned weights or
+duplicated edges (:func:`flex_attention` says so with a ``ValueError``); it is not part of
+``auto``'s choices until a GPU benchmark shows where it wins (``python -m tgattn.bench --device
+cuda`` runs it as the ``flex_csr`` peer).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..analysis import Structure
+
+BLOCK = 128  # FlexAttention's default tile
+
+
+def _int32_bits(words: Tensor) -> Tensor:
+    """int64 values in [0, 2**32) as the int32 with the same bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def block_mask(s: Structure, block: int = BLOCK):
+    """The ``BlockMask`` of structure ``s`` (B = H = 1, broadcast), cached on ``s``.
+
+    Example:
+        >>> from tgattn import builders
+        >>> from tgattn.engine.analysis import analyse
+        >>> bm = block_mask(analyse(builders.causal([128, 128]), 256, 256))
+        >>> bm.to_dense()[0, 0].tolist()  # two sequences: two diagonal tiles, partial (causal)
+        [[1, 0], [0, 1]]
+        >>> bm.full_kv_num_blocks.flatten().tolist()
+        [0, 0]
+    """
+    if s.duplicates:
+        raise ValueError("FlexAttention counts a duplicated edge once; this edge set has duplicates")
+    cached = s.extras.get(("flex", block))
+    if cached is not None:
+        return cached
+    from torch.nn.attention.flex_attention import BlockMask
+
+    dev = s.src.device
+    nqb, nkb = -(-s.n_q // block), -(-s.n_k // block)
+    tq, tk = s.dst // block, s.src // block
+    tiles, tile_of_edge, counts = torch.unique(tq * nkb + tk, return_inverse=True, return_counts=True)
+    rows = (s.n_q - (tiles // nkb) * block).clamp(max=block)  # cells of a tile on the last row / column
+    cols = (s.n_k - (tiles % nkb) * block).clamp(max=block)
+    full = counts == rows * cols  # [T]
+
+    def ordered(keep: Tensor):
+        """Per query-block count and kv-block indices ``[1, 1, nqb]``, ``[1, 1, nqb, nkb]``."""
+        t = tiles[keep]  # sorted
+        num = torch.bincount(t // nkb, minlength=nqb)
+        starts = torch.cumsum(num, 0) - num
+        slot = torch.arange(t.numel(), device=dev) - starts[t // nkb]
+        idx = torch.zeros(nqb, nkb, dtype=torch.int32, device=dev)
+        idx[t // nkb, slot] = (t % nkb).to(torch.int32)
+        return num.to(torch.int32).view(1, 1, nqb), idx.view(1, 1, nqb, nkb)
+
+    partial = ~full
+    part_id = torch.cumsum(partial, 0) - 1  # [T] index among partial tiles
+    tile_id = torch.full((nqb * nkb,), -1, dtype=torch.int32, device=dev)  # -1: no edge, -2: full
+    tile_id[tiles] = torch.where(partial, part_id, -2).to(torch.int32)
+    tile_id = tile_id.view(nqb, nkb)
+    words_per_row = -(-block // 32)
+    on_partial = partial[tile_of_edge]  # [E]
+    qi, kj = s.dst[on_partial] % block, s.src[on_partial] % block
+    word = (part_id[tile_of_edge[on_partial]] * block + qi) * words_per_row + kj // 32
+    words = torch.zeros(int(partial.sum()) * block * words_per_row, dtype=torch.long, device=dev)
+    words.index_add_(0, word, torch.ones_like(word) << (kj % 32))  # unique edges: one bit each
+    words = _int32_bits(words).view(-1, block, words_per_row)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        t = tile_id[q_idx // block, kv_idx // block]
+        col = kv_idx % block
+        w = words[t.clamp(min=0), q_idx % block, col // 32]
+        return (t == -2) | ((t >= 0) & (((w >> (col % 32)) & 1) == 1))
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+                                  seq_lengths=(s.n_q, s.n_k))
+    s.extras[("flex", block)] = bm
+    return bm
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float, *, compiled: Optional[object] = None) -> Tensor:
+    """``out [n_q, H, dv]`` through FlexAttention with :func:`block_mask` (``compiled``: a
+    ``torch.compile``'d ``flex_attention``; default: the eager one, slow, for checks).
+
+    Rows without edges output 0.
+    """
+    if compiled is None:
+        from torch.nn.attention.flex_attention import flex_attention as compiled
+    heads = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, H, N, d]
+    out = compiled(*heads, block_mask=block_mask(s), scale=scale)  # [1, H, n_q, dv]
+    return out[0].transpose(0, 1)

@@ -1,0 +1,284 @@
+"""The Triton kernels of the ``triton`` backend, and the launches that size their grids.
+
+Importing this module imports ``triton`` and defines the kernels: with ``TRITON_INTERPRET=1``
+in the environment at that moment they are Triton's interpreter functions and run on CPU
+tensors (``INTERPRETED`` says which); :func:`tgattn.engine.triton.attention.kernels_module`
+re-imports the module when the environment changed since. Triton's own library of jit
+functions (``tl.zeros``, ``tl.rand``, ...) is defined when ``triton`` is first imported, so the
+interpreter works only if ``TRITON_INTERPRET=1`` was set before that.
+
+Every kernel walks CSR rows (edges sorted by (query, key), ``ptr [rows + 1]``) with one
+program per (block of ``BLOCK_M`` rows, head). Row ``r`` of a block takes its edges
+``BLOCK_N`` at a time, so a chunk is a ``[BLOCK_M, BLOCK_N]`` grid of edge slots whose
+key (or query) rows are gathered as ``[BLOCK_M, BLOCK_N, d]``; slots past a row's end are
+masked. Rows are taken in the order ``order`` (by decreasing degree), so that the rows of one
+block have about the same number of edges and few slots idle.
+
+* :func:`forward_kernel`: scores, online softmax (Milakov & Gimelshein, 2018) and the
+  weighted sum of values, accumulated in float32 (float64 for float64 inputs); saves the
+  log-sum-exp of each row and head; optionally writes the weights in a second pass.
+* :func:`dq_kernel` and :func:`dkdv_kernel`: the backward pass of FlashAttention-2 (Dao,
+  2023), recomputing each edge's weight from the saved log-sum-exp: ``dq`` (and the bias
+  gradient) over query rows, ``dk`` / ``dv`` over key rows of the transposed pattern. Each
+  program owns the rows it writes: no atomics, the same bits on every run. (Atomics would
+  save the key-side pass its recomputed scores, but that pass's time goes to gathering the
+  query and output-gradient rows of each edge, which a scatter of ``dk`` / ``dv`` per edge
+  would replace by read-modify-writes of the same size.)
+* Dropout keeps edge ``e`` of head ``h`` where ``tl.rand(seed, e * H + h) >= p`` (Philox,
+  counter based): the backward and :func:`keep_kernel` regenerate the same mask.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _keep(seed, e, h, heads, p_drop):
+    """Whether dropout keeps the edges ``e`` of head ``h`` (one Philox draw per edge and head)."""
+    return tl.rand(seed, e * heads + h) >= p_drop
+
+
+@triton.jit
+def _block(ORDER, PTR, n, BLOCK_M: tl.constexpr):
+    """The rows of this program: ids ``[BLOCK_M]``, which exist, and their edge ranges."""
+    slot = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = slot < n
+    rows = tl.load(ORDER + slot, mask=live, other=0)
+    start = tl.load(PTR + rows, mask=live, other=0)
+    end = tl.load(PTR + rows + 1, mask=live, other=0)
+    return rows, live, start, end
+
+
+@triton.jit
+def _rows(X, rows, h, s_n, s_h, live, offs, d, ACC: tl.constexpr):
+    """``X[rows, h, :d]`` as ``[BLOCK_M, BLOCK_D]`` (zeros past ``d`` and for dead rows)."""
+    ptr = X + rows[:, None] * s_n + h * s_h + offs[None, :]
+    return tl.load(ptr, mask=live[:, None] & (offs < d)[None, :], other=0.0).to(ACC)
+
+
+@triton.jit
+def _gather(X, idx, h, s_n, s_h, edge, offs, d, ACC: tl.constexpr):
+    """``X[idx, h, :d]`` for a ``[BLOCK_M, BLOCK_N]`` grid of node ids: ``[BLOCK_M, BLOCK_N, BLOCK_D]``."""
+    ptr = X + idx[:, :, None] * s_n + h * s_h + offs[None, None, :]
+    return tl.load(ptr, mask=edge[:, :, None] & (offs < d)[None, None, :], other=0.0).to(ACC)
+
+
+@triton.jit
+def _scores(x, ys, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
+    """``scale * <x_r, ys_rc> + bias_e`` per edge slot, ``-inf`` on empty slots."""
+    s = tl.sum(x[:, None, :] * ys, axis=2) * scale
+    if HAS_BIAS:
+        s += tl.load(BIAS + e * s_be + h * s_bh, mask=edge, other=0.0).to(ACC)
+    return tl.where(edge, s, float("-inf"))
+
+
+@triton.jit
+def forward_kernel(
+    Q, K, V, BIAS, OUT, LSE, W, ROWPTR, SRC, ORDER,
+    n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
+    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_on, s_oh, s_be, s_bh,
+    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, WEIGHTS: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """``OUT [n_q, H, dv]``, ``LSE [H, n_q]`` (``+inf`` for rows without a finite score), ``W [E, H]``."""
+    h = tl.program_id(1)
+    rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
+    od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
+    q = _rows(Q, rows, h, s_qn, s_qh, live, od, dk, ACC)  # [BM, BDK]
+    m = tl.full([BLOCK_M], float("-inf"), ACC)  # running max
+    l = tl.zeros([BLOCK_M], ACC)  # running sum of exp(s - m)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+    longest = tl.max(end - start, axis=0)
+    for t in range(0, longest, BLOCK_N):
+        e = start[:, None] + t + on[None, :]  # [BM, BN] edge ids
+        edge = e < end[:, None]
+        j = tl.load(SRC + e, mask=edge, other=0)
+        s = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows without a finite score yet
+        alpha = tl.exp(m - shift)
+        p = tl.exp(s - shift[:, None])  # [BM, BN]
+        l = l * alpha + tl.sum(p, axis=1)
+        if DROPOUT:
+            p = tl.where(_keep(seed, e, h, heads, p_drop), p * inv_keep, 0.0)
+        vs = _gather(V, j, h, s_vn, s_vh, edge, ov, dv, ACC)  # [BM, BN, BDV]
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vs, axis=1)
+        m = m_new
+    dead = l == 0.0  # no edge, or every score -inf (NaN rows stay NaN)
+    out = tl.where(dead[:, None], 0.0, acc / tl.where(dead, 1.0, l)[:, None])
+    lse = tl.where(dead, float("inf"), m + tl.log(tl.where(dead, 1.0, l)))
+    tl.store(OUT + rows[:, None] * s_on + h * s_oh + ov[None, :], out.to(OUT.dtype.element_ty),
+             mask=live[:, None] & (ov < dv)[None, :])
+    tl.store(LSE + h * n_q + rows, lse.to(LSE.dtype.element_ty), mask=live)
+    if WEIGHTS:  # a second pass: the weights need the row's final log-sum-exp
+        for t in range(0, longest, BLOCK_N):
+            e = start[:, None] + t + on[None, :]
+            edge = e < end[:, None]
+            j = tl.load(SRC + e, mask=edge, other=0)
+            s = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC)
+            tl.store(W + e * heads + h, tl.exp(s - lse[:, None]).to(W.dtype.element_ty), mask=edge)
+
+
+@triton.jit
+def dq_kernel(
+    Q, K, V, BIAS, DO, LSE, DELTA, GW, DQ, DB, ROWPTR, SRC, ORDER,
+    n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
+    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
+    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """``DQ [n_q, H, dk]`` (contiguous) and, with ``BIAS_GRAD``, the score gradients ``DB [E, H]``."""
+    h = tl.program_id(1)
+    rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
+    od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
+    q = _rows(Q, rows, h, s_qn, s_qh, live, od, dk, ACC)  # [BM, BDK]
+    do = _rows(DO, rows, h, s_don, s_doh, live, ov, dv, ACC)  # [BM, BDV]
+    lse = tl.load(LSE + h * n_q + rows, mask=live, other=float("inf")).to(ACC)
+    delta = tl.load(DELTA + h * n_q + rows, mask=live, other=0.0).to(ACC)
+    dq = tl.zeros([BLOCK_M, BLOCK_DK], ACC)
+    for t in range(0, tl.max(end - start, axis=0), BLOCK_N):
+        e = start[:, None] + t + on[None, :]  # [BM, BN]
+        edge = e < end[:, None]
+        j = tl.load(SRC + e, mask=edge, other=0)
+        ks = _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC)  # [BM, BN, BDK]
+        p = tl.exp(_scores(q, ks, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC) - lse[:, None])
+        dp = tl.sum(do[:, None, :] * _gather(V, j, h, s_vn, s_vh, edge, ov, dv, ACC), axis=2)
+        if DROPOUT:
+            dp = tl.where(_keep(seed, e, h, heads, p_drop), dp * inv_keep, 0.0)
+        if HAS_GW:
+            dp += tl.load(GW + e * heads + h, mask=edge, other=0.0).to(ACC)
+        ds = tl.where(edge, p * (dp - delta[:, None]), 0.0)  # d score
+        if BIAS_GRAD:
+            tl.store(DB + e * heads + h, ds, mask=edge)
+        dq += tl.sum(ds[:, :, None] * ks, axis=1)
+    tl.store(DQ + rows[:, None] * (heads * dk) + h * dk + od[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=live[:, None] & (od < dk)[None, :])
+
+
+@triton.jit
+def dkdv_kernel(
+    Q, K, V, BIAS, DO, LSE, DELTA, GW, DK, DV, COLPTR, ROW_T, PERM_T, ORDER,
+    n_k, n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
+    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
+    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """``DK [n_k, H, dk]`` and ``DV [n_k, H, dv]`` (contiguous) over key rows of the transposed pattern."""
+    h = tl.program_id(1)
+    cols, live, start, end = _block(ORDER, COLPTR, n_k, BLOCK_M)
+    od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
+    k = _rows(K, cols, h, s_kn, s_kh, live, od, dk, ACC)  # [BM, BDK]
+    v = _rows(V, cols, h, s_vn, s_vh, live, ov, dv, ACC)  # [BM, BDV]
+    dkey = tl.zeros([BLOCK_M, BLOCK_DK], ACC)
+    dval = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+    for t in range(0, tl.max(end - start, axis=0), BLOCK_N):
+        slot = start[:, None] + t + on[None, :]  # [BM, BN] positions in the transposed pattern
+        edge = slot < end[:, None]
+        i = tl.load(ROW_T + slot, mask=edge, other=0)  # queries
+        e = tl.load(PERM_T + slot, mask=edge, other=0)  # edge ids
+        qs = _gather(Q, i, h, s_qn, s_qh, edge, od, dk, ACC)  # [BM, BN, BDK]
+        lse = tl.load(LSE + h * n_q + i, mask=edge, other=0.0).to(ACC)
+        p = tl.exp(_scores(k, qs, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC) - lse)
+        dos = _gather(DO, i, h, s_don, s_doh, edge, ov, dv, ACC)  # [BM, BN, BDV]
+        dp = tl.sum(v[:, None, :] * dos, axis=2)
+        used = p
+        if DROPOUT:
+            keep = _keep(seed, e, h, heads, p_drop)
+            used = tl.where(keep, p * inv_keep, 0.0)
+            dp = tl.where(keep, dp * inv_keep, 0.0)
+        if HAS_GW:
+            dp += tl.load(GW + e * heads + h, mask=edge, other=0.0).to(ACC)
+        delta = tl.load(DELTA + h * n_q + i, mask=edge, other=0.0).to(ACC)
+        ds = tl.where(edge, p * (dp - delta), 0.0)
+        dval += tl.sum(used[:, :, None] * dos, axis=1)
+        dkey += tl.sum(ds[:, :, None] * qs, axis=1)
+    mask = live[:, None]
+    tl.store(DK + cols[:, None] * (heads * dk) + h * dk + od[None, :], (dkey * scale).to(DK.dtype.element_ty),
+             mask=mask & (od < dk)[None, :])
+    tl.store(DV + cols[:, None] * (heads * dv) + h * dv + ov[None, :], dval.to(DV.dtype.element_ty),
+             mask=mask & (ov < dv)[None, :])
+
+
+@triton.jit
+def keep_kernel(KEEP, num, heads, p_drop, seed, BLOCK: tl.constexpr):
+    """``KEEP [E * H]``: the dropout mask the attention kernels draw (tests build oracles from it)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < num
+    tl.store(KEEP + offs, _keep(seed, offs // heads, offs % heads, heads, p_drop).to(tl.int8), mask=live)
+
+
+def _meta(q, v, blocks) -> dict:
+    block_m, block_n = blocks
+    return dict(
+        ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_DK=triton.next_power_of_2(q.shape[2]),
+        BLOCK_DV=triton.next_power_of_2(v.shape[2]),
+    )
+
+
+def _strides(q, k, v, bias):
+    bias_strides = (0, 0) if bias is None else (bias.stride(0), bias.stride(1) if bias.shape[1] > 1 else 0)
+    return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)) + bias_strides
+
+
+def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks):
+    """Launch :func:`forward_kernel`: ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``.
+
+    ``q, k, v`` have unit stride in their last dim; ``bias`` is ``[E, 1 or H]`` or ``None``.
+    """
+    n_q, heads, dk = q.shape
+    meta = _meta(q, v, blocks)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = q.new_empty(n_q, heads, v.shape[2])
+    lse = torch.empty(heads, n_q, dtype=acc, device=q.device)
+    w = q.new_empty(src.numel() if weights else 0, heads)
+    grid = (triton.cdiv(n_q, blocks[0]), heads)
+    forward_kernel[grid](
+        q, k, v, q if bias is None else bias, out, lse, w, rowptr, src, order,
+        n_q, heads, dk, v.shape[2], scale, p_drop, 1.0 / (1.0 - p_drop), seed,
+        *_strides(q, k, v, bias)[:6], out.stride(0), out.stride(1), *_strides(q, k, v, bias)[6:],
+        HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, **meta,
+    )
+    return out, lse, w
+
+
+def backward(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks):
+    """Launch :func:`dq_kernel` and :func:`dkdv_kernel`: ``(dq, dk, dv, d_scores [E, H] or None)``.
+
+    ``rows = (rowptr, src, order)`` and ``cols = (colptr, row_t, perm_t, order)`` are the two
+    CSR walks; ``delta [H, n_q]`` holds ``<dO_i, O_i>`` (plus the returned weights' share).
+    """
+    n_q, heads, dk = q.shape
+    n_k, dv = k.shape[0], v.shape[2]
+    meta = _meta(q, v, blocks)
+    common = (scale, p_drop, 1.0 / (1.0 - p_drop), seed)
+    strides = _strides(q, k, v, bias)
+    strides = strides[:6] + (grad_out.stride(0), grad_out.stride(1)) + strides[6:]
+    flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, **meta)
+    b = q if bias is None else bias
+    gw = lse if grad_w is None else grad_w
+    dq = q.new_empty(n_q, heads, dk)
+    d_scores = torch.empty(rows[1].numel(), heads, dtype=lse.dtype, device=q.device) if bias_grad else None
+    dq_kernel[(triton.cdiv(n_q, blocks[0]), heads)](
+        q, k, v, b, grad_out, lse, delta, gw, dq, lse if d_scores is None else d_scores, *rows,
+        n_q, heads, dk, dv, *common, *strides, BIAS_GRAD=bias_grad, **flags,
+    )
+    dkey, dval = k.new_empty(n_k, heads, dk), v.new_empty(n_k, heads, dv)
+    dkdv_kernel[(triton.cdiv(n_k, blocks[0]), heads)](
+        q, k, v, b, grad_out, lse, delta, gw, dkey, dval, *cols,
+        n_k, n_q, heads, dk, dv, *common, *strides, **flags,
+    )
+    return dq, dkey, dval, d_scores
+
+
+def keep(num_edges, heads, p_drop, seed, device):
+    """The dropout mask ``[E, H]`` (True = kept) that the kernels draw for this seed."""
+    out = torch.empty(num_edges * heads, dtype=torch.int8, device=device)
+    block = 256
+    keep_kernel[(triton.cdiv(out.numel(), block),)](out, out.numel(), heads, p_drop, seed, BLOCK=block)
+    return out.view(num_edges, heads).bool()

@@ -1,0 +1,128 @@
+"""Checkpoints of the character GPT: atomic writes, a checksum of the contents, clear errors.
+
+A checkpoint is a :func:`torch.save` dict of plain types (tensors, dicts, lists, numbers,
+strings), so :func:`torch.load` reads it with ``weights_only=True``. It holds ``"model"``
+(state dict), ``"config"`` (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"``
+(the tokenizer's characters in id order); :func:`tgattn.lm.train` adds the optimizer and
+random states. :func:`save_checkpoint` stores the SHA-256 of everything else under
+``"sha256"`` (the zip container checks no CRC on load, so a flipped byte in tensor data
+would otherwise load silently) and :func:`load_checkpoint` verifies it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+from typing import Union
+
+import torch
+
+REQUIRED = ("model", "config", "vocab")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is empty, truncated, corrupted or not a tgattn GPT checkpoint."""
+
+
+def state_digest(state: dict) -> str:
+    """SHA-256 of a checkpoint's contents: every key, number, string and tensor byte.
+
+    The ``"sha256"`` entry itself is left out, so a loaded checkpoint digests to its stored value.
+
+    Example:
+        >>> a = state_digest({"w": torch.zeros(2), "iter": 3})
+        >>> a == state_digest({"iter": 3, "w": torch.zeros(2)}), a == state_digest({"w": torch.ones(2), "iter": 3})
+        (True, False)
+    """
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in state.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def _feed(h, obj) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes
+    elif isinstance(obj, dict):
+        h.update(f"dict {len(obj)};".encode())
+        for key in sorted(obj, key=repr):
+            _feed(h, key)
+            _feed(h, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{type(obj).__name__} {len(obj)};".encode())
+        for item in obj:
+            _feed(h, item)
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        h.update(f"{type(obj).__name__} {obj!r};".encode())
+    else:
+        raise TypeError(f"a checkpoint holds plain types only (got {type(obj).__name__})")
+
+
+def save_checkpoint(path: Union[str, Path], state: dict) -> None:
+    """Write ``state`` and its :func:`state_digest` to ``path`` atomically.
+
+    The file is written as ``path + ".tmp"``, flushed to disk and renamed, so a reader sees
+    the old checkpoint or the new one, never half of one; a failed save removes the
+    temporary file and leaves ``path`` as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    state = {**state, "sha256": state_digest(state)}
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Union[str, Path]) -> dict:
+    """A checkpoint written by :func:`save_checkpoint`, loaded with ``weights_only=True`` and verified.
+
+    Returns the saved dict without its ``"sha256"`` entry. A checkpoint without one (written
+    by another program, or before tgattn stored it) loads with a warning.
+
+    Raises:
+        FileNotFoundError: when there is no file at ``path``.
+        CheckpointError: when the file is empty, truncated, corrupted (its contents do not
+            match the stored SHA-256) or lacks ``"model"``, ``"config"`` or ``"vocab"``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): its save did not finish; delete it")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a zip or pickle error: the file is cut short or damaged
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"checkpoint {path} ({size:,} bytes) is truncated or corrupted: {reason}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a tgattn GPT checkpoint (it holds a {type(state).__name__}, not a dict)")
+    missing = [key for key in REQUIRED if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} is not a tgattn GPT checkpoint: keys {missing} are missing")
+    stored = state.pop("sha256", None)
+    if stored is None:
+        warnings.warn(f"checkpoint {path} has no checksum (written before tgattn stored one): loaded unverified")
+    elif stored != state_digest(state):
+        raise CheckpointError(
+            f"checkpoint {path} is corrupted: its contents do not match the SHA-256 stored when it was saved"
+        )
+    return state
+
+
+def model_from_checkpoint(state: dict):
+    """The :class:`tgattn.models.GPT` stored in a checkpoint, with its weights, in eval mode."""
+    from ..models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(**state["config"]))
+    model.load_state_dict(state["model"])
+    return model.eval()
