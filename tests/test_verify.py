@@ -40,4 +40,4 @@ def test_command_line_prints_table_and_exit_code():
 def test_an_unknown_backend_is_a_one_line_error(cli):
     status, err = cli(main, ["verify", "--backend", "nope"])
     assert status == 2 and one_line_error(err, "python -m tgattn verify").startswith(
-        "argument --backend: invalid choice: 'nope' (choose from 'auto', 'gather', 'dense', 'tile', 'fused', 'csr')")
+        "argument --backend: invalid choice: 'nope' (choose from 'auto', 'gather', 'dense', 'tile', 'fused', 'csr'")
