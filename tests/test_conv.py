@@ -145,6 +145,7 @@ def test_repr_and_reset_parameters():
     "kwargs, match",
     [
         (dict(in_channels=0, out_channels=2), "in_channels"),
+        (dict(in_channels=(-2, 3), out_channels=2), "in_channels"),
         (dict(in_channels=(3, 4, 5), out_channels=2), "in_channels"),
         (dict(in_channels=3, out_channels=-1), "out_channels"),
         (dict(in_channels=3, out_channels=2, heads=0), "heads"),

@@ -4,14 +4,18 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import torch
-from torch import Tensor, nn
+import torch.nn.functional as F
+from torch import Tensor
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import add_self_loops as add_loops
 from torch_geometric.utils import remove_self_loops
 
-from . import functional
+from . import _adjacency, functional
+from .explain import explain_edge_scale
 
-PairTensor = Tuple[Tensor, Tensor]
+OptPairTensor = Tuple[Tensor, Optional[Tensor]]
+_STEPS = ("propagate", "edge_update", "message", "aggregate")  # MessagePassing's hookable steps
 
 
 class GraphAttentionConv(MessagePassing):
@@ -43,9 +47,20 @@ class GraphAttentionConv(MessagePassing):
     source = key/value node j, ``edge_index[1]`` = target = query node i. A node without
     incoming edges gets attention output 0 (plus the root term).
 
+    **PyG's roads.** The graph may come as ``edge_index``, ``EdgeIndex`` or a transposed sparse
+    adjacency ``adj_t`` (``torch.sparse`` COO / CSR / CSC, ``torch_sparse.SparseTensor``;
+    ``adj_t[i, j]`` = edge j -> i). ``(x_j, None)`` means no target features: the queries are
+    those of all-zero features (:math:`q_i = b_Q`, so scores depend on the source only, as in
+    ``GATConv`` without a target term) and there is no root term. ``in_channels=-1`` sizes the
+    projections on the first call (``to_hetero`` works so). Under PyG's explainers the edge mask
+    (``GNNExplainer``) scales the attention weights inside the attention core, with gradients to
+    the mask; message hooks (``AttentionExplainer``) or a replaced ``explain_message`` switch to
+    the message-passing path, whose ``message()`` sees ``alpha`` as ``GATConv``'s does.
+    ``TransformerConv``'s ``beta`` gate has no equivalent here.
+
     Args:
         in_channels (int or tuple): size of each input sample, or ``(source, target)`` sizes for
-            bipartite graphs.
+            bipartite graphs; ``-1`` infers a size from the first input.
         out_channels (int): channels C per head.
         heads (int, optional): number of heads H (default: 1).
         concat (bool, optional): concatenate heads (output ``H * C``) or average them
@@ -61,10 +76,11 @@ class GraphAttentionConv(MessagePassing):
             source and target sizes must agree) (default: False).
 
     Shapes:
-        - input: ``x [N, F]`` or ``(x_j [Nk, F_s], x_i [Nq, F_t])``, ``edge_index [2, E]``,
-          ``edge_attr [E, edge_dim]`` (optional)
+        - input: ``x [N, F]`` or ``(x_j [Nk, F_s], x_i [Nq, F_t] or None)``, ``edge_index [2, E]``
+          or ``adj_t [Nq, Nk]``, ``edge_attr [E, edge_dim]`` (optional)
         - output: ``[Nq, H * C]`` (concat) or ``[Nq, C]``; with ``return_attention_weights=True``
-          also ``(edge_index [2, E'], alpha [E', H])`` for the edges used (self-loops included)
+          also ``(edge_index [2, E'], alpha [E', H])`` for the edges used (self-loops included),
+          for an ``adj_t`` the weights in its form (see ``GATConv``)
 
     Example:
         >>> conv = GraphAttentionConv(16, 8, heads=4)
@@ -73,6 +89,12 @@ class GraphAttentionConv(MessagePassing):
         torch.Size([5, 32])
         >>> conv
         GraphAttentionConv(16, 8, heads=4)
+        >>> from torch_geometric.utils import to_torch_csr_tensor
+        >>> adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(5, 5))  # adj_t[i, j]: edge j -> i
+        >>> torch.allclose(conv(x, adj_t), conv(x, edge_index))
+        True
+        >>> GraphAttentionConv(-1, 8, heads=4)(x, edge_index).shape  # lazy in_channels
+        torch.Size([5, 32])
     """
 
     def __init__(
@@ -91,8 +113,10 @@ class GraphAttentionConv(MessagePassing):
     ):
         super().__init__(aggr="add", node_dim=0)
         sizes = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
-        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
-            raise ValueError(f"in_channels must be a positive int or a (source, target) pair of them (got {in_channels!r})")
+        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or (s <= 0 and s != -1) for s in sizes):
+            raise ValueError(
+                f"in_channels must be a positive int or -1, or a (source, target) pair of them (got {in_channels!r})"
+            )
         for name, value in (("out_channels", out_channels), ("heads", heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int (got {value!r})")
@@ -112,11 +136,12 @@ class GraphAttentionConv(MessagePassing):
         self.add_self_loops = add_self_loops
         self.shared_projection = shared_projection
         width = heads * out_channels
-        self.lin_query = nn.Linear(sizes[1], width, bias=bias)
-        self.lin_key = None if shared_projection else nn.Linear(sizes[0], width, bias=bias)
-        self.lin_value = None if shared_projection else nn.Linear(sizes[0], width, bias=bias)
-        self.lin_edge = nn.Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
-        self.lin_skip = nn.Linear(sizes[1], width if concat else out_channels, bias=bias) if root_weight else None
+        # PyG's Linear: nn.Linear's initialisation, and lazy sizes (-1) like TransformerConv's.
+        self.lin_query = Linear(sizes[1], width, bias=bias)
+        self.lin_key = None if shared_projection else Linear(sizes[0], width, bias=bias)
+        self.lin_value = None if shared_projection else Linear(sizes[0], width, bias=bias)
+        self.lin_edge = Linear(edge_dim, heads, bias=False) if edge_dim is not None else None
+        self.lin_skip = Linear(sizes[1], width if concat else out_channels, bias=bias) if root_weight else None
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -127,33 +152,78 @@ class GraphAttentionConv(MessagePassing):
 
     def forward(
         self,
-        x: Union[Tensor, PairTensor],
-        edge_index: Tensor,
+        x: Union[Tensor, OptPairTensor],
+        edge_index,
         edge_attr: Optional[Tensor] = None,
         return_attention_weights: bool = False,
         *,
+        size: Optional[Tuple[Optional[int], Optional[int]]] = None,
         edge_bias: Optional[Tensor] = None,
         backend: str = "auto",
     ):
         """Attend along ``edge_index`` (row 0 = key/source j, row 1 = query/target i).
 
         Args:
-            x: node features ``[N, F]``, or ``(x_j, x_i)`` for a bipartite graph.
-            edge_index: ``[2, E]``.
-            edge_attr: edge features ``[E, edge_dim]`` (or ``[E]`` when ``edge_dim == 1``).
-            return_attention_weights: also return ``(edge_index, alpha [E, H])``.
+            x: node features ``[N, F]``, or ``(x_j, x_i)`` for a bipartite graph (``x_i`` may be None).
+            edge_index: ``[2, E]``, an ``EdgeIndex``, or a sparse ``adj_t [Nq, Nk]`` (see the class).
+            edge_attr: edge features ``[E, edge_dim]`` (or ``[E]`` when ``edge_dim == 1``), in the
+                edge order of ``edge_index``; for a sparse ``adj_t`` its values serve when omitted.
+            return_attention_weights: also return the weights (see Shapes).
+            size: ``(Nk, Nq)``, the node counts (default: from ``x`` or the adjacency).
             edge_bias: a score bias ``[E]`` (all heads) or ``[E, H]`` added as it is (e.g. a learned
                 structural bias computed outside the layer); not with ``add_self_loops=True``.
-            backend: passed to :func:`tgattn.functional.graph_attention`.
+            backend: ``"message_passing"`` runs PyG's ``propagate`` (the readable ``message()``
+                path); anything else goes to :func:`tgattn.functional.graph_attention`.
         """
         x_j, x_i = (x, x) if isinstance(x, Tensor) else x
+        adj = edge_index
+        edge_index, edge_attr, size = _adjacency.read(adj, edge_attr, size, values=self.edge_dim is not None)
+        size = _node_counts(size, x_j, x_i)  # (Nk, Nq)
         H, C = self.heads, self.out_channels
         if (edge_attr is None) != (self.edge_dim is None):
             raise ValueError(f"edge_attr must be given exactly when edge_dim is set (edge_dim={self.edge_dim})")
         if edge_bias is not None and self.add_self_loops:
             raise ValueError("edge_bias needs add_self_loops=False (it must match the edges passed in)")
         if self.add_self_loops:
-            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, x_j.shape[0], x_i.shape[0])
+            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, *size)
+        bias = self._score_bias(edge_index, edge_attr, edge_bias)  # [E, H], [E] or None
+        q, k, v = self._project(x_j, x_i, size[1])  # [Nq, H, C], [Nk, H, C], [Nk, H, C]
+        p = self.dropout if self.training else 0.0
+        if backend == "message_passing" or self._wants_messages():
+            out, alpha = self._propagate(q, k, v, edge_index, bias, p, size)
+        else:
+            # An explainer's edge mask scales the weights (added self-loops: factor 1, as in PyG).
+            loops = size[1] if self.add_self_loops else 0
+            mask = explain_edge_scale(self, edge_index.shape[1], loops) if self._explain else None  # [E]
+            # Weights only when asked: they keep the engine off dense SDPA.
+            out = functional.graph_attention(
+                q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=return_attention_weights, backend=backend,
+                edge_scale=mask,
+            )  # [Nq, H, C] (and alpha [E, H])
+            out, alpha = out if return_attention_weights else (out, None)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
+        if self.lin_skip is not None and x_i is not None:
+            out = out + self.lin_skip(x_i)
+        if return_attention_weights:
+            return out, _adjacency.write(adj, edge_index, alpha, size)
+        return out
+
+    def _project(self, x_j: Tensor, x_i: Optional[Tensor], num_queries: int) -> Tuple[Tensor, Tensor, Tensor]:
+        H, C = self.heads, self.out_channels
+        if self.shared_projection:
+            k = v = self.lin_query(x_j).view(-1, H, C)  # [Nk, H, C]
+        else:
+            k = self.lin_key(x_j).view(-1, H, C)  # [Nk, H, C]
+            v = self.lin_value(x_j).view(-1, H, C)  # [Nk, H, C]
+        if x_i is None:  # no target features: the queries of all-zero features
+            if self.lin_query.in_channels < 0:
+                raise ValueError("x = (x_j, None) needs the target size: give in_channels, or pass x_i once")
+            x_i = x_j.new_zeros(num_queries, self.lin_query.in_channels)
+        elif self.shared_projection and x_i is x_j:
+            return k, k, v
+        return self.lin_query(x_i).view(-1, H, C), k, v  # q [Nq, H, C]
+
+    def _score_bias(self, edge_index: Tensor, edge_attr: Optional[Tensor], edge_bias: Optional[Tensor]):
         bias = None
         if edge_attr is not None:
             edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
@@ -165,23 +235,7 @@ class GraphAttentionConv(MessagePassing):
             bias = self.lin_edge(edge_attr)  # [E, H]
         if edge_bias is not None:
             bias = edge_bias if bias is None else bias + (edge_bias.view(-1, 1) if edge_bias.dim() == 1 else edge_bias)
-        q = self.lin_query(x_i).view(-1, H, C)  # [Nq, H, C]
-        if self.shared_projection:
-            k = v = q if x_j is x_i else self.lin_query(x_j).view(-1, H, C)  # [Nk, H, C]
-        else:
-            k = self.lin_key(x_j).view(-1, H, C)  # [Nk, H, C]
-            v = self.lin_value(x_j).view(-1, H, C)  # [Nk, H, C]
-        p = self.dropout if self.training else 0.0
-        out = functional.graph_attention(
-            q, k, v, edge_index, bias=bias, dropout_p=p, return_weights=return_attention_weights, backend=backend
-        )  # [Nq, H, C] (and alpha [E, H]); weights only when asked: they keep the engine off dense SDPA
-        out, alpha = out if return_attention_weights else (out, None)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
-        if self.lin_skip is not None:
-            out = out + self.lin_skip(x_i)
-        if return_attention_weights:
-            return out, (edge_index, alpha)
-        return out
+        return bias
 
     def _with_self_loops(self, edge_index, edge_attr, num_keys, num_queries):
         if num_keys != num_queries:
@@ -193,5 +247,44 @@ class GraphAttentionConv(MessagePassing):
         fill = "mean" if edge_attr is not None else None
         return add_loops(edge_index, edge_attr, fill_value=fill, num_nodes=num_queries)
 
+    # The message-passing path: PyG's edge_updater + propagate, readable, and what hooks see.
+
+    def _wants_messages(self) -> bool:
+        """Whether something must see the message-passing steps: a hook on them (message hooks:
+        ``AttentionExplainer``) or a replaced ``explain_message`` (``GraphMaskExplainer``)."""
+        if any(getattr(self, f"_{step}_forward{kind}_hooks") for step in _STEPS for kind in ("_pre", "")):
+            return True
+        if not self._explain:
+            return False
+        return getattr(self.explain_message, "__func__", None) is not MessagePassing.explain_message
+
+    def _propagate(self, q, k, v, edge_index, bias, p, size):
+        edge_index = functional.check_edge_index(edge_index, *size)
+        alpha = self.edge_updater(edge_index, q=(None, q), k=(k, None), bias=bias, size=size)  # [E, H]
+        used = F.dropout(alpha, p) if p > 0 else alpha
+        # PyG's generic propagate: the compiled one PyG gives a subclass of an already built conv
+        # class ignores explain (edge masks would never apply).
+        out = MessagePassing.propagate(self, edge_index, v=(v, None), alpha=used, size=size)  # [Nq, H, C]
+        return out, alpha
+
+    def edge_update(self, q_i: Tensor, k_j: Tensor, bias: Optional[Tensor], index: Tensor, size_i: int) -> Tensor:
+        score = (q_i * k_j).sum(dim=-1) * self.out_channels**-0.5  # [E, H]
+        if bias is not None:
+            score = score + bias.view(score.shape[0], -1)
+        return functional.edge_softmax(score, index, size_i)
+
+    def message(self, v_j: Tensor, alpha: Tensor) -> Tensor:
+        return alpha.unsqueeze(-1) * v_j  # [E, H, C]: a_ij v_j, summed at i by aggr="add"
+
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _node_counts(size, x_j: Tensor, x_i: Optional[Tensor]) -> Tuple[int, int]:
+    """``(Nk, Nq)`` from ``size`` (entries may be None) and the features, which must agree."""
+    counts = []
+    for name, given, x in (("source", size[0], x_j), ("target", size[1], x_i)):
+        if x is not None and given is not None and x.shape[0] != given:
+            raise ValueError(f"size gives {given} {name} nodes, but x has {x.shape[0]} {name} rows")
+        counts.append(x.shape[0] if x is not None else given)
+    return counts[0], counts[1] if counts[1] is not None else counts[0]
