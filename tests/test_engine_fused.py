@@ -108,10 +108,10 @@ def test_no_fused_environment_variable_disables_the_kernel(monkeypatch):
 
 @needs_kernel
 def _row_sums(a, b, ptr, idx):
-    """out[h, i] = sum over row i's edges of a[h, idx[e]] + b[h, idx[e]], in plain torch."""
+    """out[i] = sum over row i's edges of a[idx[e]] + b[idx[e]] (``[N, H, d]``), in plain torch."""
     rows = torch.repeat_interleave(torch.arange(ptr.numel() - 1), ptr.diff())
-    out = torch.zeros(a.shape[0], ptr.numel() - 1, a.shape[2], dtype=a.dtype)
-    return out.index_add_(1, rows, a[:, idx] + b[:, idx])
+    out = torch.zeros(ptr.numel() - 1, a.shape[1], a.shape[2], dtype=a.dtype)
+    return out.index_add_(0, rows, a[idx] + b[idx])
 
 
 @needs_kernel
@@ -120,8 +120,11 @@ def test_gather_rows_reads_every_edge_row(d):
     # the benchmark's reads-only floor must read exactly the kernel's rows, or it bounds nothing
     g = torch.Generator().manual_seed(0)
     s = engine.structure_of(random_edges(50, 40, 0.3, seed=2), 50, 40)  # 50 queries, 40 keys
-    a, b = torch.randn(2, 3, 40, d, generator=g, dtype=torch.float64)
+    a, b = torch.randn(2, 40, 3, d, generator=g, dtype=torch.float64)  # [N, H, d]
     got = torch.ops.tgattn_fused.gather_rows(a, b, s.rowptr, s.src)
+    assert max_err(got, _row_sums(a, b, s.rowptr, s.src)) < 1e-12
+    a_heads_first = a.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    got = torch.ops.tgattn_fused.gather_rows(a_heads_first, b, s.rowptr, s.src)
     assert max_err(got, _row_sums(a, b, s.rowptr, s.src)) < 1e-12
 
 
@@ -131,15 +134,15 @@ def test_reads_only_backward_reads_the_backward_rows():
     n = 30
     s = engine.structure_of(random_edges(n, n, 0.3, seed=3), n, n)
     q, k, v = (torch.randn(n, 2, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    heads = tuple(t.detach().transpose(0, 1).contiguous() for t in (q, k, v))
-    out = fused.ReadsOnly.apply(q, k, v, heads, s)
-    qh, kh, vh = heads
-    assert max_err(out, _row_sums(kh, vh, s.rowptr, s.src)) < 1e-12
+    rows = tuple(t.detach() for t in (q, k, v))
+    out = fused.ReadsOnly.apply(q, k, v, rows, s)
+    qr, kr, vr = rows
+    assert max_err(out, _row_sums(kr, vr, s.rowptr, s.src)) < 1e-12
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
     out.backward(grad)
     colptr, row_t, _ = engine.csr.transpose_pattern(s)
-    assert max_err(q.grad, _row_sums(vh, kh, s.rowptr, s.src).transpose(0, 1)) < 1e-12
-    assert max_err(k.grad, _row_sums(qh, grad, colptr, row_t).transpose(0, 1)) < 1e-12
+    assert max_err(q.grad, _row_sums(vr, kr, s.rowptr, s.src)) < 1e-12
+    assert max_err(k.grad, _row_sums(qr, grad, colptr, row_t)) < 1e-12
 
 
 @needs_kernel
@@ -187,3 +190,18 @@ def test_dropout_keeps_one_minus_p_of_the_edges_and_follows_the_seed():
     assert torch.equal(keep, fused.dropout_keep(8, 50_000, 0.3, 1234))
     assert not torch.equal(keep, fused.dropout_keep(8, 50_000, 0.3, 1235))
     assert not torch.equal(keep[0], keep[1])  # heads draw independently
+
+
+@needs_kernel
+def test_kernel_reads_and_writes_any_row_and_head_strides():
+    """q, k, v as the transposes of head-major tensors (the layout of an SDPA caller): no copies, same numbers."""
+    ei = random_edges(40, 40, 0.3, seed=8)
+    q, k, v, grad_out = inputs(40, 40, heads=3, dk=6)
+    strided = [t.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_() for t in (q, k, v)]
+    assert not strided[0].is_contiguous()
+    out = graph_attention(*strided, ei, backend="fused")
+    ref = oracle(q, k, v, ei)
+    assert max_err(out, ref) < 1e-10
+    got = torch.autograd.grad(out, strided, grad_out.transpose(0, 1).contiguous().transpose(0, 1))
+    for g, r in zip(got, torch.autograd.grad(ref, (q, k, v), grad_out)):
+        assert max_err(g, r) < 1e-10

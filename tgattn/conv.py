@@ -12,6 +12,7 @@ from torch_geometric.utils import add_self_loops as add_loops
 from torch_geometric.utils import remove_self_loops
 
 from . import _adjacency, functional
+from .engine.derived import DERIVED
 from .explain import explain_edge_scale
 
 OptPairTensor = Tuple[Tensor, Optional[Tensor]]
@@ -242,10 +243,11 @@ class GraphAttentionConv(MessagePassing):
             raise ValueError(
                 f"add_self_loops=True needs as many source as target nodes (got {num_keys} and {num_queries})"
             )
-        edge_index = functional.check_edge_index(edge_index, num_keys, num_queries)
-        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-        fill = "mean" if edge_attr is not None else None
-        return add_loops(edge_index, edge_attr, fill_value=fill, num_nodes=num_queries)
+        if edge_attr is None and isinstance(edge_index, Tensor) and not torch.compiler.is_compiling():
+            # Once per input edge set: the layers of a model then share one analysed edge set.
+            looped = DERIVED.get(edge_index, ("self_loops", num_queries), lambda: _self_loops(edge_index, None, num_queries))
+            return looped[0], None
+        return _self_loops(edge_index, edge_attr, num_queries)
 
     # The message-passing path: PyG's edge_updater + propagate, readable, and what hooks see.
 
@@ -278,6 +280,15 @@ class GraphAttentionConv(MessagePassing):
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _self_loops(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
+    """The edges without their self-loops, then one loop per node (features: the mean of the
+    node's incoming edge features, as in ``GATConv``)."""
+    edge_index = functional.check_edge_index(edge_index, num_nodes, num_nodes)
+    edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+    fill = "mean" if edge_attr is not None else None
+    return add_loops(edge_index, edge_attr, fill_value=fill, num_nodes=num_nodes)
 
 
 def _node_counts(size, x_j: Tensor, x_i: Optional[Tensor]) -> Tuple[int, int]:

@@ -127,8 +127,8 @@ def floor(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     if q.is_cuda or not fused.available() or q.shape[-1] != v.shape[-1]:
         return None
     s = structure_of(ei, q.shape[0], k.shape[0])
-    heads = tuple(t.detach().transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
-    return lambda: fused.ReadsOnly.apply(q, k, v, heads, s)
+    rows = tuple(t.detach() for t in (q, k, v))  # [N, H, d], the layout the kernels read
+    return lambda: fused.ReadsOnly.apply(q, k, v, rows, s)
 
 
 def build(name: str, q, k, v, ei, pattern: Pattern) -> Optional[Callable]:

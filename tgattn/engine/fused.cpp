@@ -267,8 +267,8 @@ struct Dropout {
 // row_t, and perm_t mapping to the edge): dk_j += scale * sum_e ds_e q_i, dv_j += sum_e w_e dO_i.
 template <typename T>
 void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t,
-              const T* q, int64_t dk, const T* go, int64_t dv, const T* w, const T* ds, T scale, T* dkey, T* dval,
-              const Dropout& drop, int64_t h) {
+              const T* q, int64_t qs, int64_t dk, const T* go, int64_t gs, int64_t dv, const T* w, const T* ds, T scale,
+              T* dkey, int64_t dks, T* dval, int64_t dvs, const Dropout& drop, int64_t h) {
   std::vector<int64_t> query;
   std::vector<T> a, b;
   for (int64_t j = c0; j < c1; ++j) {
@@ -280,8 +280,8 @@ void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_
       if (w[e] == 0) continue;  // then ds_e = 0 too
       a[n] = ds[e] * scale, b[n] = w[e] * drop.factor<T>(h, e), query[n++] = row_t[t];
     }
-    accumulate(dkey + j * dk, a.data(), Rows<T>{q, query.data(), dk}, n, dk);
-    accumulate(dval + j * dv, b.data(), Rows<T>{go, query.data(), dv}, n, dv);
+    accumulate(dkey + j * dks, a.data(), Rows<T>{q, query.data(), qs}, n, dk);
+    accumulate(dval + j * dvs, b.data(), Rows<T>{go, query.data(), gs}, n, dv);
   }
 }
 
@@ -322,9 +322,9 @@ struct RowEdges {
 // Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
 // -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
 template <typename T>
-void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, const T* k, int64_t d,
-                 const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t dv, T* out,
-                 const Dropout& drop, int64_t h) {
+void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, int64_t qs, const T* k,
+                 int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t vs,
+                 int64_t dv, T* out, int64_t os, const Dropout& drop, int64_t h) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
@@ -332,7 +332,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
       return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
     });
     T* x = re.x.data();
-    dots(q + i * d, Rows<T>{k, re.key, d}, n, d, x);
+    dots(q + i * qs, Rows<T>{k, re.key, ks}, n, d, x);
     T row_max = neg_inf;
     if (bias) {
       for (int64_t r = 0; r < n; ++r) row_max = std::max(row_max, x[r] = x[r] * scale + bias[re.edge(r) * bias_stride]);
@@ -345,7 +345,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     for (int64_t r = 0; r < n; ++r) w[re.edge(r)] = x[r];
     if (drop.on())
       for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.edge(r));
-    accumulate(out + i * dv, x, Rows<T>{v, re.key, dv}, n, dv);
+    accumulate(out + i * os, x, Rows<T>{v, re.key, vs}, n, dv);
   }
 }
 
@@ -353,14 +353,14 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
 // dw_e = <dO_i, v_j> (times the dropout factor) (+ gw_e, the gradient that reached the
 // returned weights), then dq_i += scale * sum_e ds_e k_j. Edges of weight 0 keep ds = 0.
 template <typename T>
-void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* go, const T* v,
-                   int64_t dv, const T* k, int64_t dk, const T* w, const T* gw, T scale, T* ds, T* dq,
-                   const Dropout& drop, int64_t h) {
+void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* go, int64_t gs,
+                   const T* v, int64_t vs, int64_t dv, const T* k, int64_t ks, int64_t dk, const T* w, const T* gw,
+                   T scale, T* ds, T* dq, int64_t dqs, const Dropout& drop, int64_t h) {
   RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
     const int64_t n = re.gather(ptr, col, i, [&](int64_t e) { return w[e] != 0; });
     T* x = re.x.data();
-    dots(go + i * dv, Rows<T>{v, re.key, dv}, n, dv, x);
+    dots(go + i * gs, Rows<T>{v, re.key, vs}, n, dv, x);
     T delta = 0;
     for (int64_t r = 0; r < n; ++r) {
       const int64_t e = re.edge(r);
@@ -373,18 +373,27 @@ void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* co
       ds[e] = w[e] * (x[r] - delta);
       x[r] = ds[e] * scale;
     }
-    accumulate(dq + i * dk, x, Rows<T>{k, re.key, dk}, n, dk);
+    accumulate(dq + i * dqs, x, Rows<T>{k, re.key, ks}, n, dk);
   }
 }
 
+// Per-node tensors [N, H, d] are read in place through their strides (the caller's layout:
+// the view of a projection's output), so only the feature dimension must be contiguous.
+bool rows_ok(const at::Tensor& t) { return t.dim() == 3 && t.device().is_cpu() && (t.size(2) <= 1 || t.stride(2) == 1); }
+
+// The first row of head h of a per-node tensor [N, H, d] (rows are t.stride(0) apart).
+template <typename T>
+T* head(const at::Tensor& t, int64_t h) {
+  return t.data_ptr<T>() + h * t.stride(1);
+}
+
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.device().is_cpu() && q.is_contiguous() && k.is_contiguous() && v.is_contiguous(),
-              "tgattn fused: q, k, v must be contiguous CPU tensors");
+  TORCH_CHECK(rows_ok(q) && rows_ok(k) && rows_ok(v),
+              "tgattn fused: q, k, v must be [N, H, d] CPU tensors with a contiguous last dimension");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "tgattn fused: q, k, v must share a dtype");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.size(0) == k.size(0) && k.size(0) == v.size(0) &&
-                  q.size(2) == k.size(2) && k.size(1) == v.size(1),
-              "tgattn fused: q, k, v must be [H, N, d] with matching heads, key nodes and head dims");
+  TORCH_CHECK(q.size(1) == k.size(1) && k.size(1) == v.size(1) && q.size(2) == k.size(2) && k.size(0) == v.size(0),
+              "tgattn fused: q, k, v must be [N, H, d] with matching heads, key nodes and head dims");
 }
 
 // The kernels index rows through ptr and idx without bounds checks, so a malformed structure
@@ -409,20 +418,20 @@ void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows,
   TORCH_CHECK(ok, "tgattn fused: ", what, " holds an index outside [0, ", n, ")");
 }
 
-// q [H, n_q, dk], k [H, n_k, dk], v [H, n_k, dv]; bias [E, 1 or H] or None.
-// Returns (out [H, n_q, dv], weights [H, E]).
+// q [n_q, H, dk], k [n_k, H, dk], v [n_k, H, dv] (any row and head strides); bias [E, 1 or H] or None.
+// Returns (out [n_q, H, dv], weights [H, E]).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& rowptr, const at::Tensor& col,
                                 const c10::optional<at::Tensor>& bias, double scale, double dropout_p,
                                 int64_t seed) {
   check_inputs(q, k, v);
-  const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
+  const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || (b.dim() == 2 && b.size(0) == E && (b.size(1) == 1 || b.size(1) == H) &&
                                b.scalar_type() == q.scalar_type()),
               "tgattn fused: bias must be [E, 1 or H] of the dtype of q");
-  at::Tensor out = at::zeros({H, n_q, dv}, q.options());
+  at::Tensor out = at::zeros({n_q, H, dv}, q.options());
   at::Tensor w = at::zeros({H, E}, q.options());
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
   const int64_t* cp = col.data_ptr<int64_t>();
@@ -431,15 +440,15 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
     for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
       const Dropout drop{dropout_p, uint64_t(seed)};
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
-      attend_rows<scalar_t>(r0, r1, ptr, cp, q.data_ptr<scalar_t>() + h * n_q * dk, k.data_ptr<scalar_t>() + h * n_k * dk,
-                            dk, bh, bias_heads, static_cast<scalar_t>(scale), w.data_ptr<scalar_t>() + h * E,
-                            v.data_ptr<scalar_t>() + h * n_k * dv, dv, out.data_ptr<scalar_t>() + h * n_q * dv, drop, h);
+      attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), head<scalar_t>(k, h), k.stride(0), dk,
+                            bh, bias_heads, static_cast<scalar_t>(scale), w.data_ptr<scalar_t>() + h * E,
+                            head<scalar_t>(v, h), v.stride(0), dv, head<scalar_t>(out, h), out.stride(0), drop, h);
     });
   });
   return {out, w};
 }
 
-// Inputs head-major as in forward; weights and grad_weights [H, E].
+// Inputs [N, H, d] as in forward; weights and grad_weights [H, E].
 // Returns (dq, dk, dv, d_scores [H, E]); d_scores is also the gradient of an additive bias.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& weights,
@@ -447,18 +456,19 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                                  const at::Tensor& col, const at::Tensor& colptr, const at::Tensor& row_t,
                                  const at::Tensor& perm_t, double scale, double dropout_p, int64_t seed) {
   check_inputs(q, k, v);
-  const at::Tensor go = grad_out.contiguous();
+  const at::Tensor go = rows_ok(grad_out) ? grad_out : grad_out.contiguous();
   const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
-  const int64_t H = q.size(0), n_q = q.size(1), n_k = k.size(1), dk = q.size(2), dv = v.size(2), E = col.size(0);
+  const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
   check_structure(colptr, row_t, n_k, n_q, "colptr / row_t");
   check_structure(colptr, perm_t, n_k, E, "colptr / perm_t");
   const auto same = [&](const at::Tensor& t, at::IntArrayRef shape) {
     return t.sizes() == shape && t.scalar_type() == q.scalar_type();
   };
-  TORCH_CHECK(same(go, {H, n_q, dv}) && same(weights, {H, E}) && (!gw.defined() || same(gw, {H, E})),
-              "tgattn fused: grad_out [H, n_q, dv], weights and grad_weights [H, E] must match q");
-  at::Tensor dq = at::zeros_like(q), dkt = at::zeros_like(k), dvt = at::zeros_like(v);
+  TORCH_CHECK(same(go, {n_q, H, dv}) && same(weights, {H, E}) && (!gw.defined() || same(gw, {H, E})),
+              "tgattn fused: grad_out [n_q, H, dv], weights and grad_weights [H, E] must match q");
+  at::Tensor dq = at::zeros({n_q, H, dk}, q.options()), dkt = at::zeros({n_k, H, dk}, q.options());
+  at::Tensor dvt = at::zeros({n_k, H, dv}, q.options());
   at::Tensor ds = at::zeros_like(weights);
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
   const int64_t* cp = col.data_ptr<int64_t>();
@@ -471,30 +481,30 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     const scalar_t* wp = weights.data_ptr<scalar_t>();
     scalar_t* dsp = ds.data_ptr<scalar_t>();
     for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
-      backward_rows<scalar_t>(r0, r1, ptr, cp, go.data_ptr<scalar_t>() + h * n_q * dv,
-                              v.data_ptr<scalar_t>() + h * n_k * dv, dv, k.data_ptr<scalar_t>() + h * n_k * dk, dk,
-                              wp + h * E, gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsp + h * E,
-                              dq.data_ptr<scalar_t>() + h * n_q * dk, drop, h);
+      backward_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(go, h), go.stride(0), head<scalar_t>(v, h), v.stride(0),
+                              dv, head<scalar_t>(k, h), k.stride(0), dk, wp + h * E,
+                              gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsp + h * E,
+                              head<scalar_t>(dq, h), dq.stride(0), drop, h);
     });
     // The key side needs every d score of a head: a second region, over the transposed pattern.
     for_head_blocks(tptr, n_k, H, [&](int64_t h, int64_t c0, int64_t c1) {
-      key_rows<scalar_t>(c0, c1, tptr, rt, pt, q.data_ptr<scalar_t>() + h * n_q * dk, dk,
-                         go.data_ptr<scalar_t>() + h * n_q * dv, dv, wp + h * E, dsp + h * E, s,
-                         dkt.data_ptr<scalar_t>() + h * n_k * dk, dvt.data_ptr<scalar_t>() + h * n_k * dv, drop, h);
+      key_rows<scalar_t>(c0, c1, tptr, rt, pt, head<scalar_t>(q, h), q.stride(0), dk, head<scalar_t>(go, h),
+                         go.stride(0), dv, wp + h * E, dsp + h * E, s, head<scalar_t>(dkt, h), dkt.stride(0),
+                         head<scalar_t>(dvt, h), dvt.stride(0), drop, h);
     });
   });
   return {dq, dkt, dvt, ds};
 }
 
 // A measuring stick, not attention (the benchmark's `floor` peer): out[h, i] = sum over the
-// edges e of row i of a[h, idx[e]] + b[h, idx[e]], visiting rows, heads and edges in the order
+// edges e of row i of a[idx[e], h] + b[idx[e], h], visiting rows, heads and edges in the order
 // the row passes above do. Its time is what reading the gathered rows costs on this machine.
 at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& ptr_t, const at::Tensor& idx_t) {
   check_inputs(a, b, b);
   TORCH_CHECK(a.sizes() == b.sizes(), "tgattn gather_rows: a and b must have one shape");
-  const int64_t H = a.size(0), n = a.size(1), d = a.size(2), rows = ptr_t.size(0) - 1;
+  const int64_t H = a.size(1), n = a.size(0), d = a.size(2), rows = ptr_t.size(0) - 1;
   check_structure(ptr_t, idx_t, rows, n, "ptr / idx");
-  at::Tensor out = at::zeros({H, rows, d}, a.options());
+  at::Tensor out = at::zeros({rows, H, d}, a.options());
   const int64_t* ptr = ptr_t.data_ptr<int64_t>();
   const int64_t* idx = idx_t.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "tgattn_gather_rows", [&] {
@@ -503,9 +513,9 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
       for (int64_t i = r0; i < r1; ++i) {
         const int64_t e0 = ptr[i], deg = ptr[i + 1] - e0;
         one.assign(deg, scalar_t(1));
-        scalar_t* o = out.data_ptr<scalar_t>() + (h * rows + i) * d;
-        accumulate(o, one.data(), Rows<scalar_t>{a.data_ptr<scalar_t>() + h * n * d, idx + e0, d}, deg, d);
-        accumulate(o, one.data(), Rows<scalar_t>{b.data_ptr<scalar_t>() + h * n * d, idx + e0, d}, deg, d);
+        scalar_t* o = head<scalar_t>(out, h) + i * out.stride(0);
+        accumulate(o, one.data(), Rows<scalar_t>{head<scalar_t>(a, h), idx + e0, a.stride(0)}, deg, d);
+        accumulate(o, one.data(), Rows<scalar_t>{head<scalar_t>(b, h), idx + e0, b.stride(0)}, deg, d);
       }
     });
   });

@@ -1,7 +1,7 @@
 """Fused backend: a C++ kernel that walks each query's CSR row once per direction.
 
 The kernel (``fused.cpp``) computes scores, softmax and aggregation for a block of query rows
-in one pass, reading each key and value row for all heads while it is in cache, and skips the
+in one pass, reading the caller's ``[N, H, d]`` tensors in place, and skips the
 dot products of edges whose bias is ``-inf``. The backward pass recomputes nothing it saved:
 it reads the weights ``[E, H]`` and walks the transposed pattern for ``dk`` / ``dv``, so no
 ``[E, H, d]`` tensor exists in either direction. A double backward (``create_graph=True``)
@@ -58,11 +58,11 @@ def _register_fake_kernels() -> None:
 
     @torch.library.register_fake("tgattn_fused::forward")
     def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed):
-        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], col.shape[0])]
+        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[1], col.shape[0])]
 
     @torch.library.register_fake("tgattn_fused::backward")
     def _(grad_out, q, k, v, weights, grad_weights, rowptr, col, colptr, row_t, perm_t, scale, dropout_p, seed):
-        return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(weights)]
+        return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), weights.new_empty(weights.shape)]
 
     @torch.library.register_fake("tgattn_fused::transpose")
     def _(col, n_k):
@@ -70,7 +70,7 @@ def _register_fake_kernels() -> None:
 
     @torch.library.register_fake("tgattn_fused::gather_rows")
     def _(a, b, ptr, idx):
-        return a.new_empty(a.shape[0], ptr.shape[0] - 1, a.shape[2])
+        return a.new_empty(ptr.shape[0] - 1, a.shape[1], a.shape[2])
 
 
 def dropout_keep(heads: int, edges: int, dropout_p: float, seed: int) -> Tensor:
@@ -79,43 +79,49 @@ def dropout_keep(heads: int, edges: int, dropout_p: float, seed: int) -> Tensor:
 
 
 class FusedAttention(torch.autograd.Function):
-    """Head-major attention on the fused kernel: ``(out [H, n_q, dv], weights [H, E])``.
+    """Attention on the fused kernel: ``(out [n_q, H, dv], weights [H, E])``.
 
+    The kernels read ``q``, ``k``, ``v`` ``[N, H, d]`` in place (any row and head strides, a
+    contiguous feature dimension), so no head-major copy is made in either direction.
     Dropout (probability ``p``) draws no mask: the kernels hash ``(seed, head, edge)``, in
     backward as in forward. The returned weights are those before dropout.
     """
 
     @staticmethod
-    def forward(ctx, qh, kh, vh, bias, s: Structure, scale: float, p: float, seed: int):
-        out, weights = torch.ops.tgattn_fused.forward(qh, kh, vh, s.rowptr, s.src, bias, scale, p, seed)
-        ctx.save_for_backward(qh, kh, vh, bias, weights)
+    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float, seed: int):
+        out, weights = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed)
+        ctx.save_for_backward(q, k, v, bias, weights)
         ctx.s, ctx.scale, ctx.p, ctx.seed = s, scale, p, seed
         return out, weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        qh, kh, vh, bias, weights = ctx.saved_tensors
+        q, k, v, bias, weights = ctx.saved_tensors
         s = ctx.s
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
-            heads = lambda t: t.transpose(0, 1)  # noqa: E731  # [H, N, d] <-> [N, H, d]
             mult = None
             if ctx.p > 0:
-                mult = dropout_keep(qh.shape[0], s.num_edges, ctx.p, ctx.seed).T.to(qh.dtype) / (1.0 - ctx.p)  # [E, H]
+                mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
 
-            def attend(qh, kh, vh, bias):
-                out, w = gather_attention(heads(qh), heads(kh), heads(vh), s.src, s.dst, s.n_q, bias, ctx.scale, mult)
-                return heads(out), w.T
+            def attend(q, k, v, bias):
+                out, w = gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, ctx.scale, mult)
+                return out, w.T
 
-            grads = recompute_grads(attend, (qh, kh, vh, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
+            grads = recompute_grads(attend, (q, k, v, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
             return (*grads, None, None, None, None)
         colptr, row_t, perm_t = transpose_pattern(s)
         grad_q, grad_k, grad_v, d_scores = torch.ops.tgattn_fused.backward(
-            grad_out, qh, kh, vh, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale, ctx.p, ctx.seed
+            grad_out, q, k, v, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale, ctx.p, ctx.seed
         )
         grad_bias = None
         if ctx.needs_input_grad[3]:
             grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
         return grad_q, grad_k, grad_v, grad_bias, None, None, None, None
+
+
+def _rows(t: Tensor) -> Tensor:
+    """``t`` itself when its feature dimension is contiguous (the kernels' only requirement)."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def fused_attention(
@@ -137,10 +143,9 @@ def fused_attention(
         _register_fake_kernels()
         _state["fakes"] = True
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
-    qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
     bias = None if bias is None else bias.to(q.dtype)
-    out, weights = FusedAttention.apply(qh, kh, vh, bias, s, scale, dropout_p, seed)
-    return out.transpose(0, 1), weights.T
+    out, weights = FusedAttention.apply(_rows(q), _rows(k), _rows(v), bias, s, scale, dropout_p, seed)
+    return out, weights.T
 
 
 class ReadsOnly(torch.autograd.Function):
@@ -148,21 +153,21 @@ class ReadsOnly(torch.autograd.Function):
 
     Forward reads every edge's key and value rows; backward the value and key rows of the
     row pass and the query and output-gradient rows of the key pass, in the kernel's order.
-    ``heads`` are head-major copies of ``(q, k, v)`` made outside the timed region; the
-    inputs only connect the graph. Outputs and gradients are sums of rows, not attention.
+    ``rows`` are detached ``(q, k, v)`` ``[N, H, d]``; the inputs only connect the graph.
+    Outputs and gradients are sums of rows, not attention.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, heads, s: Structure):
-        ctx.heads, ctx.s = heads, s
-        _, kh, vh = heads
-        return torch.ops.tgattn_fused.gather_rows(kh, vh, s.rowptr, s.src)  # [H, n_q, d]
+    def forward(ctx, q, k, v, rows, s: Structure):
+        ctx.rows, ctx.s = rows, s
+        _, k_rows, v_rows = rows
+        return torch.ops.tgattn_fused.gather_rows(k_rows, v_rows, s.rowptr, s.src)  # [n_q, H, d]
 
     @staticmethod
     def backward(ctx, grad):
-        qh, kh, vh = ctx.heads
+        q_rows, k_rows, v_rows = ctx.rows
         s = ctx.s
         colptr, row_t, _ = transpose_pattern(s)
-        rows = torch.ops.tgattn_fused.gather_rows(vh, kh, s.rowptr, s.src).transpose(0, 1)
-        keys = torch.ops.tgattn_fused.gather_rows(qh, grad.contiguous(), colptr, row_t).transpose(0, 1)
-        return rows, keys, keys, None, None
+        by_query = torch.ops.tgattn_fused.gather_rows(v_rows, k_rows, s.rowptr, s.src)  # [n_q, H, d]
+        by_key = torch.ops.tgattn_fused.gather_rows(q_rows, _rows(grad), colptr, row_t)  # [n_k, H, d]
+        return by_query, by_key, by_key, None, None
