@@ -139,6 +139,8 @@ def fused_attention(
     The dropout seed comes from ``generator`` (default: torch's global generator), so
     ``torch.manual_seed`` reproduces the dropped edges.
     """
+    if not available():
+        raise RuntimeError("tgattn: the fused kernel is unavailable here (see the warning of its build)")
     if not _state["fakes"]:
         _register_fake_kernels()
         _state["fakes"] = True
