@@ -534,6 +534,41 @@ at::Tensor dropout_keep(int64_t heads, int64_t edges, double dropout_p, int64_t 
   return keep;
 }
 
+// Edges in (target, source) order: (perm, src, dst) of the sorted edges, perm empty when they
+// come sorted already. Two stable counting sorts (by source, then by target), O(E + n_q + n_k),
+// and one pass over the edges when they are sorted: the analysis of every new edge set.
+std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst, int64_t n_q, int64_t n_k) {
+  TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.dim() == 1 &&
+                  src.sizes() == dst.sizes() && src.device().is_cpu() && dst.device().is_cpu(),
+              "tgattn sort_edges: src and dst must be int64 CPU vectors of one length");
+  const at::Tensor s = src.contiguous(), t = dst.contiguous();
+  const int64_t E = s.size(0);
+  const int64_t* sp = s.data_ptr<int64_t>();
+  const int64_t* tp = t.data_ptr<int64_t>();
+  bool ok = true, sorted = true;
+  for (int64_t e = 0; e < E; ++e) {
+    ok &= (sp[e] >= 0) & (sp[e] < n_k) & (tp[e] >= 0) & (tp[e] < n_q);
+    if (e) sorted &= (tp[e - 1] < tp[e]) | ((tp[e - 1] == tp[e]) & (sp[e - 1] <= sp[e]));
+  }
+  TORCH_CHECK(ok, "tgattn sort_edges: an index outside [0, n_k) x [0, n_q)");
+  if (sorted) return {at::empty({0}, s.options()), s.clone(), t.clone()};
+  std::vector<int64_t> by_src(E), start(std::max(n_q, n_k) + 1);
+  std::fill(start.begin(), start.begin() + n_k + 1, 0);
+  for (int64_t e = 0; e < E; ++e) ++start[sp[e] + 1];
+  for (int64_t j = 0; j < n_k; ++j) start[j + 1] += start[j];
+  for (int64_t e = 0; e < E; ++e) by_src[start[sp[e]]++] = e;
+  std::fill(start.begin(), start.begin() + n_q + 1, 0);
+  for (int64_t e = 0; e < E; ++e) ++start[tp[e] + 1];
+  for (int64_t i = 0; i < n_q; ++i) start[i + 1] += start[i];
+  at::Tensor perm = at::empty({E}, s.options()), ss = at::empty({E}, s.options()), ts = at::empty({E}, s.options());
+  int64_t* pp = perm.data_ptr<int64_t>();
+  for (int64_t r = 0; r < E; ++r) pp[start[tp[by_src[r]]]++] = by_src[r];
+  int64_t* ssp = ss.data_ptr<int64_t>();
+  int64_t* tsp = ts.data_ptr<int64_t>();
+  for (int64_t r = 0; r < E; ++r) ssp[r] = sp[pp[r]], tsp[r] = tp[pp[r]];
+  return {perm, ss, ts};
+}
+
 // The transposed pattern by a stable counting sort on the keys, O(E + n_k) instead of an
 // argsort: edges come sorted by (target, source), so a stable sort by source alone orders them
 // by (source, target). Returns (colptr [n_k + 1], perm [E]) with perm[t] = the t-th edge of
@@ -571,6 +606,7 @@ TORCH_LIBRARY(tgattn_fused, m) {
   m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);
   m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor");
   m.def("transpose(Tensor col, int n_k) -> Tensor[]");
+  m.def("sort_edges(Tensor src, Tensor dst, int n_q, int n_k) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {
@@ -578,4 +614,5 @@ TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {
   m.impl("backward", &backward);
   m.impl("gather_rows", &gather_rows);
   m.impl("transpose", &transpose);
+  m.impl("sort_edges", &sort_edges);
 }

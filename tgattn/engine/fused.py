@@ -68,6 +68,10 @@ def _register_fake_kernels() -> None:
     def _(col, n_k):
         return [col.new_empty(n_k + 1), torch.empty_like(col)]
 
+    @torch.library.register_fake("tgattn_fused::sort_edges")
+    def _(src, dst, n_q, n_k):
+        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst)]
+
     @torch.library.register_fake("tgattn_fused::gather_rows")
     def _(a, b, ptr, idx):
         return a.new_empty(ptr.shape[0] - 1, a.shape[1], a.shape[2])
