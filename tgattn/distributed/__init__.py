@@ -36,9 +36,9 @@ Example:
 """
 from .attention import exchange_keys_values, graph_attention
 from .exchange import halo_exchange
-from .launch import init, spawn
+from .launch import init, launch, spawn
 from .nn import DistributedGraphAttention, DistributedGraphAttentionConv, distribute
-from .partition import Partition, bandwidth, contiguous, halo_rows, metis, partition_graph
+from .partition import Partition, bandwidth, contiguous, halo_rows, louvain, metis, partition_graph
 from .plan import ExchangeStats, HaloPlan, make_plan, make_plans
 
 __all__ = [
@@ -54,7 +54,9 @@ __all__ = [
     "graph_attention",
     "halo_exchange",
     "halo_rows",
+    "louvain",
     "init",
+    "launch",
     "make_plan",
     "make_plans",
     "metis",
