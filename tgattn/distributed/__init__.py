@@ -27,6 +27,10 @@ In a script of your own::
     plan = make_plan(part.local_edges(edge_index, rank), part)  # collective
     out = layer(x[plan.nodes], plan)                         # this rank's rows, in plan.nodes order
 
+Measurements (halo vs ring bytes, time split, memory per rank, partition quality) and the
+multi-node plan (NCCL, overlap, partitions, halo vs ring): ``data/distributed/PLAN.md``;
+benchmark: ``python -m tgattn.bench.distributed``.
+
 Example:
     >>> import torch
     >>> from tgattn import builders

@@ -133,6 +133,8 @@ def _train(rank: int, world: int, args) -> None:
         dist.all_reduce(loss)
         rows.append({"step": step, "loss": float(loss), "seconds": time.perf_counter() - start,
                      "exchange_seconds": plan.stats.seconds - exchange})
+        if rank == 0:
+            print(f"step {step}: loss {rows[-1]['loss']:.4f}, {rows[-1]['seconds']:.2f} s", flush=True)
     cp.eval()
     with torch.no_grad():
         x, y = val_ids[: args.length].view(1, -1), val_ids[1: args.length + 1].view(1, -1)
