@@ -61,7 +61,7 @@ class Partition:
 
     def local_edges(self, edge_index: Tensor, rank: int) -> Tensor:
         """The edges ``[2, E_r]`` whose query (row 1) ``rank`` owns, in their given order."""
-        return edge_index[:, self.owner[edge_index[1]] == rank]
+        return edge_index[:, self.owner.to(edge_index.device)[edge_index[1]] == rank]
 
 
 def contiguous(n: int, world_size: int) -> Partition:
