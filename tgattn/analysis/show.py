@@ -3,6 +3,8 @@
 Without ``--checkpoint`` the attention comes from seeded random projections (a stack of
 :class:`tgattn.GraphAttention` layers over word embeddings); with one, from a trained tiny
 GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
+With ``--hf`` it comes from a transformers model (:mod:`tgattn.hf`): a local model folder
+with its tokenizer, or ``random`` for a tiny seeded Llama over the words of ``--text``.
 """
 from __future__ import annotations
 
@@ -143,12 +145,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query", type=int, default=-1, help="token whose influencers are ranked (default: last)")
     parser.add_argument("--top-k", type=int, default=5, help="influencers to show (default: 5)")
     parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
+    parser.add_argument("--hf", metavar="PATH", help="local transformers model folder, or 'random' (needs tgattn[hf])")
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``show`` with parsed arguments: write the picture, print the top influencers."""
-    if args.checkpoint:
+    if args.hf:
+        from ..hf.analysis import cli_attention
+
+        tokens, attention, source = cli_attention(args)
+    elif args.checkpoint:
         tokens, attention = checkpoint_attention(args.checkpoint, args.text)
         tokens = [t.replace(" ", "\u2423") for t in tokens]  # a character model's spaces, drawn visibly
         source = f"tiny GPT {args.checkpoint}"
