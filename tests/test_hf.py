@@ -100,6 +100,13 @@ def llama(cls="Llama", **kw):
     return getattr(transformers, f"{cls}ForCausalLM")(config).eval()
 
 
+def qwen2_hybrid():
+    config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                                      sliding_window=3, layer_types=["full_attention", "sliding_attention"])
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
 def gpt2():
     config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=64)
     return transformers.GPT2LMHeadModel(config).eval()
@@ -135,6 +142,7 @@ MODELS = {
     "llama_gqa_left": (llama, "left"),
     "llama_gqa_right": (llama, "right"),
     "mistral_window3": (lambda: llama("Mistral", sliding_window=3), "left"),
+    "qwen2_full_and_sliding_layers": (qwen2_hybrid, "left"),
 }
 
 
@@ -218,18 +226,28 @@ def test_packed_batch_equals_padded_batch():
     torch.testing.assert_close(packed, padded[mask.bool()], atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("make", [llama, lambda: llama("Mistral", sliding_window=4), gpt2])
-def test_generate_token_identical_to_eager(make):
+@pytest.mark.parametrize("make, cache", [(llama, "dynamic"), (llama, "static"), (gpt2, "dynamic"),
+                                         (lambda: llama("Mistral", sliding_window=4), "dynamic"), (qwen2_hybrid, "dynamic")])
+def test_generate_token_identical_to_eager(make, cache):
     model = make()
     ids, mask = batch("left", b=2, t=6)
     results = {}
     for impl in ("eager", "tgattn"):
         model.set_attn_implementation(impl)
         results[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
-                                       output_logits=True, return_dict_in_generate=True)
+                                       output_logits=True, return_dict_in_generate=True, cache_implementation=cache)
     assert torch.equal(results["tgattn"].sequences, results["eager"].sequences)
     for ours, theirs in zip(results["tgattn"].logits, results["eager"].logits):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_half_precision_runs_in_float32():
+    model = llama().to(torch.bfloat16)
+    ids, mask = batch("left")
+    ours = run(model, "tgattn", ids, attention_mask=mask)
+    assert ours.dtype == torch.bfloat16
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], run(model, "sdpa", ids, attention_mask=mask)[real], atol=2e-2, rtol=2e-2)
 
 
 def test_dense_4d_mask_from_the_caller():

@@ -80,6 +80,9 @@ def attention_forward(
         scaling: score scale (default: ``1 / sqrt(d)``).
         is_causal: overrides ``module.is_causal`` when there is no mask.
 
+    float16 / bfloat16 inputs are computed in float32 (the engine's sparse kernels take
+    float32 / float64; eager attention, too, runs its softmax in float32).
+
     Returns:
         ``(out [B, Tq, Hq, dv], None)``; weights go to :func:`recording`, not to the caller.
     """
@@ -95,9 +98,10 @@ def attention_forward(
         raise ValueError(f"the mask is for [B, Tq, Tk] = {[mask.batch_size, mask.q_length, mask.kv_length]}, "
                          f"but the call has {[batch_size, q_length, kv_length]}")
     groups = heads // kv_heads
-    q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim)  # [Nq, Hkv, G, d]
-    k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim)  # [Nk, Hkv, d]
-    v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1])  # [Nk, Hkv, dv]
+    dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim).to(dtype)  # [Nq, Hkv, G, d]
+    k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim).to(dtype)  # [Nk, Hkv, d]
+    v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1]).to(dtype)  # [Nk, Hkv, dv]
     record = _RECORD.get()
     outs, weights = [], []
     for g in range(groups):
@@ -107,7 +111,7 @@ def attention_forward(
             result, alpha = result
             weights.append(alpha)
         outs.append(result)  # [Nq, Hkv, dv]
-    out = torch.stack(outs, dim=2).reshape(batch_size, q_length, heads, -1)  # head h = (h // G, h % G)
+    out = torch.stack(outs, dim=2).reshape(batch_size, q_length, heads, -1).to(query.dtype)  # head h = (h // G, h % G)
     if record is not None:
         record.append((mask.edge_index, torch.stack(weights, dim=2).reshape(-1, heads)))  # [E, Hq]
     return out, None

@@ -43,6 +43,13 @@ class EdgeMask:
     kv_length: int
     bias: Optional[Tensor] = None
 
+    # transformers prepares the mask before the forward when generating with a static cache,
+    # then hands it back to the mask builder: it takes a prepared mask for 4-D and copies it.
+    ndim = 4
+
+    def contiguous(self) -> "EdgeMask":
+        return self
+
     @property
     def num_queries(self) -> int:
         return self.batch_size * self.q_length
@@ -195,7 +202,8 @@ def edge_mask(
         batch_size, q_length, kv_length: the sizes of the attention call.
         q_offset, kv_offset: position of the first query and of the first key.
         mask_function: ``rule(b, h, q_idx, kv_idx) -> bool`` (default: causal).
-        attention_mask: 2-D padding mask ``[B, >= kv_offset + kv_length]`` or ``None``.
+        attention_mask: 2-D padding mask ``[B, >= kv_offset + kv_length]``, ``None``, or an
+            :class:`EdgeMask` this function made earlier (returned as it is).
         config: the model's config (reads its pattern and whether it has cross attention).
         use_vmap: transformers' flag for custom rules that are not index based.
         device: where to build the edges.
@@ -212,6 +220,8 @@ def edge_mask(
     """
     from .patterns import pattern_edges, pattern_of
 
+    if isinstance(attention_mask, EdgeMask):  # prepared before the forward (static caches)
+        return attention_mask
     q_offset, kv_offset = int(q_offset), int(kv_offset)
     end = kv_offset + kv_length
     pad = padding_of(attention_mask, end, device)
