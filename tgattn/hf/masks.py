@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..builders._common import sort_unique
+from .patterns import pattern_edges, pattern_of
 
 # Mask cells one block of the exact fallback (custom mask functions) may hold at once.
 BLOCK_CELLS = 1 << 24
@@ -218,8 +219,6 @@ def edge_mask(
         tensor([[1, 1, 2],
                 [1, 2, 2]])
     """
-    from .patterns import pattern_edges, pattern_of
-
     if isinstance(attention_mask, EdgeMask):  # prepared before the forward (static caches)
         return attention_mask
     q_offset, kv_offset = int(q_offset), int(kv_offset)
