@@ -3,6 +3,8 @@
 Without ``--checkpoint`` the attention comes from seeded random projections (a stack of
 :class:`tgattn.GraphAttention` layers over word embeddings); with one, from a trained tiny
 GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
+With ``--hf`` it comes from a transformers model (:mod:`tgattn.hf`): a local model folder
+with its tokenizer, or ``random`` for a tiny seeded Llama over the words of ``--text``.
 """
 from __future__ import annotations
 
@@ -146,6 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query", type=int, default=-1, help="token whose influencers are ranked (default: last)")
     parser.add_argument("--top-k", type=positive_int, default=5, help="influencers to show (default: 5)")
     parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
+    parser.add_argument("--hf", metavar="PATH", help="local transformers model folder, or 'random' (needs tgattn[hf])")
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
 
 
@@ -155,16 +158,21 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         ValueError: for options that do not fit together, before any work.
     """
-    tokens = list(args.text) if args.checkpoint else args.text.split()
-    if not tokens:
-        raise ValueError("--text is empty")
-    if not -len(tokens) <= args.query < len(tokens):
-        raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
-    if not args.checkpoint and DIM % args.heads:
-        raise ValueError(f"--heads must divide the random layers' width {DIM} (got {args.heads})")
     if not Path(args.out).parent.is_dir():
         raise ValueError(f"--out: the folder {str(Path(args.out).parent)!r} does not exist")
-    if args.checkpoint:
+    if not args.hf:
+        tokens = list(args.text) if args.checkpoint else args.text.split()
+        if not tokens:
+            raise ValueError("--text is empty")
+        if not -len(tokens) <= args.query < len(tokens):
+            raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
+        if not args.checkpoint and DIM % args.heads:
+            raise ValueError(f"--heads must divide the random layers' width {DIM} (got {args.heads})")
+    if args.hf:
+        from ..hf.analysis import cli_attention
+
+        tokens, attention, source = cli_attention(args)
+    elif args.checkpoint:
         tokens, attention = checkpoint_attention(args.checkpoint, args.text)
         tokens = [t.replace(" ", "\u2423") for t in tokens]  # a character model's spaces, drawn visibly
         source = f"tiny GPT {args.checkpoint}"

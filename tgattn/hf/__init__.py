@@ -1,0 +1,60 @@
+"""Hugging Face transformers models on tgattn edge sets (``pip install "tgattn[hf]"``)::
+
+    import tgattn.hf
+    tgattn.hf.register()                        # attn_implementation "tgattn"
+    model.set_attn_implementation("tgattn")     # any model using transformers' attention interface
+    tgattn.hf.use_pattern(model, window=256)    # or any builder over the batch's lengths
+
+* :func:`register` adds an attention function to transformers' ``AttentionInterface`` and a
+  mask builder to its ``AttentionMaskInterface`` under one name. Both are needed: for a name
+  without a mask builder transformers builds no mask at all (``None``), and padding would be
+  silently ignored.
+* The mask builder (:func:`tgattn.hf.masks.edge_mask`) turns the model's rule (causal,
+  sliding window, chunked, packed sequences, bidirectional; padding) into one edge set per
+  forward, in ``O(E)`` memory, shared by all layers; the attention function
+  (:func:`tgattn.hf.attention.attention_forward`) runs each layer on it, with grouped-query
+  attention reading key / value heads in place.
+* :func:`use_pattern` swaps the model's pattern for any :mod:`tgattn.builders` builder.
+* :func:`attention_graph` and :func:`show` read a model's attention as graphs for
+  :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
+
+Sliding-window conventions: transformers' causal ``sliding_window = W`` keeps keys
+``q - W < j <= q`` (W keys, the query included) = ``builders.window(n, W - 1, causal=True)``;
+its bidirectional window keeps ``|q - j| <= W`` (2W + 1 keys) = ``builders.window(n, W)``.
+"""
+from .attention import attention_forward, recording
+from .analysis import attention_graph, show
+from .masks import EdgeMask, edge_mask
+from .patterns import use_pattern
+
+__all__ = ["EdgeMask", "attention_forward", "attention_graph", "edge_mask", "recording", "register", "show", "use_pattern"]
+
+
+def register(name: str = "tgattn") -> str:
+    """Register tgattn's attention function and mask builder with transformers under ``name``.
+
+    Afterwards ``model.set_attn_implementation(name)`` (or ``from_pretrained(...,
+    attn_implementation=name)``) runs every model whose attention goes through transformers'
+    attention interface on edge sets. Registering again is harmless.
+
+    Args:
+        name: the ``attn_implementation`` name (default: ``"tgattn"``).
+
+    Returns:
+        ``name``.
+
+    Example:
+        >>> from transformers import AttentionInterface
+        >>> register()
+        'tgattn'
+        >>> "tgattn" in AttentionInterface()
+        True
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string (got {name!r})")
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, edge_mask)
+    return name

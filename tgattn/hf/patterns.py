@@ -1,0 +1,147 @@
+"""Swap a Hugging Face model's attention pattern for any tgattn builder: :func:`use_pattern`."""
+from __future__ import annotations
+
+import weakref
+from functools import partial
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import builders
+from ..builders._common import check_count
+
+# id(config) -> (weak reference to the config, pattern); entries die with the config.
+_PATTERNS: Dict[int, Tuple[weakref.ref, Callable]] = {}
+
+Pattern = Callable[[list, bool], Tensor]  # (document lengths, causal model) -> LongTensor[2, E]
+
+
+def pattern_of(config) -> Optional[Pattern]:
+    """The pattern :func:`use_pattern` set on ``config``, or ``None`` (the model's own rule)."""
+    entry = _PATTERNS.get(id(config)) if config is not None else None
+    if entry is None or entry[0]() is not config:
+        return None
+    return entry[1]
+
+
+def _forget(key: int, _ref) -> None:
+    _PATTERNS.pop(key, None)
+
+
+def _window(lengths, causal_model: bool, *, w: int, causal: Optional[bool]) -> Tensor:
+    return builders.window(lengths, w, causal=causal_model if causal is None else causal)
+
+
+def _builder(lengths, causal_model: bool, *, builder: Callable) -> Tensor:
+    return builder(lengths)
+
+
+def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[int] = None,
+                causal: Optional[bool] = None, name: str = "tgattn"):
+    """Run ``model``'s attention on another pattern, built for each batch from its lengths.
+
+    The pattern is applied to every document of the batch: each row's real tokens (padding
+    removed), split where transformers' own mask keeps a token from seeing its predecessor
+    (packed sequences; for a chunked-attention model also its chunk borders). The builder
+    gets the list of document lengths and returns the packed batch's edges, like every
+    :mod:`tgattn.builders` function; key j / query i are the real tokens in order. During
+    ``generate()`` each step keeps the rows of the new queries (the builder runs over whole
+    documents, so its cost per step is that of the whole pattern), and keys a sliding-window
+    cache no longer holds are dropped.
+
+    Sets the model's ``attn_implementation`` to ``name`` (registering it when needed). The
+    pattern is kept beside the model's config (not in it: ``save_pretrained`` is unchanged);
+    ``use_pattern(model)`` returns to the model's own rule.
+
+    Args:
+        model: a transformers ``PreTrainedModel``.
+        builder: ``lengths -> LongTensor[2, E]``, e.g.
+            ``lambda n: builders.bigbird(n, 8, 1, 2, generator=g)`` (default: none).
+        window: shortcut for ``builders.window(lengths, window, causal=...)``: keys with
+            ``|i - j| <= window`` (``0 <= i - j <= window`` when causal), i.e. transformers'
+            causal ``sliding_window = window + 1``.
+        causal: for ``window``: ``None`` (default) follows the model (causal when its own
+            mask never lets a query see the next token).
+        name: the registered implementation to use (default: ``"tgattn"``).
+
+    Returns:
+        ``model``.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                      num_attention_heads=2, num_key_value_heads=1)
+        >>> model = use_pattern(LlamaForCausalLM(config), window=2)
+        >>> model.config._attn_implementation
+        'tgattn'
+        >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
+        torch.Size([1, 5, 32])
+    """
+    from . import register
+
+    if builder is not None and window is not None:
+        raise ValueError(f"give builder or window, not both (got builder={builder!r}, window={window!r})")
+    if builder is not None and not callable(builder):
+        raise TypeError(f"builder must be a callable lengths -> edge_index (got {builder!r})")
+    if builder is None and window is None:
+        pattern = None
+    elif window is not None:
+        pattern = partial(_window, w=check_count("window", window), causal=causal)
+    else:
+        pattern = partial(_builder, builder=builder)
+    register(name)
+    model.set_attn_implementation(name)
+    configs = {id(c): c for c in (model.config, model.config.get_text_config())}
+    for key, config in configs.items():
+        if pattern is None:
+            _PATTERNS.pop(key, None)
+        else:
+            _PATTERNS[key] = (weakref.ref(config, partial(_forget, key)), pattern)
+    return model
+
+
+def documents(rule: Callable, real: Tensor, q_offset: int, q_length: int) -> Tuple[Tensor, Tensor]:
+    """Documents of a batch: ``(lengths [D], slots [R, 2])`` over its real tokens in order.
+
+    ``real [B, P]`` marks real tokens at positions ``0 .. P-1``; a document starts at each
+    row's first position and at each query position ``q`` whose predecessor ``rule`` hides.
+    ``slots`` holds ``(row, position)`` of each real token.
+    """
+    batch_size, positions = real.shape
+    start = torch.zeros_like(real)
+    start[:, 0] = True
+    first = max(q_offset, 1)
+    if first < q_offset + q_length:
+        q = torch.arange(first, q_offset + q_length, device=real.device).expand(batch_size, -1)  # [B, Q]
+        b = torch.arange(batch_size, device=real.device).unsqueeze(1)
+        seen = torch.as_tensor(rule(b, torch.zeros_like(q), q, q - 1)).to(torch.bool).expand(q.shape)
+        start[:, first:q_offset + q_length] = ~seen
+    doc = torch.cumsum(start, dim=1) + torch.arange(batch_size, device=real.device).unsqueeze(1) * positions
+    _, lengths = torch.unique_consecutive(doc[real], return_counts=True)
+    return lengths, real.nonzero()
+
+
+def causal_model(rule: Callable, batch_size: int, q_offset: int, q_length: int, end: int, device=None) -> bool:
+    """Whether ``rule`` hides from every query the next position (a decoding step counts as causal)."""
+    q = torch.arange(q_offset, min(q_offset + q_length, end - 1), device=device).expand(batch_size, -1)
+    b = torch.arange(batch_size, device=device).unsqueeze(1)
+    return not bool(torch.as_tensor(rule(b, torch.zeros_like(q), q, q + 1)).any()) if q.numel() else True
+
+
+def pattern_edges(pattern: Pattern, rule: Callable, batch_size: int, q_length: int, kv_length: int,
+                  q_offset: int, kv_offset: int, pad: Optional[Tensor]) -> Tensor:
+    """The edges of ``pattern`` over the documents of a batch, in :class:`EdgeMask` numbering."""
+    end = kv_offset + kv_length
+    device = pad.device if pad is not None else None
+    real = pad if pad is not None else torch.ones(batch_size, end, dtype=torch.bool, device=device)
+    lengths, slots = documents(rule, real, q_offset, q_length)
+    causal = causal_model(rule, batch_size, q_offset, q_length, end, device)
+    edge_index = pattern(lengths.tolist(), causal).to(real.device)
+    if edge_index.numel() and int(edge_index.max()) >= slots.shape[0]:
+        raise ValueError(f"the pattern refers to token {int(edge_index.max())}, but the batch has {slots.shape[0]}")
+    (b_k, pos_k), (b_q, pos_q) = slots[edge_index[0]].unbind(1), slots[edge_index[1]].unbind(1)
+    if not bool((b_k == b_q).all()):
+        raise ValueError("the pattern joins tokens of two rows of the batch; a builder over lengths must be block-diagonal")
+    keep = (pos_q >= q_offset) & (pos_q < q_offset + q_length) & (pos_k >= kv_offset)
+    return torch.stack([b_k * kv_length + pos_k - kv_offset, b_q * q_length + pos_q - q_offset])[:, keep]
