@@ -8,7 +8,10 @@ from . import builders, functional, reference
 from . import data, probsparse  # sequences as PyG graphs; Informer's ProbSparse attention
 from .conv import GraphAttentionConv
 from .layer import GraphAttention
+from . import nn  # graph-transformer layers (GPS, Exphormer) and structural biases
+from .nn import ExphormerConv, GPSConv
 
 __version__ = "0.1.0"
 __all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse", "reference"]
+__all__ += ["ExphormerConv", "GPSConv", "nn"]
 __all__ += ["__version__"]
