@@ -80,3 +80,11 @@ def test_arguments():
     assert args.settings["seeds"] == 1 and args.datasets == ["Cora"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--datasets", "ZINC"])
+
+
+def test_epoch_timing_rows(monkeypatch):
+    graphs = molecules([3, 6, 2, 5]).to_data_list()
+    monkeypatch.setattr(bench, "molecule_splits", lambda name: (graphs, [], []))
+    rows = bench.epoch_timing("FreeSolv", 1, models=("gps_mha", "exphormer"))
+    assert [r["model"] for r in rows] == ["gps_mha", "exphormer"]
+    assert rows[0]["speedup_vs_mha"] == 1.0 and rows[1]["min_ms"] > 0 and rows[0]["nodes_min_mean_max"] == "2/4.0/6"

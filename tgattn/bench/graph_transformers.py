@@ -17,7 +17,9 @@ the tensors created by one training step (:func:`tgattn.bench.measure.peak_extra
 internal buffers are not seen). Scaling: :mod:`tgattn.bench.gt_scaling`.
 
 Writes ``runs.csv`` (one row per run), ``results.csv``, ``scaling.csv``, ``results.md`` and
-``graph_transformers.png`` under ``--out`` (default ``runs/graph_transformers``).
+``graph_transformers.png`` under ``--out`` (default ``runs/graph_transformers``);
+``--epoch-timing R`` instead times training epochs of the molecule models side by side
+(:func:`epoch_timing`) into ``epoch_timing.csv``.
 """
 from __future__ import annotations
 
@@ -231,6 +233,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--data-root", default=None, help="folder holding planetoid/<Name>/raw (default: $TGATTN_DATA)")
     parser.add_argument("--out", default="runs/graph_transformers", help="results folder (default: runs/graph_transformers)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default: 1: small graphs, shared cores)")
+    parser.add_argument("--epoch-timing", type=int, default=0, metavar="ROUNDS",
+                        help="only time training epochs of the molecule models, interleaved, ROUNDS rounds")
     parser.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
@@ -246,6 +250,47 @@ def parse_args(argv=None) -> argparse.Namespace:
         settings["seeds"] = args.seeds
     args.settings = settings
     return args
+
+
+def epoch_timing(dataset: str, rounds: int, *, seed: int = 0, models=MOLECULE_MODELS) -> List[Dict]:
+    """Training epochs of the molecule models, interleaved model by model, ``rounds`` times.
+
+    The same fixed batches (shuffled once) for every model; one warm-up epoch each. On a
+    shared machine the minimum over rounds, measured side by side in one process, is the
+    number that compares models (the per-run times of ``runs.csv`` come from parallel workers).
+    """
+    from torch_geometric.loader import DataLoader
+
+    train = molecule_splits(dataset)[0]
+    batches = list(DataLoader(train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)))
+    nets, opts = {}, {}
+    for model in models:
+        torch.manual_seed(seed)
+        nets[model] = MoleculeNet(model).train()
+        opts[model] = torch.optim.Adam(nets[model].parameters(), lr=1e-3)
+
+    def epoch(model: str) -> float:
+        start = time.perf_counter()
+        for b in batches:
+            opts[model].zero_grad()
+            ((nets[model](b) - b.y.view(-1)) ** 2).mean().backward()
+            opts[model].step()
+        return time.perf_counter() - start
+
+    times = {model: [] for model in models}
+    for model in models:
+        epoch(model)  # warm-up: compilation, caches
+    for _ in range(rounds):
+        for model in models:
+            times[model].append(epoch(model))
+    sizes = torch.tensor([g.num_nodes for g in train])
+    rows = [{"dataset": dataset, "model": m, "rounds": rounds, "batches": len(batches),
+             "min_ms": 1e3 * min(t), "median_ms": 1e3 * statistics.median(t),
+             "nodes_min_mean_max": f"{int(sizes.min())}/{float(sizes.double().mean()):.1f}/{int(sizes.max())}"}
+            for m, t in times.items()]
+    for row in rows:
+        row["speedup_vs_mha"] = rows[models.index("gps_mha")]["min_ms"] / row["min_ms"]
+    return rows
 
 
 _DATA: Dict[str, object] = {}  # per-process cache of loaded data sets
@@ -276,6 +321,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     s, out = args.settings, Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.epoch_timing:
+        rows = [r for d in args.datasets if d in MOLECULE_SETS for r in epoch_timing(d, args.epoch_timing)]
+        _write(out / "epoch_timing.csv", rows)
+        text = "\n".join(f"{r['dataset']} {r['model']}: min {r['min_ms']:.1f} ms / epoch, median {r['median_ms']:.1f}, "
+                         f"speed-up vs gps_mha {r['speedup_vs_mha']:.2f}x" for r in rows)
+        sys.stdout.write(text + "\n")
+        return 0
     # Seeds outermost, models innermost: machine load hits every model alike.
     tasks = [(d, m, seed) for seed in range(s["seeds"]) for d in args.datasets
              for m in (MOLECULE_MODELS if d in MOLECULE_SETS else NODE_MODELS)]
