@@ -88,3 +88,15 @@ def test_epoch_timing_rows(monkeypatch):
     rows = bench.epoch_timing("FreeSolv", 1, models=("gps_mha", "exphormer"))
     assert [r["model"] for r in rows] == ["gps_mha", "exphormer"]
     assert rows[0]["speedup_vs_mha"] == 1.0 and rows[1]["min_ms"] > 0 and rows[0]["nodes_min_mean_max"] == "2/4.0/6"
+
+
+def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch):
+    runs = [dict(dataset="FreeSolv", model=m, seed=0, metric="rmse", value=1.0, val=1.0, epochs=1, ms_per_epoch=2.0,
+                 min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "gps_tgattn")]
+    bench._write(tmp_path / "runs.csv", runs)
+    rows = [{"model": "exphormer", "n": 100, "ms": 1.0, "peak_mb": 2.0, "note": ""}]
+    monkeypatch.setattr(bench, "measure_scaling", lambda *a, **k: rows)
+    assert bench.main(["--scaling-only", "--out", str(tmp_path), "--no-progress"]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "| FreeSolv | gps_tgattn | rmse | 1.000 ± 0.000 | 1 |" in text and "| exphormer | 100 | 1.0 | 2.0 |  |" in text
+    assert (tmp_path / "graph_transformers.png").stat().st_size > 0

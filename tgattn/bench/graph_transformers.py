@@ -173,8 +173,8 @@ def markdown(rows: List[Dict], scaling: List[Dict], command: str) -> str:
         lines.append(f"| {r['dataset']} | {r['model']} | {r['metric']}{' (%)' if scale > 1 else ''} | "
                      f"{scale * r['mean']:.3f} ± {scale * r['std']:.3f} | {r['runs']} | {r['ms_per_epoch']:.1f} | "
                      f"{r['min_ms_per_epoch']:.1f} | {speed} | {r['peak_mb']:.1f} | {diff} |")
-    lines += ["", "Scaling (one training step of one layer, one graph of n nodes, D = 32, H = 4; peak = growth of "
-              "the process's peak RSS during the step):", "",
+    lines += ["", "Scaling (one training step of one layer, one graph of n nodes, D = 32, H = 4; peak = peak RSS "
+              "above the RSS before the inputs were built, in a fresh process):", "",
               "| model | n | ms / step | peak MB | note |", "|---|---|---|---|---|"]
     for r in scaling:
         ms = f"{r['ms']:.1f}" if r["ms"] is not None else "-"
@@ -235,6 +235,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default: 1: small graphs, shared cores)")
     parser.add_argument("--epoch-timing", type=int, default=0, metavar="ROUNDS",
                         help="only time training epochs of the molecule models, interleaved, ROUNDS rounds")
+    parser.add_argument("--scaling-only", action="store_true",
+                        help="only rerun the scaling part; reuse runs.csv of --out for the tables")
     parser.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
@@ -331,11 +333,14 @@ def main(argv=None) -> int:
     # Seeds outermost, models innermost: machine load hits every model alike.
     tasks = [(d, m, seed) for seed in range(s["seeds"]) for d in args.datasets
              for m in (MOLECULE_MODELS if d in MOLECULE_SETS else NODE_MODELS)]
+    if args.scaling_only:  # keep the runs of an earlier full run in --out
+        with (out / "runs.csv").open() as f:
+            tasks, previous = [], list(csv.DictReader(f))
     options = dict(settings=s, data_root=args.data_root, threads=args.threads)
     # The scaling points run in fresh processes of their own, beside the training runs.
     scaling = ThreadPoolExecutor(1).submit(measure_scaling, s["sizes"], budget_mb=args.budget_mb,
                                            budget_s=args.budget_s, threads=args.threads)
-    runs = []
+    runs = previous if args.scaling_only else []
     with tqdm(total=len(tasks), disable=args.no_progress, unit="run") as bar:
         if args.jobs == 1:
             results = (run_task(*task, **options) for task in tasks)

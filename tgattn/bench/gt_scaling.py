@@ -4,14 +4,15 @@ One training step (forward + backward) of one layer with no local conv on a sing
 of n nodes (a ring plus ``n`` random chords, both directions: average degree 4), ``D = 32``,
 ``H = 4``. GPS attends over all ``n**2`` pairs (PyG: a dense ``[H, n, n]`` score matrix;
 tgattn: an ``n**2``-edge set); Exphormer over graph + expander + virtual node edges (``O(n)``).
-Each point runs in a fresh process and reports the growth of its peak resident set size
-during the step (PyG's MHA runs on SDPA, whose CPU kernel allocates its own memory, unseen by
+Each point runs in a fresh process and reports its peak resident set size above the one
+before the inputs were built (PyG's MHA runs on SDPA, whose CPU kernel allocates its own memory, unseen by
 a tensor-level probe). A model runs at a size only when the time and memory predicted from its
 last measured size (``n**2`` growth for GPS, ``n`` for Exphormer) stay under the budgets;
 skipped sizes are reported with their prediction.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -55,21 +56,26 @@ def step(model: str, n: int, seed: int = 0) -> Callable[[], Tensor]:
     return lambda: layer(xv, ei, attn_edge_index=pairs, attn_edge_kind=kinds)
 
 
+def _status_kib(field: str) -> int:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in KiB."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
+    return int(line.split()[1])
+
+
 def measure_point(model: str, n: int, repeats: int = 3) -> Dict:
-    """``ms`` (min over ``repeats`` training steps) and ``peak_mb``, the peak RSS growth from
-    before the inputs were built (so the edge sets count, e.g. the ``n**2`` pairs of GPS on tgattn).
+    """``ms`` (min over ``repeats`` training steps) and ``peak_mb``: the peak resident set size
+    above the one before the inputs were built (so the edge sets count, e.g. the ``n**2``
+    pairs of GPS on tgattn). Linux only: the kernel's peak (``VmHWM``) is reset first by
+    writing 5 to ``/proc/self/clear_refs``.
 
-    Run it in a fresh process (:func:`measure_scaling` does): the peak resident set size is
-    per process, and it counts memory that kernels allocate internally (SDPA's), which a
-    tensor-level probe does not see.
+    Run it in a fresh process (:func:`measure_scaling` does): it counts memory that kernels
+    allocate internally (SDPA's), which a tensor-level probe does not see.
     """
-    import resource
-
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     loss = (lambda f: lambda: f().square().mean())(step(model, n))  # noqa: E731
     ms = best_time(loss, True, [], torch.ones(()), repeats=repeats, budget_s=30.0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"ms": ms, "peak_mb": (peak - base) / 1024}  # ru_maxrss is in KiB on Linux
+    return {"ms": ms, "peak_mb": (_status_kib("VmHWM") - base) / 1024}
 
 
 def measure_scaling(sizes: List[int], *, budget_mb: float, budget_s: float = 60.0, repeats: int = 2,
