@@ -77,7 +77,7 @@ class GPSConv(PyGGPSConv):
             ``"auto"`` runs the default all-pairs set of a batch on SDPA, one call per distinct
             graph size; for batches of many small graphs of many sizes (molecules) ``"fused"``
             is faster: forward+backward of the attention on 128 graphs of 5..47 nodes, D = 64,
-            H = 4, 2 threads: 54 ms fused, 304 ms auto, 136 ms PyG's padded MHA
+            H = 4, 2 threads, a loaded machine: 54 ms fused, 304 ms auto, 136 ms PyG's padded MHA
             (default: ``"auto"``).
 
     Shapes:
