@@ -11,6 +11,7 @@ from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse", "reference"]
+__all__ += ["ExphormerConv", "GPSConv", "nn"]
 __all__ += ["__version__"]
 
 __getattr__, __dir__ = lazy_exports(
@@ -23,5 +24,8 @@ __getattr__, __dir__ = lazy_exports(
         "functional": "functional",
         "probsparse": "probsparse",  # Informer's ProbSparse attention
         "reference": "reference",
+        "nn": "nn",  # graph-transformer layers (GPS, Exphormer) and structural biases
+        "GPSConv": "nn",
+        "ExphormerConv": "nn",
     },
 )

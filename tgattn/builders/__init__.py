@@ -5,9 +5,10 @@ Every builder returns ``LongTensor[2, E]`` sorted by (target, source), without d
 in the dense twin ``to_mask``). Each accepts a length ``n`` or the lengths of a packed batch.
 """
 from .bigbird import bigbird, random
-from .combine import add_self_loops, difference, intersection, union
+from .combine import add_self_loops, difference, intersection, membership, union
 from .cross import cross, cross_window
 from .dense import causal, full
+from .expander import expander, exphormer, virtual_nodes
 from .graphs import from_networkx
 from .informer import ProbSparsePattern, probsparse
 from .local import block_local, dilated
@@ -34,6 +35,8 @@ __all__ = [
     "difference",
     "dilated",
     "draw",
+    "expander",
+    "exphormer",
     "fixed",
     "from_mask",
     "from_networkx",
@@ -41,6 +44,7 @@ __all__ = [
     "global_tokens",
     "head_masks",
     "intersection",
+    "membership",
     "prefix_lm",
     "probsparse",
     "random",
@@ -50,5 +54,6 @@ __all__ = [
     "to_mask",
     "topk",
     "union",
+    "virtual_nodes",
     "window",
 ]

