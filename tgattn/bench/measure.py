@@ -20,7 +20,7 @@ def run_once(fn: Callable, backward: bool, leaves: Sequence[torch.Tensor], grad:
             t.grad = None
         out = fn()
         out.backward(grad.view_as(out))
-    if leaves[0].is_cuda:
+    if leaves and leaves[0].is_cuda:
         torch.cuda.synchronize(leaves[0].device)
 
 
@@ -88,7 +88,7 @@ def peak_extra_mb(fn: Callable, backward: bool, leaves, grad) -> float:
     On CUDA it reads the caching allocator's peak instead (everything allocated, kernels' own
     workspaces included).
     """
-    if leaves[0].is_cuda:
+    if leaves and leaves[0].is_cuda:
         torch.cuda.synchronize(leaves[0].device)
         base = torch.cuda.memory_allocated(leaves[0].device)
         torch.cuda.reset_peak_memory_stats(leaves[0].device)
