@@ -33,10 +33,10 @@ def test_dense_bias_matches_oracle_with_grads(name, bias_heads):
     perm = torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(3))
     ei = ei[:, perm]  # the engine sorts; the bias must follow the caller's order
     s = engine.structure_of(ei, n, n)
-    assert s.kind == name.replace("_equal", "") and engine.plan(s) == "dense"
+    assert s.kind == name.replace("_equal", "") and engine.plan(s, "dense") == "dense"
     q, k, v, grad_out = inputs(n, n, heads=3, dk=4, dv=5)
     bias = _bias(ei, bias_heads, seed=len(name) + bias_heads)
-    out = graph_attention(q, k, v, ei, bias=bias)
+    out = graph_attention(q, k, v, ei, bias=bias, backend="dense")
     ref = oracle(q, k, v, ei, bias)
     assert max_err(out, ref) <= 1e-10
     assert torch.equal(out[2], torch.zeros_like(out[2]))  # a row of -inf keys gives 0, not NaN
@@ -53,7 +53,7 @@ def test_dense_dropout_drops_single_weights_and_rescales(name):
     ei = make()
     p = 0.4
     s = engine.structure_of(ei, n, n)
-    assert engine.plan(s, dropout=True) == "dense"
+    assert engine.plan(s, "dense", dropout=True) == "dense"
     q, k, _, _ = inputs(n, n, heads=2, dk=4)
     v = torch.eye(n, dtype=torch.float64).unsqueeze(1).expand(n, 2, n)  # v_j = e_j in every head
     bias = torch.randn(ei.shape[1], 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -61,7 +61,7 @@ def test_dense_dropout_drops_single_weights_and_rescales(name):
     weights = torch.zeros(2, n, n, dtype=torch.float64)
     weights[:, ei[1], ei[0]] = w.T  # [H, Nq, Nk]
     torch.manual_seed(0)
-    out = graph_attention(q, k, v, ei, bias=bias, dropout_p=p).permute(1, 0, 2)  # [H, Nq, Nk]
+    out = graph_attention(q, k, v, ei, bias=bias, dropout_p=p, backend="dense").permute(1, 0, 2)  # [H, Nq, Nk]
     kept = out != 0
     assert max_err(out[kept], weights[kept] / (1 - p)) <= 1e-10
     assert not bool(kept[weights == 0].any())  # never a weight off the edge set
@@ -69,7 +69,7 @@ def test_dense_dropout_drops_single_weights_and_rescales(name):
     assert 0.25 < dropped < 0.55  # about p of the weights are dropped
     assert not torch.equal(kept[0], kept[1])  # heads draw their own masks
     torch.manual_seed(0)
-    again = graph_attention(q, k, v, ei, bias=bias, dropout_p=p).permute(1, 0, 2)
+    again = graph_attention(q, k, v, ei, bias=bias, dropout_p=p, backend="dense").permute(1, 0, 2)
     assert torch.equal(out, again)  # seeded: reproducible
 
 

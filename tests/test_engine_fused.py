@@ -205,3 +205,14 @@ def test_kernel_reads_and_writes_any_row_and_head_strides():
     got = torch.autograd.grad(out, strided, grad_out.transpose(0, 1).contiguous().transpose(0, 1))
     for g, r in zip(got, torch.autograd.grad(ref, (q, k, v), grad_out)):
         assert max_err(g, r) < 1e-10
+
+
+def test_auto_runs_short_unequal_packed_sequences_off_sdpa():
+    """One SDPA call per distinct length does not pay for many short sequences (measured in dispatch)."""
+    short = [5, 9, 17, 30, 12, 44]  # molecule-sized graphs
+    for ei in (builders.full(short), builders.causal(short)):
+        s = engine.structure_of(ei, sum(short), sum(short))
+        assert s.kind.startswith("packed") and engine.plan(s) != "dense" and engine.plan(s, "dense") == "dense"
+    for lengths in ([64] * 6, [200, 300, 150]):  # equal lengths, or long ones: SDPA
+        s = engine.structure_of(builders.causal(lengths), sum(lengths), sum(lengths))
+        assert engine.plan(s) == "dense"

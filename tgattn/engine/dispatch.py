@@ -47,6 +47,23 @@ ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton")
 # w = 256, fill 0.86: 0.69-1.21x (forward+backward 0.69); w = 512, fill 0.83: 0.54-0.90x.
 TILE_FILL_VS_CSR = 0.3
 TILE_FILL_VS_FUSED = 0.82
+# SDPA runs one batched call per distinct sequence length of a packed set, so many short
+# sequences of unequal lengths (molecule batches under GPS) pay per call. Measured (fwd+bwd,
+# one thread, H = 4, d = 16; dense / fused time): 128 graphs of 5-47 nodes 2.1x (full) and
+# 3.5x (causal); 64 of 40-60 nodes 1.2x / 2.0x; 16 of 100-300 nodes 0.40x / 0.87x; equal
+# lengths 8 x 256 0.33x / 0.65x. Below this mean length, unequal packed sets skip SDPA.
+DENSE_MIN_MEAN_LENGTH = 128
+
+
+def dense_pays(s: Structure) -> bool:
+    """Whether ``auto`` should run a full / causal set on SDPA: one sequence, equal lengths,
+    or sequences long enough (mean ``DENSE_MIN_MEAN_LENGTH``) for a call per length to pay."""
+    if s.lengths is None:
+        return True
+    if "dense_pays" not in s.extras:
+        equal = len(set(s.lengths)) == 1
+        s.extras["dense_pays"] = equal or s.n_q >= DENSE_MIN_MEAN_LENGTH * len(s.lengths)
+    return s.extras["dense_pays"]
 
 
 def plan(
@@ -79,9 +96,9 @@ def plan(
     if edge_scale:
         return "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
-    if triton and (backend == "triton" or (backend == "auto" and not dense_ok)):
+    if triton and (backend == "triton" or (backend == "auto" and not (dense_ok and dense_pays(s)))):
         return "triton"
-    if backend == "auto" and dense_ok:
+    if backend == "auto" and dense_ok and dense_pays(s):
         return "dense"
     if backend == "dense" and dense_ok:
         return "dense"
