@@ -167,8 +167,7 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
         cast = (lambda t: t) if work == q.dtype else (lambda t: None if t is None else t.to(work))  # noqa: E731
         mult = edge_scale
         if dropout_p > 0:
-            keep = torch.rand(num_edges, q.shape[1], device=q.device, generator=generator) >= dropout_p  # [E, H]
-            dropped = keep.to(work) / (1.0 - dropout_p)
+            dropped = engine.recompute.dropout_factor(num_edges, q.shape[1], dropout_p, cast(q), generator)  # [E, H]
             mult = dropped if mult is None else mult * dropped
         out, weights = engine.recompute.gather_attention(
             cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult)

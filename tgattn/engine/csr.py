@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure
-from .recompute import gather_attention, recompute_grads
+from .recompute import dropout_factor, gather_attention, recompute_grads
 from .softmax import edge_softmax
 
 
@@ -151,7 +151,6 @@ def csr_attention(
     """Run :class:`CsrAttention` on sorted edges; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in sorted order."""
     mult = edge_scale
     if dropout_p > 0:
-        keep = torch.rand(s.num_edges, q.shape[1], device=q.device, generator=generator) >= dropout_p  # [E, H]
-        dropped = keep.to(q.dtype) / (1.0 - dropout_p)
+        dropped = dropout_factor(s.num_edges, q.shape[1], dropout_p, q, generator)  # [E, H]
         mult = dropped if mult is None else dropped * mult
     return CsrAttention.apply(q, k, v, bias, mult, s, scale)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .analysis import Structure
-from .recompute import all_finite, recompute_exact, recompute_grads
+from .recompute import all_finite, grads_through, recompute_exact, recompute_grads
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Optional[Tensor], p: float) -> Tensor:
@@ -87,13 +87,9 @@ class DenseAttention(torch.autograd.Function):
             grads = recompute_grads(exact, ctx.saved_tensors, (grad_out,), needs)
             return (*grads, None, None, None)
         leaves, out = ctx.inner
-        wanted = [i for i, t in enumerate(leaves) if t is not None and needs[i]]
         # retain_graph: gradcheck and retain_graph=True callers go through this node again; what
         # SDPA saved is mostly the inputs and output themselves (shared storage).
-        got = torch.autograd.grad(out, [leaves[i] for i in wanted], grad_out, allow_unused=True, retain_graph=True)
-        grads = [None] * 4
-        for i, g in zip(wanted, got):
-            grads[i] = torch.zeros_like(leaves[i]) if g is None else g
+        grads = grads_through((out,), leaves, (grad_out,), needs, retain_graph=True)
         return (*grads, None, None, None)
 
 

@@ -64,18 +64,41 @@ def recompute_grads(
         else:
             leaves = [None if t is None else t.detach().requires_grad_(bool(need)) for t, need in zip(inputs, needs)]
         outs = fn(*leaves)
+    return grads_through(outs, leaves, grads, needs, create_graph=create_graph)
+
+
+def grads_through(
+    outs: Sequence[Optional[Tensor]],
+    leaves: Sequence[Optional[Tensor]],
+    grads: Sequence[Optional[Tensor]],
+    needs: Sequence[bool],
+    *,
+    create_graph: bool = False,
+    retain_graph: bool = False,
+) -> list:
+    """Gradients of the recorded ``outs`` with respect to ``leaves``, one per leaf (``None``
+    where not needed; zeros for a needed leaf that the outputs do not depend on)."""
     pairs = [(o, g) for o, g in zip(outs, grads) if o is not None and g is not None and o.requires_grad]
     wanted = [i for i, t in enumerate(leaves) if t is not None and needs[i]]
-    result = [None] * len(inputs)
+    result = [None] * len(leaves)
     if not pairs or not wanted:
         return result
     got = torch.autograd.grad(
         [o for o, _ in pairs], [leaves[i] for i in wanted], [g for _, g in pairs],
-        allow_unused=True, create_graph=create_graph,
+        allow_unused=True, create_graph=create_graph, retain_graph=retain_graph or create_graph,
     )
     for i, g in zip(wanted, got):
         result[i] = torch.zeros_like(leaves[i]) if g is None else g
     return result
+
+
+def dropout_factor(
+    num_edges: int, heads: int, p: float, like: Tensor, generator: Optional[torch.Generator] = None
+) -> Tensor:
+    """``keep / (1 - p)`` per edge and head ``[E, H]`` in the dtype of ``like``, ``keep`` drawn
+    with ``torch.rand`` (the mask of the csr and gather paths)."""
+    keep = torch.rand(num_edges, heads, device=like.device, generator=generator) >= p  # [E, H]
+    return keep.to(like.dtype) / (1.0 - p)
 
 
 def recompute_exact(s, scale: float, *, create_graph: bool) -> Callable[..., Tuple[Tensor]]:
