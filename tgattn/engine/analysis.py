@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -161,32 +161,43 @@ def same_edges(edge_index: Tensor, s: Structure) -> bool:
     return torch.equal(dst, s.dst) and torch.equal(src, s.src)
 
 
-class _Cache:
+class TensorKeyed:
+    """Values kept per (tensor identity, key): an entry dies with its tensor, and past
+    ``capacity`` entries the oldest goes. Callers check the tensor's contents themselves."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self.entries: Dict[Tuple[int, Hashable], Tuple[weakref.ref, object]] = {}
+
+    def lookup(self, tensor: Tensor, key: Hashable) -> Optional[object]:
+        entry = self.entries.get((id(tensor), key))
+        return entry[1] if entry is not None and entry[0]() is tensor else None
+
+    def store(self, tensor: Tensor, key: Hashable, value: object) -> None:
+        if len(self.entries) >= self.capacity:
+            self.entries.pop(next(iter(self.entries)))
+        slot = (id(tensor), key)
+        self.entries[slot] = (weakref.ref(tensor, lambda _, slot=slot: self.entries.pop(slot, None)), value)
+
+
+class _Cache(TensorKeyed):
     """Structures keyed on (tensor identity, sizes), checked against the tensor's contents on
     every hit; entries die with the tensor."""
 
     def __init__(self, capacity: int = 64):
-        self.capacity = capacity
-        self.entries: Dict[int, Tuple[weakref.ref, int, int, Structure]] = {}
+        super().__init__(capacity)
         self.hits = 0
         self.misses = 0
 
     def get(self, edge_index: Tensor, n_q: int, n_k: int) -> Optional[Structure]:
-        entry = self.entries.get(id(edge_index))
-        if entry is None:
-            return None
-        ref, eq, ek, s = entry
-        if ref() is not edge_index or (eq, ek) != (n_q, n_k) or not same_edges(edge_index, s):
+        s = self.lookup(edge_index, (n_q, n_k))
+        if s is None or not same_edges(edge_index, s):
             return None
         self.hits += 1
         return s
 
     def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
-        if len(self.entries) >= self.capacity:
-            self.entries.pop(next(iter(self.entries)))
-        key = id(edge_index)
-        ref = weakref.ref(edge_index, lambda _, key=key: self.entries.pop(key, None))
-        self.entries[key] = (ref, n_q, n_k, s)
+        self.store(edge_index, (n_q, n_k), s)
 
     def clear(self) -> None:
         self.entries.clear()

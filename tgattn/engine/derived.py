@@ -8,14 +8,15 @@ layers of a model share one derived edge set and one analysis.
 """
 from __future__ import annotations
 
-import weakref
-from typing import Callable, Dict, Hashable, Tuple
+from typing import Callable, Hashable
 
 import torch
 from torch import Tensor
 
+from .analysis import TensorKeyed
 
-class DerivedEdges:
+
+class DerivedEdges(TensorKeyed):
     """``get(edge_index, key, make)``: ``make()``'s result for this input tensor and ``key``, cached.
 
     Example:
@@ -29,22 +30,14 @@ class DerivedEdges:
         [[1, 0], [1, 1]]
     """
 
-    def __init__(self, capacity: int = 64):
-        self.capacity = capacity
-        self.entries: Dict[Tuple[int, Hashable], Tuple[weakref.ref, Tensor, object]] = {}
-
     def get(self, edge_index: Tensor, key: Hashable, make: Callable[[], object]):
-        slot = (id(edge_index), key)
-        entry = self.entries.get(slot)
+        entry = self.lookup(edge_index, key)
         if entry is not None:
-            ref, snapshot, value = entry
-            if ref() is edge_index and snapshot.shape == edge_index.shape and torch.equal(snapshot, edge_index):
+            snapshot, value = entry
+            if snapshot.shape == edge_index.shape and torch.equal(snapshot, edge_index):
                 return value
         value = make()
-        if len(self.entries) >= self.capacity:
-            self.entries.pop(next(iter(self.entries)))
-        ref = weakref.ref(edge_index, lambda _, slot=slot: self.entries.pop(slot, None))
-        self.entries[slot] = (ref, edge_index.detach().clone(), value)
+        self.store(edge_index, key, (edge_index.detach().clone(), value))
         return value
 
 
