@@ -80,8 +80,8 @@ def attention_forward(
         scaling: score scale (default: ``1 / sqrt(d)``).
         is_causal: overrides ``module.is_causal`` when there is no mask.
 
-    float16 / bfloat16 inputs are computed in float32 (the engine's sparse kernels take
-    float32 / float64; eager attention, too, runs its softmax in float32).
+    float16 / bfloat16 inputs are computed in float32, as the engine does (eager attention, too,
+    runs its softmax in float32); they are cast here once, not once per query-head group.
 
     Returns:
         ``(out [B, Tq, Hq, dv], None)``; weights go to :func:`recording`, not to the caller.
