@@ -1,4 +1,4 @@
-"""The GPU side of ``python -m tgattn.bench --device cuda``: GNN training steps and the targets.
+"""The GPU benchmark: ``python -m tgattn.bench.gpu`` (or ``python -m tgattn.bench --device cuda``).
 
 The attention sweep itself is :func:`tgattn.bench.attention.sweep` with ``device="cuda"`` (peers
 from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
@@ -6,21 +6,42 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
 * :func:`gnn_steps`: one training step (forward, backward, Adam) of the GAT paper's two-layer
   network with ``GATConv``, ``TransformerConv`` and tgattn's ``GraphAttentionConv``, on Cora and
   on molecule-sized batches that bring a new edge set every step;
+* :func:`packed_patterns` and :func:`varlen_rows`: packed sequences (block-diagonal causal and
+  full sets of document lengths) and FlashAttention's variable-length kernel
+  (``torch.nn.attention.varlen``) against tgattn, both in bfloat16 (the kernel runs half
+  precision only), on the packed sets and on sliding windows;
 * :func:`gpu_targets`: the issue's GPU targets, each with the ratio this run measured ("Flex":
-  the faster of the ``flex`` and ``flex_csr`` peers).
+  the faster of the ``flex`` and ``flex_csr`` peers);
+* :func:`main`: all of it, CSV files and a plot named by the device. ``--dry-run`` runs the
+  same code on the CPU at a tiny size (what CI checks): every GPU peer is built or says why
+  it cannot run here.
+
+Example::
+
+    python -m tgattn.bench.gpu --out runs/gpu            # on a CUDA machine (about 30 minutes)
+    python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
 """
 from __future__ import annotations
 
+import argparse
+import platform
+import sys
 import time
-from typing import Iterator, List, Optional
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .report import _index, _ratio
+from .. import builders
+from .patterns import Pattern
+from .report import FIELDS, _index, _ratio
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
+PACKED_LENGTHS = (256, 2048)  # document lengths of the packed sets (uniform, inclusive)
+DRY_RUN_N = 128  # every pattern's size in a dry run (documents of 16-64 tokens)
+CSV_FIELDS = FIELDS + ("device",)
 
 
 def check_device(device: str) -> torch.device:
@@ -143,3 +164,182 @@ def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str 
         peak = f", peak extra {big['peak_mb']:.0f} MB" if big["peak_mb"] else ""
         out.append(f"{window} n=1048576 fwd+bwd completes: {big['ms'] / 1e3:.2f} s{peak}")
     return "\n".join(out)
+
+
+def document_lengths(n: int, lo: int, hi: int, seed: int = 0) -> List[int]:
+    """Lengths drawn uniformly from ``lo..hi`` that sum to ``n`` (the last one cut short).
+
+    Example:
+        >>> lengths = document_lengths(1000, 100, 300)
+        >>> sum(lengths), all(0 < x <= 300 for x in lengths)
+        (1000, True)
+    """
+    g = torch.Generator().manual_seed(seed)
+    out: List[int] = []
+    while sum(out) < n:
+        out.append(min(int(torch.randint(lo, hi + 1, (), generator=g)), n - sum(out)))
+    return out
+
+
+def packed_patterns(lengths=PACKED_LENGTHS) -> Dict[str, Pattern]:
+    """``packed_causal`` and ``packed_full``: block-diagonal sets over documents whose lengths
+    are drawn from ``lengths`` (no FlexAttention ``mask_mod``: the ``flex_csr`` peer covers Flex)."""
+    return {
+        f"packed_{kind}": Pattern(f"packed_{kind}", lambda n, make=make: make(document_lengths(n, *lengths)))
+        for kind, make in (("causal", builders.causal), ("full", builders.full))
+    }
+
+
+def _varlen_call(edge_index: torch.Tensor, n: int, name: str):
+    """``(cu_seq [B + 1], longest, window_size)`` of FlashAttention's varlen kernel for this
+    edge set (packed causal / full sets from the engine's analysis, ``windowW`` by name), or ``None``."""
+    from ..engine import structure_of
+
+    s = structure_of(edge_index, n, n)
+    if s.kind in ("full", "causal", "packed_full", "packed_causal"):
+        lengths = list(s.lengths or (n,))
+        window = (-1, 0) if s.kind.endswith("causal") else (-1, -1)
+    elif name.startswith("window") and name[6:].isdigit():
+        w = int(name[6:])
+        if not (w < n and s.intervals and s.num_edges == n * (2 * w + 1) - w * (w + 1)):  # |i - j| <= w
+            return None
+        lengths, window = [n], (w, w)
+    else:
+        return None
+    cu = torch.tensor([0] + lengths, device=edge_index.device).cumsum(0).to(torch.int32)
+    return cu, max(lengths), window
+
+
+def varlen_rows(
+    patterns: Dict[str, Pattern],
+    sizes: Dict[str, Sequence[int]],
+    device,
+    *,
+    heads: int = 8,
+    dim: int = 64,
+    repeats: int = 3,
+    budget_s: float = 10.0,
+) -> List[dict]:
+    """``varlen_bf16`` (``torch.nn.attention.varlen.varlen_attn``) and ``tgattn_bf16``
+    (:func:`~tgattn.functional.graph_attention`, ``auto``) on the same bfloat16 inputs, forward
+    and forward+backward, for the patterns the kernel can express. The ``note`` of a varlen row
+    gives its largest difference from tgattn's output (or why it did not run)."""
+    from ..functional import graph_attention
+    from .measure import best_time
+
+    rows = []
+    for name, pattern in patterns.items():
+        for n in sizes[name]:
+            edge_index = pattern.make(n).to(device)
+            call = _varlen_call(edge_index, n, name)
+            if call is None:
+                continue
+            g = torch.Generator().manual_seed(0)
+            q, k, v, grad = (torch.randn(n, heads, dim, generator=g).to(device, torch.bfloat16) for _ in range(4))
+            leaves = [t.requires_grad_() for t in (q, k, v)]
+            base = dict(pattern=name, n=n, edges=edge_index.shape[1], density=edge_index.shape[1] / n**2, heads=heads, dim=dim)
+            ours = lambda: graph_attention(q, k, v, edge_index)  # noqa: E731
+            peers = {"tgattn_bf16": ours, "varlen_bf16": None}
+            note = ""
+            try:
+                from torch.nn.attention.varlen import varlen_attn
+
+                cu, longest, window = call
+                theirs = lambda: varlen_attn(q, k, v, cu, cu, longest, longest, window_size=window)  # noqa: E731
+                with torch.no_grad():
+                    note = f"max |diff| vs tgattn {float((theirs().float() - ours().float()).abs().max()):.1e}"
+                peers["varlen_bf16"] = theirs
+            except Exception as err:  # no torch.nn.attention.varlen, or a device / dtype it does not take
+                note = f"unavailable: {type(err).__name__}: {str(err)[:60]}"
+            for peer, fn in peers.items():
+                for backward in (False, True):
+                    row = dict(base, peer=peer, mode="fwd+bwd" if backward else "fwd", ms=None, peak_mb=None,
+                               note=note if peer == "varlen_bf16" else "")
+                    rows.append(row)
+                    if fn is None:
+                        continue
+                    try:
+                        row["ms"] = best_time(fn, backward, leaves, grad, repeats=repeats, budget_s=budget_s)
+                    except Exception as err:  # e.g. out of memory at the largest n
+                        row["note"] = f"failed: {type(err).__name__}: {str(err)[:80]}"
+    return rows
+
+
+def varlen_table(rows: List[dict]) -> str:
+    """``varlen_bf16`` time / ``tgattn_bf16`` time per pattern, n and mode (> 1: tgattn faster)."""
+    idx = _index(rows)
+    lines = [f"{'bfloat16':<16}{'n':>9} {'mode':<8}{'varlen / tgattn':>16}"]
+    for (pattern, n, mode, peer), row in sorted(idx.items()):
+        if peer == "tgattn_bf16" and row.get("ms"):
+            theirs = idx.get((pattern, n, mode, "varlen_bf16"), {}).get("ms")
+            shown = f"{theirs / row['ms']:.2f}x" if theirs else "n/a"
+            lines.append(f"{pattern:<16}{n:>9} {mode:<8}{shown:>16}")
+    return "\n".join(lines)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's for a dry run."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()} (dry run)"
+
+
+def main(argv=None) -> int:
+    from .._cli import missing_plot_extra
+    from .attention import sizes_for, sweep
+    from .patterns import patterns
+    from .peers import GPU_PEERS
+    from .report import plot, ratio_table, write_csv
+
+    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU at a tiny size (seconds)")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu"), help="output folder (default: runs/gpu)")
+    parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (off in a dry run)")
+    parser.add_argument("--no-gnn", action="store_true", help="skip the GNN training steps")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
+    args = parser.parse_args(argv)
+    try:
+        device = check_device("cpu" if args.dry_run else "cuda")
+    except ValueError as err:
+        parser.error(f"{err} (or pass --dry-run)")
+    if missing_plot_extra():
+        parser.error(missing_plot_extra())
+    args.out.mkdir(parents=True, exist_ok=True)
+    where = device_name(device)
+
+    names = ("window64", "random0.01", "topk0.01")
+    chosen = {**{n: patterns()[n] for n in names}, **packed_patterns((16, 64) if args.dry_run else PACKED_LENGTHS)}
+    sizes = {n: [DRY_RUN_N] for n in chosen} if args.dry_run else {**sizes_for(names, False, device="cuda"),
+                                                              "packed_causal": [16384, 65536], "packed_full": [16384, 65536]}
+    peers = [p for p in GPU_PEERS if not ((args.no_flex or args.dry_run) and p in ("flex", "flex_csr"))]
+    repeats = 1 if args.dry_run else args.repeats
+    rows = sweep(chosen, sizes, peers, repeats=repeats, progress=not args.no_progress, device=str(device))
+    bf16 = varlen_rows(chosen, sizes, device, repeats=repeats)
+    for row in rows + bf16:
+        row["device"] = where
+    write_csv(rows + bf16, args.out / "gpu_attention.csv", fields=CSV_FIELDS)
+    plot(rows + bf16, args.out / "gpu_attention.png", device=where)
+    print(f"torch {torch.__version__}, {where}; H=8, d=64, fp32 (bf16 where named); ratio = peer time / tgattn time")
+    print(ratio_table(rows, peers))
+    print()
+    print(varlen_table(bf16))
+    print()
+    gnn = []
+    if not args.no_gnn:
+        gnn = gnn_steps(device, data_root=args.data, repeats=1 if args.dry_run else 20,
+                        workloads=("molecules",) if args.dry_run else ("cora", "molecules"), graphs=4 if args.dry_run else 128)
+        for row in gnn:
+            row["device"] = where
+        write_csv(gnn, args.out / "gpu_gnn.csv", fields=GNN_FIELDS + ("device",))
+    if args.dry_run:
+        print("dry run: the target lines below show the report works, not GPU numbers")
+    print(gpu_targets(rows, gnn))
+    print(f"\nwrote {args.out / 'gpu_attention.csv'}, {args.out / 'gpu_attention.png'}" + (f", {args.out / 'gpu_gnn.csv'}" if gnn else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
