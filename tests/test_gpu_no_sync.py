@@ -212,3 +212,19 @@ def test_derived_edges_on_a_device_are_checked_by_stamp(cpu_as_cuda, monkeypatch
     assert rec.syncs == []
     ei[0, 0] = 1
     assert cache.get(ei, "flip", lambda: ei.flip(0)).tolist() == [[1, 0], [1, 1]]
+
+
+def test_layers_second_step_makes_no_host_sync(cpu_as_cuda):
+    """``GraphAttention`` and ``GraphAttentionConv`` (self-loops added: a derived edge set) in a
+    training step: the steady state syncs nothing, the derived set is made once."""
+    from tgattn import GraphAttention, GraphAttentionConv
+
+    torch.manual_seed(0)
+    ei = builders.window(24, 2, causal=True)
+    x = torch.randn(24, 16, requires_grad=True)
+    for layer in (GraphAttention(16, 2), GraphAttentionConv(16, 8, heads=2, add_self_loops=True)):
+        layer(x, ei).square().sum().backward()
+        with recording() as rec:
+            layer(x, ei).square().sum().backward()
+        assert rec.syncs == []
+    assert engine.CACHE.misses == 2  # the edge set and its self-looped twin, each analysed once

@@ -184,7 +184,8 @@ def same_edges(edge_index: Tensor, s: Structure) -> bool:
 
     A tensor can change without PyTorch noticing (writes through ``.numpy()``, ``.data`` or
     DLPack leave its version counter alone, and inference tensors have none), so the cache
-    compares contents instead of trusting identity and version.
+    compares contents instead of trusting identity and version, wherever that needs no host
+    sync (on the CPU; elsewhere :func:`device_stamp`, except for inference tensors).
     """
     if edge_index.shape != (2, s.num_edges) or edge_index.device != s.src.device:
         return False
