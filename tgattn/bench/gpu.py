@@ -1,4 +1,5 @@
-"""The GPU benchmark: ``python -m tgattn.bench.gpu`` (or ``python -m tgattn.bench --device cuda``).
+"""The GPU benchmark: ``python -m tgattn.bench.gpu`` (``python -m tgattn.bench --device cuda`` runs
+the same sweep and GNN steps, without the packed sets and the varlen peer).
 
 The attention sweep itself is :func:`tgattn.bench.attention.sweep` with ``device="cuda"`` (peers
 from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
@@ -6,7 +7,7 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
 * :func:`gnn_steps`: one training step (forward, backward, Adam) of the GAT paper's two-layer
   network with ``GATConv``, ``TransformerConv`` and tgattn's ``GraphAttentionConv``, on Cora and
   on molecule-sized batches that bring a new edge set every step;
-* :func:`packed_patterns` and :func:`varlen_rows`: packed sequences (block-diagonal causal and
+* :mod:`tgattn.bench.gpu_packed`: packed sequences (block-diagonal causal and
   full sets of document lengths) and FlashAttention's variable-length kernel
   (``torch.nn.attention.varlen``) against tgattn, both in bfloat16 (the kernel runs half
   precision only), on the packed sets and on sliding windows;
@@ -18,7 +19,7 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
 
 Example::
 
-    python -m tgattn.bench.gpu --out runs/gpu            # on a CUDA machine (about 30 minutes)
+    python -m tgattn.bench.gpu --out runs/gpu            # on a CUDA machine
     python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
 """
 from __future__ import annotations
@@ -28,18 +29,16 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .. import builders
-from .patterns import Pattern
+from .gpu_packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
 from .report import FIELDS, _index, _ratio
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
-PACKED_LENGTHS = (256, 2048)  # document lengths of the packed sets (uniform, inclusive)
 DRY_RUN_N = 128  # every pattern's size in a dry run (documents of 16-64 tokens)
 CSV_FIELDS = FIELDS + ("device",)
 
@@ -166,117 +165,6 @@ def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str 
     return "\n".join(out)
 
 
-def document_lengths(n: int, lo: int, hi: int, seed: int = 0) -> List[int]:
-    """Lengths drawn uniformly from ``lo..hi`` that sum to ``n`` (the last one cut short).
-
-    Example:
-        >>> lengths = document_lengths(1000, 100, 300)
-        >>> sum(lengths), all(0 < x <= 300 for x in lengths)
-        (1000, True)
-    """
-    g = torch.Generator().manual_seed(seed)
-    out: List[int] = []
-    while sum(out) < n:
-        out.append(min(int(torch.randint(lo, hi + 1, (), generator=g)), n - sum(out)))
-    return out
-
-
-def packed_patterns(lengths=PACKED_LENGTHS) -> Dict[str, Pattern]:
-    """``packed_causal`` and ``packed_full``: block-diagonal sets over documents whose lengths
-    are drawn from ``lengths`` (no FlexAttention ``mask_mod``: the ``flex_csr`` peer covers Flex)."""
-    return {
-        f"packed_{kind}": Pattern(f"packed_{kind}", lambda n, make=make: make(document_lengths(n, *lengths)))
-        for kind, make in (("causal", builders.causal), ("full", builders.full))
-    }
-
-
-def _varlen_call(edge_index: torch.Tensor, n: int, name: str):
-    """``(cu_seq [B + 1], longest, window_size)`` of FlashAttention's varlen kernel for this
-    edge set (packed causal / full sets from the engine's analysis, ``windowW`` by name), or ``None``."""
-    from ..engine import structure_of
-
-    s = structure_of(edge_index, n, n)
-    if s.kind in ("full", "causal", "packed_full", "packed_causal"):
-        lengths = list(s.lengths or (n,))
-        window = (-1, 0) if s.kind.endswith("causal") else (-1, -1)
-    elif name.startswith("window") and name[6:].isdigit():
-        w = int(name[6:])
-        if not (w < n and s.intervals and s.num_edges == n * (2 * w + 1) - w * (w + 1)):  # |i - j| <= w
-            return None
-        lengths, window = [n], (w, w)
-    else:
-        return None
-    cu = torch.tensor([0] + lengths, device=edge_index.device).cumsum(0).to(torch.int32)
-    return cu, max(lengths), window
-
-
-def varlen_rows(
-    patterns: Dict[str, Pattern],
-    sizes: Dict[str, Sequence[int]],
-    device,
-    *,
-    heads: int = 8,
-    dim: int = 64,
-    repeats: int = 3,
-    budget_s: float = 10.0,
-) -> List[dict]:
-    """``varlen_bf16`` (``torch.nn.attention.varlen.varlen_attn``) and ``tgattn_bf16``
-    (:func:`~tgattn.functional.graph_attention`, ``auto``) on the same bfloat16 inputs, forward
-    and forward+backward, for the patterns the kernel can express. The ``note`` of a varlen row
-    gives its largest difference from tgattn's output (or why it did not run)."""
-    from ..functional import graph_attention
-    from .measure import best_time
-
-    rows = []
-    for name, pattern in patterns.items():
-        for n in sizes[name]:
-            edge_index = pattern.make(n).to(device)
-            call = _varlen_call(edge_index, n, name)
-            if call is None:
-                continue
-            g = torch.Generator().manual_seed(0)
-            q, k, v, grad = (torch.randn(n, heads, dim, generator=g).to(device, torch.bfloat16) for _ in range(4))
-            leaves = [t.requires_grad_() for t in (q, k, v)]
-            base = dict(pattern=name, n=n, edges=edge_index.shape[1], density=edge_index.shape[1] / n**2, heads=heads, dim=dim)
-            ours = lambda: graph_attention(q, k, v, edge_index)  # noqa: E731
-            peers = {"tgattn_bf16": ours, "varlen_bf16": None}
-            note = ""
-            try:
-                from torch.nn.attention.varlen import varlen_attn
-
-                cu, longest, window = call
-                theirs = lambda: varlen_attn(q, k, v, cu, cu, longest, longest, window_size=window)  # noqa: E731
-                with torch.no_grad():
-                    note = f"max |diff| vs tgattn {float((theirs().float() - ours().float()).abs().max()):.1e}"
-                peers["varlen_bf16"] = theirs
-            except Exception as err:  # no torch.nn.attention.varlen, or a device / dtype it does not take
-                note = f"unavailable: {type(err).__name__}: {str(err)[:60]}"
-            for peer, fn in peers.items():
-                for backward in (False, True):
-                    row = dict(base, peer=peer, mode="fwd+bwd" if backward else "fwd", ms=None, peak_mb=None,
-                               note=note if peer == "varlen_bf16" else "")
-                    rows.append(row)
-                    if fn is None:
-                        continue
-                    try:
-                        row["ms"] = best_time(fn, backward, leaves, grad, repeats=repeats, budget_s=budget_s)
-                    except Exception as err:  # e.g. out of memory at the largest n
-                        row["note"] = f"failed: {type(err).__name__}: {str(err)[:80]}"
-    return rows
-
-
-def varlen_table(rows: List[dict]) -> str:
-    """``varlen_bf16`` time / ``tgattn_bf16`` time per pattern, n and mode (> 1: tgattn faster)."""
-    idx = _index(rows)
-    lines = [f"{'bfloat16':<16}{'n':>9} {'mode':<8}{'varlen / tgattn':>16}"]
-    for (pattern, n, mode, peer), row in sorted(idx.items()):
-        if peer == "tgattn_bf16" and row.get("ms"):
-            theirs = idx.get((pattern, n, mode, "varlen_bf16"), {}).get("ms")
-            shown = f"{theirs / row['ms']:.2f}x" if theirs else "n/a"
-            lines.append(f"{pattern:<16}{n:>9} {mode:<8}{shown:>16}")
-    return "\n".join(lines)
-
-
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's for a dry run."""
     if device.type == "cuda":
@@ -285,7 +173,7 @@ def device_name(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
-    from .._cli import missing_plot_extra
+    from .._cli import missing_plot_extra, positive_int
     from .attention import sizes_for, sweep
     from .patterns import patterns
     from .peers import GPU_PEERS
@@ -297,7 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/gpu"), help="output folder (default: runs/gpu)")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (off in a dry run)")
     parser.add_argument("--no-gnn", action="store_true", help="skip the GNN training steps")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     args = parser.parse_args(argv)
@@ -307,7 +195,10 @@ def main(argv=None) -> int:
         parser.error(f"{err} (or pass --dry-run)")
     if missing_plot_extra():
         parser.error(missing_plot_extra())
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
     where = device_name(device)
 
     names = ("window64", "random0.01", "topk0.01")
