@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from . import engine
+from .engine.analysis import on_host
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
 
@@ -55,7 +56,8 @@ def _check_edge_tensor(name: str, t: Tensor, num_edges: int, num_heads: int) -> 
 
 def _check_bias(bias: Tensor, num_edges: int, num_heads: int) -> Tensor:
     bias = _check_edge_tensor("bias", bias, num_edges, num_heads)
-    if torch.isposinf(bias).any():
+    # On a GPU the check would make the host wait for the device: there +inf gives NaN instead.
+    if on_host(bias) and torch.isposinf(bias).any():
         raise ValueError("bias holds +inf, which has no softmax; use -inf to remove an edge")
     return bias
 
@@ -89,14 +91,17 @@ def graph_attention(
       ``(j, i)`` weigh like one edge with ``log(m)`` added to its score (PyG's convention).
     * NaN in ``q``, ``k``, ``v`` or ``bias`` propagates to the outputs of the queries it
       touches (and, in backward, to the keys and values of their edges only); ``-inf`` in
-      ``bias`` removes an edge; ``+inf`` in ``bias`` is an error.
+      ``bias`` removes an edge; ``+inf`` in ``bias`` is an error (on a GPU, where the check
+      would make the host wait for the device, it makes its query's output NaN).
     * float16 / bfloat16 inputs are computed in float32 and returned in their own dtype;
       autocast is off inside. Works under ``torch.no_grad``, ``torch.inference_mode`` and
       ``torch.compile`` (as one custom op, ``torch.ops.tgattn.graph_attention``).
     * Double backward (``create_graph=True``) is exact on every backend: the gradients are
       recomputed on the textbook edge-wise path.
     * The analysis of ``edge_index`` is cached per tensor and checked against its contents on
-      every call, so an edge set modified in place is never served a stale result.
+      every call, so an edge set modified in place is never served a stale result (on a GPU
+      against its version counter instead, which sees every in-place write made through
+      PyTorch: :func:`tgattn.engine.analysis.device_stamp`).
 
     Args:
         q: queries ``[Nq, H, dk]``.

@@ -1,4 +1,5 @@
-"""The GPU side of ``python -m tgattn.bench --device cuda``: GNN training steps and the targets.
+"""The GPU benchmark: ``python -m tgattn.bench.gpu`` (``python -m tgattn.bench --device cuda`` runs
+the same sweep and GNN steps, without the packed sets and the varlen peer).
 
 The attention sweep itself is :func:`tgattn.bench.attention.sweep` with ``device="cuda"`` (peers
 from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
@@ -6,21 +7,40 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
 * :func:`gnn_steps`: one training step (forward, backward, Adam) of the GAT paper's two-layer
   network with ``GATConv``, ``TransformerConv`` and tgattn's ``GraphAttentionConv``, on Cora and
   on molecule-sized batches that bring a new edge set every step;
+* :mod:`tgattn.bench.gpu_packed`: packed sequences (block-diagonal causal and
+  full sets of document lengths) and FlashAttention's variable-length kernel
+  (``torch.nn.attention.varlen``) against tgattn, both in bfloat16 (the kernel runs half
+  precision only), on the packed sets and on sliding windows;
 * :func:`gpu_targets`: the issue's GPU targets, each with the ratio this run measured ("Flex":
-  the faster of the ``flex`` and ``flex_csr`` peers).
+  the faster of the ``flex`` and ``flex_csr`` peers);
+* :func:`main`: all of it, CSV files and a plot named by the device. ``--dry-run`` runs the
+  same code on the CPU at a tiny size (what CI checks): every GPU peer is built or says why
+  it cannot run here.
+
+Example::
+
+    python -m tgattn.bench.gpu --out runs/gpu            # on a CUDA machine
+    python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
 """
 from __future__ import annotations
 
+import argparse
+import platform
+import sys
 import time
+from pathlib import Path
 from typing import Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .report import _index, _ratio
+from .gpu_packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
+from .report import FIELDS, _index, _ratio
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
+DRY_RUN_N = 128  # every pattern's size in a dry run (documents of 16-64 tokens)
+CSV_FIELDS = FIELDS + ("device",)
 
 
 def check_device(device: str) -> torch.device:
@@ -143,3 +163,74 @@ def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str 
         peak = f", peak extra {big['peak_mb']:.0f} MB" if big["peak_mb"] else ""
         out.append(f"{window} n=1048576 fwd+bwd completes: {big['ms'] / 1e3:.2f} s{peak}")
     return "\n".join(out)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's for a dry run."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()} (dry run)"
+
+
+def main(argv=None) -> int:
+    from .._cli import missing_plot_extra, positive_int
+    from .attention import sizes_for, sweep
+    from .patterns import patterns
+    from .peers import GPU_PEERS
+    from .report import plot, ratio_table, write_csv
+
+    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU at a tiny size (seconds)")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu"), help="output folder (default: runs/gpu)")
+    parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (off in a dry run)")
+    parser.add_argument("--no-gnn", action="store_true", help="skip the GNN training steps")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
+    args = parser.parse_args(argv)
+    try:
+        device = check_device("cpu" if args.dry_run else "cuda")
+    except ValueError as err:
+        parser.error(f"{err} (or pass --dry-run)")
+    if missing_plot_extra():
+        parser.error(missing_plot_extra())
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
+    where = device_name(device)
+
+    names = ("window64", "random0.01", "topk0.01")
+    chosen = {**{n: patterns()[n] for n in names}, **packed_patterns((16, 64) if args.dry_run else PACKED_LENGTHS)}
+    sizes = {n: [DRY_RUN_N] for n in chosen} if args.dry_run else {**sizes_for(names, False, device="cuda"),
+                                                              "packed_causal": [16384, 65536], "packed_full": [16384, 65536]}
+    peers = [p for p in GPU_PEERS if not ((args.no_flex or args.dry_run) and p in ("flex", "flex_csr"))]
+    repeats = 1 if args.dry_run else args.repeats
+    rows = sweep(chosen, sizes, peers, repeats=repeats, progress=not args.no_progress, device=str(device))
+    bf16 = varlen_rows(chosen, sizes, device, repeats=repeats)
+    for row in rows + bf16:
+        row["device"] = where
+    write_csv(rows + bf16, args.out / "gpu_attention.csv", fields=CSV_FIELDS)
+    plot(rows + bf16, args.out / "gpu_attention.png", device=where)
+    print(f"torch {torch.__version__}, {where}; H=8, d=64, fp32 (bf16 where named); ratio = peer time / tgattn time")
+    print(ratio_table(rows, peers))
+    print()
+    print(varlen_table(bf16))
+    print()
+    gnn = []
+    if not args.no_gnn:
+        gnn = gnn_steps(device, data_root=args.data, repeats=1 if args.dry_run else 20,
+                        workloads=("molecules",) if args.dry_run else ("cora", "molecules"), graphs=4 if args.dry_run else 128)
+        for row in gnn:
+            row["device"] = where
+        write_csv(gnn, args.out / "gpu_gnn.csv", fields=GNN_FIELDS + ("device",))
+    if args.dry_run:
+        print("dry run: the target lines below show the report works, not GPU numbers")
+    print(gpu_targets(rows, gnn))
+    print(f"\nwrote {args.out / 'gpu_attention.csv'}, {args.out / 'gpu_attention.png'}" + (f", {args.out / 'gpu_gnn.csv'}" if gnn else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,11 @@
 """Cheap, cached analysis of an edge set: ordering, duplicates, CSR rows and dense structure.
 
 Every check is an O(E) vectorized pass (a sort only when the edges come unsorted), and the
-result is cached per ``edge_index`` tensor (keyed on its identity, and compared with its
-contents on every hit), so an edge set shared by the layers of a model is analysed once and
-an edge set changed in place is never served a stale analysis.
+result is cached per ``edge_index`` tensor (keyed on its identity), so an edge set shared by
+the layers of a model is analysed once. A hit is checked so that an edge set changed in
+place is not served a stale analysis: on the CPU by comparing contents, on a GPU by the
+tensor's version counter and address (:func:`device_stamp`), since reading its contents back
+would make the host wait for the device on every call.
 """
 from __future__ import annotations
 
@@ -144,12 +146,46 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     return s
 
 
+# Devices whose tensors the host reads without waiting (a content check costs one pass). On
+# the others (CUDA), the steady path of a call never reads a value back: see device_stamp.
+HOST_DEVICES = frozenset({"cpu"})
+
+
+def on_host(t: Tensor) -> bool:
+    """Whether ``t``'s values can be read on the host without a device sync (CPU tensors).
+
+    Example:
+        >>> on_host(torch.zeros(1))
+        True
+    """
+    return t.device.type in HOST_DEVICES
+
+
+def device_stamp(t: Tensor) -> Optional[Hashable]:
+    """What tells, without reading ``t``, that it still holds what it held: its address, layout
+    and version counter; ``None`` where the contents must be compared instead (host tensors,
+    and inference tensors, which have no version counter).
+
+    Every in-place write through PyTorch (on ``t``, a view of it or a detached alias) bumps the
+    version; writes that bypass it (through ``.data``, DLPack or another library's view of the
+    memory) go unnoticed, on a GPU only: a CUDA tensor cannot be written through ``.numpy()``.
+
+    Example:
+        >>> device_stamp(torch.zeros(1)) is None  # a CPU tensor: compared by contents
+        True
+    """
+    if on_host(t) or t.is_inference():
+        return None
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version)
+
+
 def same_edges(edge_index: Tensor, s: Structure) -> bool:
     """Whether ``edge_index`` still holds the edges ``s`` was analysed from (one O(E) pass).
 
     A tensor can change without PyTorch noticing (writes through ``.numpy()``, ``.data`` or
     DLPack leave its version counter alone, and inference tensors have none), so the cache
-    compares contents instead of trusting identity and version.
+    compares contents instead of trusting identity and version, wherever that needs no host
+    sync (on the CPU; elsewhere :func:`device_stamp`, except for inference tensors).
     """
     if edge_index.shape != (2, s.num_edges) or edge_index.device != s.src.device:
         return False
@@ -163,7 +199,8 @@ def same_edges(edge_index: Tensor, s: Structure) -> bool:
 
 class TensorKeyed:
     """Values kept per (tensor identity, key): an entry dies with its tensor, and past
-    ``capacity`` entries the oldest goes. Callers check the tensor's contents themselves."""
+    ``capacity`` entries the oldest goes. Callers check that the tensor still holds what it
+    held (by contents, or by :func:`device_stamp` on a GPU)."""
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity
@@ -181,8 +218,8 @@ class TensorKeyed:
 
 
 class _Cache(TensorKeyed):
-    """Structures keyed on (tensor identity, sizes), checked against the tensor's contents on
-    every hit; entries die with the tensor."""
+    """Structures keyed on (tensor identity, sizes), checked on every hit (against the tensor's
+    contents, or its :func:`device_stamp` on a GPU); entries die with the tensor."""
 
     def __init__(self, capacity: int = 64):
         super().__init__(capacity)
@@ -190,14 +227,17 @@ class _Cache(TensorKeyed):
         self.misses = 0
 
     def get(self, edge_index: Tensor, n_q: int, n_k: int) -> Optional[Structure]:
-        s = self.lookup(edge_index, (n_q, n_k))
-        if s is None or not same_edges(edge_index, s):
+        entry = self.lookup(edge_index, (n_q, n_k))
+        if entry is None:
+            return None
+        stamp, s = entry
+        if not (same_edges(edge_index, s) if stamp is None else stamp == device_stamp(edge_index)):
             return None
         self.hits += 1
         return s
 
     def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
-        self.store(edge_index, (n_q, n_k), s)
+        self.store(edge_index, (n_q, n_k), (device_stamp(edge_index), s))
 
     def clear(self) -> None:
         self.entries.clear()
@@ -211,7 +251,9 @@ def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     """The cached :class:`Structure` of ``edge_index``, validated and analysed on first use.
 
     A hit is checked against the tensor's current contents (:func:`same_edges`), so an edge
-    set changed in place, by any route, is validated and analysed again.
+    set changed in place, by any route, is validated and analysed again; on a GPU against its
+    :func:`device_stamp` instead (no host sync: an in-place write through PyTorch is seen,
+    one through DLPack or ``.data`` is not).
 
     Raises:
         ValueError: when ``edge_index`` is malformed or refers to nodes outside ``n_k`` / ``n_q``.

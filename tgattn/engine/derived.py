@@ -3,7 +3,8 @@
 A layer that changes the edges it is given (``add_self_loops=True``) would otherwise build a
 new tensor on every call, and every call would miss the engine's analysis cache. Here the
 derived tensor is kept per input tensor, and handed out again only while the input still
-holds the same edges (compared in full on every hit, as the analysis cache does), so the
+holds the same edges (checked on every hit as the analysis cache does: by contents on the
+CPU, by :func:`~tgattn.engine.analysis.device_stamp` on a GPU, without a host sync), so the
 layers of a model share one derived edge set and one analysis.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable, Hashable
 import torch
 from torch import Tensor
 
-from .analysis import TensorKeyed
+from .analysis import TensorKeyed, device_stamp
 
 
 class DerivedEdges(TensorKeyed):
@@ -33,11 +34,15 @@ class DerivedEdges(TensorKeyed):
     def get(self, edge_index: Tensor, key: Hashable, make: Callable[[], object]):
         entry = self.lookup(edge_index, key)
         if entry is not None:
-            snapshot, value = entry
-            if snapshot.shape == edge_index.shape and torch.equal(snapshot, edge_index):
+            witness, value = entry  # a stamp (GPU) or a copy of the contents (CPU)
+            if isinstance(witness, Tensor):
+                if witness.shape == edge_index.shape and torch.equal(witness, edge_index):
+                    return value
+            elif witness == device_stamp(edge_index):
                 return value
         value = make()
-        self.store(edge_index, key, (edge_index.detach().clone(), value))
+        stamp = device_stamp(edge_index)
+        self.store(edge_index, key, (edge_index.detach().clone() if stamp is None else stamp, value))
         return value
 
 

@@ -19,7 +19,11 @@ natively and needs no NaN check (no host sync).
 Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr`` on the CPU, which
 touches nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
 attend to it. (The check is one sum per tensor; sums that overflow to infinity also send the
-call to ``csr``: slower, still exact.) float16 / bfloat16 run in float32 on the CPU backends.
+call to ``csr``: slower, still exact.) On a GPU that check would make the host wait for the
+device, so it guards only the tile path (which syncs per chunk anyway): the Triton kernels
+need none, and SDPA runs unchecked (a NaN key or value of a causal or packed set may then
+also reach the other queries of its SDPA tile; ``backend="triton"`` keeps NaN local).
+float16 / bfloat16 run in float32 on the CPU backends.
 
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
 that every backend name is always exact (``triton`` falls back like ``fused``); :func:`plan`
@@ -32,7 +36,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .analysis import DENSE_KINDS, Structure
+from .analysis import DENSE_KINDS, Structure, on_host
 from .csr import csr_attention
 from . import fused
 from . import triton as triton_backend
@@ -151,7 +155,7 @@ def run(
         s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable,
         edge_scale=edge_scale is not None, triton=tritonable,
     )
-    if chosen not in ("csr", "triton") and not (
+    if chosen not in ("csr", "triton") and (on_host(q) or chosen == "tile") and not (
         bool(torch.isfinite(q.sum() + k.sum() + v.sum())) and (bias is None or not bool(torch.isnan(bias).any()))
     ):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
