@@ -17,7 +17,7 @@ from typing import Iterator, List, Optional
 import torch
 import torch.nn.functional as F
 
-from .report import _index, _ratio
+from .report import SINGLE_REPEAT_NOTE, _index, _ratio, verdict
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
@@ -113,14 +113,17 @@ def gnn_steps(device, *, data_root=None, repeats: int = 20, workloads=("cora", "
     return rows
 
 
-def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str = "window64") -> str:
-    """The issue's GPU targets, each with its measured ratio (``n/a`` when not in this run)."""
+def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str = "window64", *, verdicts: bool = True) -> str:
+    """The issue's GPU targets, each with its measured ratio (``n/a`` when not in this run).
+
+    ``verdicts=False`` (a single timed repeat) prints the ratios without ``met`` / ``NOT met``.
+    """
     idx = _index(rows)
-    out = []
+    out = [] if verdicts else [SINGLE_REPEAT_NOTE]
 
     def line(text, value, ok):
         shown = "n/a" if value is None else f"{value:.2f}x"
-        out.append(f"{text:<62} {shown:>12}  {'' if value is None else ('met' if ok(value) else 'NOT met')}")
+        out.append(f"{text:<62} {shown:>12}  {verdict(value, ok, verdicts)}".rstrip())
 
     def flex(pattern, n, mode):  # the faster FlexAttention variant (pattern mask_mod or CSR BlockMask)
         ratios = [r for r in (_ratio(idx, pattern, n, mode, p) for p in ("flex", "flex_csr")) if r is not None]
