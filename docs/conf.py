@@ -34,6 +34,7 @@ myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+autodoc_typehints_description_target = "documented"  # types beside documented arguments only
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_inherit_docstrings = False  # hooks PyG documents (message, edge_update) stay out unless tgattn documents them
 napoleon_google_docstring = True
@@ -45,3 +46,15 @@ html_theme = "furo"
 html_title = f"tgattn {release}"
 html_static_path = []
 html_show_sourcelink = False
+highlight_language = "none"  # unlabelled blocks are tables and program output, not Python
+
+
+def _skip_namedtuple_fields(app, what, name, obj, skip, options):
+    """NamedTuple fields are described in their class's docstring, not as "Alias for field number 0"."""
+    if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_namedtuple_fields)
