@@ -1,7 +1,10 @@
 """Sphinx configuration of tgattn's documentation: ``sphinx-build -W --keep-going docs docs/_build/html``.
 
-Pages are Markdown (MyST), one per area; the API reference is autodoc + napoleon over the
-package's Google-style docstrings. Math is rendered by MathJax, served from the built site itself
+Pages are Markdown (MyST), one per area: a new area is a new ``docs/<area>.md`` listed in a
+toctree of ``index.md`` (its API in ``docs/api/``). ```python`` blocks run as tests
+(``tests/test_docs.py``); ```py`` blocks are shown only. The API reference is autodoc + napoleon
+over the package's Google-style docstrings; ``tests/test_docs.py`` checks that it covers every
+name of the packages' ``__all__``. Math is rendered by MathJax, served from the built site itself
 (``sphinx-mathjax-offline``): neither building nor reading the pages needs the network.
 """
 import os
@@ -44,7 +47,8 @@ napoleon_use_ivar = True  # "Attributes:" as fields: NamedTuple fields are docum
 
 html_theme = "furo"
 html_title = f"tgattn {release}"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["wide.css"]
 html_show_sourcelink = False
 highlight_language = "none"  # unlabelled blocks are tables and program output, not Python
 
