@@ -92,3 +92,19 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path, 
     assert "_static/mathjax/tex-chtml.js" in page and (out / "_static" / "mathjax" / "tex-chtml.js").is_file()
     assert not re.search(r"<script[^>]+src=\"https?://", page)  # nothing loaded from the network
     assert (out / "_images" / "patterns.png").is_file() and (out / "_images" / "attention_4096_threads2.png").is_file()
+
+
+def test_the_gallery_picture_draws_every_pattern(tmp_path):
+    """``python docs/make_gallery.py`` makes docs/images/patterns.png: each panel a builder's mask."""
+    pytest.importorskip("matplotlib")
+    import runpy
+
+    from tgattn import builders
+
+    gallery = runpy.run_path(str(REPO / "docs" / "make_gallery.py"))
+    items = list(gallery["patterns"]())
+    assert len(items) == 15
+    full = dict((title, (e, nq, nk)) for title, e, nq, nk in items)["full"]
+    assert builders.to_mask(*full).all()
+    gallery["main"](tmp_path / "patterns.png")
+    assert (tmp_path / "patterns.png").stat().st_size > 10_000
