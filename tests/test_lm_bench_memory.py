@@ -8,16 +8,19 @@ import pytest
 from conftest import REPO
 
 
-def _probe(*args):
-    out = subprocess.run([sys.executable, "-m", "tgattn.lm", "memory-probe", "--threads", "1", *args],
-                         check=True, capture_output=True, text=True, cwd=REPO).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def _probes(*configs):
+    """Each configuration in its own fresh process (started together: most of their time is imports)."""
+    runs = [subprocess.Popen([sys.executable, "-m", "tgattn.lm", "memory-probe", "--threads", "1", *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for args in configs]
+    outs = [run.communicate(timeout=600) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err for _, err in outs]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
 @pytest.mark.slow
 def test_memory_probe_counts_state_and_step():
-    dense = _probe("--attention", "dense", "--pattern", "causal", "--block-size", "16", "--batch-size", "2")
-    graph = _probe("--attention", "graph", "--pattern", "window", "--window", "4", "--block-size", "16", "--batch-size", "2")
+    dense, graph = _probes(("--attention", "dense", "--pattern", "causal", "--block-size", "16", "--batch-size", "2"),
+                           ("--attention", "graph", "--pattern", "window", "--window", "4", "--block-size", "16", "--batch-size", "2"))
     params = 4 * (65 * 128 + 16 * 128 + 4 * (4 * 128 * 128 + 2 * 4 * 128 * 128 + 2 * 128) + 128)  # bytes
     for row in (dense, graph):
         assert row["tensor_mb"] == pytest.approx(row["state_mb"] + row["step_mb"])

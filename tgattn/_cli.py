@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
+from pathlib import Path
 from typing import Callable, List, Optional
 
 
@@ -54,6 +56,29 @@ def boolean(text: str) -> bool:
     if text.lower() not in value:
         raise argparse.ArgumentTypeError(f"must be true or false (got {text!r})")
     return value[text.lower()]
+
+
+def runs_dir(name: str) -> Path:
+    """The default output folder of a benchmark: ``$TGATTN_RUNS/<name>``, else ``~/.cache/tgattn/runs/<name>``.
+
+    Outside any checkout, so that running a benchmark never overwrites the results the project
+    ships under ``data/``; pass ``--out data/<name>`` to replace those on purpose.
+
+    Example:
+        >>> os.environ["TGATTN_RUNS"] = "/tmp/tgattn-runs"
+        >>> runs_dir("bench").as_posix()
+        '/tmp/tgattn-runs/bench'
+        >>> del os.environ["TGATTN_RUNS"]
+        >>> runs_dir("bench").relative_to(Path.home()).as_posix()
+        '.cache/tgattn/runs/bench'
+    """
+    root = os.environ.get("TGATTN_RUNS") or Path("~/.cache/tgattn/runs")
+    return Path(root).expanduser() / name
+
+
+def out_help(name: str) -> str:
+    """``--out``'s help text for a benchmark writing to :func:`runs_dir` ``(name)``."""
+    return f"output folder (default: $TGATTN_RUNS/{name}, else ~/.cache/tgattn/runs/{name})"
 
 
 def missing_plot_extra() -> Optional[str]:

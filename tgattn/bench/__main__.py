@@ -7,8 +7,10 @@ Examples::
     python -m tgattn.bench --patterns window64 --sizes 4096
     python -m tgattn.bench --device cuda           # GPU peers, window 16k-1M, random / top-k 1 %, GNN steps
 
-Writes ``<out>/attention[_quick].csv`` and ``.png`` and prints the ratio table
-(peer time / tgattn time: above 1 = tgattn faster) and the issue's targets.
+Writes ``<out>/attention[_quick].csv`` and ``.png`` (``--out`` defaults to a folder outside the
+checkout: ``$TGATTN_RUNS/bench``, else ``~/.cache/tgattn/runs/bench``) and prints the ratio table
+(peer time / tgattn time: above 1 = tgattn faster) and the targets; a single timed repeat
+(``--quick`` or ``--repeats 1``) prints the measured values without judging them.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .._cli import missing_plot_extra, positive_int
+from .._cli import missing_plot_extra, out_help, positive_int, runs_dir
 from .attention import sizes_for, sweep
 from .gpu import GNN_FIELDS, check_device, gnn_steps, gpu_targets
 from .patterns import patterns
@@ -37,10 +39,10 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", nargs="+", default=None, choices=PEERS, help="implementations to compare")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compile takes minutes)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default: 2)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement, minimum kept (default: 3; --quick: 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--out", type=Path, default=Path("data/bench"), help="output folder (default: data/bench)")
+    parser.add_argument("--out", type=Path, default=runs_dir("bench"), help=out_help("bench"))
     parser.add_argument("--name", default=None, help="output file stem (default: attention, attention_quick)")
     parser.add_argument("--list", action="store_true", help="list the patterns and exit")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: GPU peers, sizes and GNN steps")
@@ -75,11 +77,12 @@ def main(argv=None) -> int:
     if args.sizes:
         sizes = {name: args.sizes for name in names}
     torch.set_num_threads(args.threads)
+    repeats = 1 if args.quick else args.repeats
     rows = sweep(
         {n: available[n] for n in names},
         sizes,
         peers,
-        repeats=1 if args.quick else args.repeats,
+        repeats=repeats,
         memory=not args.no_memory,
         progress=not args.no_progress,
         device=str(device),
@@ -98,9 +101,9 @@ def main(argv=None) -> int:
             write_csv(gnn, args.out / f"{stem}_gnn.csv", fields=GNN_FIELDS)
             print("\n".join(f"{r['workload']:<10} {r['model']:<12} {r.get('ms') or float('nan'):>9.2f} ms  {r.get('note', '')}"
                             for r in gnn))
-        print(gpu_targets(rows, gnn))
+        print(gpu_targets(rows, gnn, verdicts=repeats > 1))
     else:
-        print(targets(rows))
+        print(targets(rows, verdicts=repeats > 1))
     print(f"\nwrote {args.out / (stem + '.csv')} and {args.out / (stem + '.png')}")
     return 0
 

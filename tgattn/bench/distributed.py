@@ -28,6 +28,7 @@ from typing import Dict, List
 
 import torch
 
+from .._cli import out_help, runs_dir
 from .. import builders
 from ..distributed import ExchangeStats, contiguous, graph_attention, halo_rows, make_plan, make_plans, spawn
 from ..distributed.partition import partition_graph
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case, minimum kept (default: 3)")
     parser.add_argument("--data", default=None, help="data folder for Cora / CiteSeer (default: $TGATTN_DATA)")
     parser.add_argument("--no-partitions", action="store_true", help="skip partition.csv")
-    parser.add_argument("--out", type=Path, default=Path("runs/distributed"), help="(default: runs/distributed)")
+    parser.add_argument("--out", type=Path, default=runs_dir("distributed"), help=out_help("distributed"))
     args = parser.parse_args(argv)
     if not args.no_partitions:
         rows = partition_rows(args.data, parts=(2, 4) if args.quick else (2, 4, 8, 16))

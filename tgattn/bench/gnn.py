@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .._cli import positive_int
+from .._cli import out_help, positive_int, runs_dir
 from .gpu import molecule_batches
 from .planetoid import MODELS, Net, build_model, prepare
 
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", nargs="+", type=positive_int, default=[1, 2])
     parser.add_argument("--rounds", type=positive_int, default=15, help="timed rounds per candidate (default: 15)")
     parser.add_argument("--data", default=None, help="Planetoid folder (default: TGATTN_DATA, else a download)")
-    parser.add_argument("--out", type=Path, default=Path("runs/gnn"), help="output folder (default: runs/gnn)")
+    parser.add_argument("--out", type=Path, default=runs_dir("gnn"), help=out_help("gnn"))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:

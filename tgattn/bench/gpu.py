@@ -19,7 +19,7 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
 
 Example::
 
-    python -m tgattn.bench.gpu --out runs/gpu            # on a CUDA machine
+    python -m tgattn.bench.gpu                           # on a CUDA machine
     python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .gpu_packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
-from .report import FIELDS, _index, _ratio
+from .report import FIELDS, SINGLE_REPEAT_NOTE, _index, _ratio, verdict
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
@@ -133,14 +133,17 @@ def gnn_steps(device, *, data_root=None, repeats: int = 20, workloads=("cora", "
     return rows
 
 
-def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str = "window64") -> str:
-    """The issue's GPU targets, each with its measured ratio (``n/a`` when not in this run)."""
+def gpu_targets(rows: List[dict], gnn: Optional[List[dict]] = None, window: str = "window64", *, verdicts: bool = True) -> str:
+    """The issue's GPU targets, each with its measured ratio (``n/a`` when not in this run).
+
+    ``verdicts=False`` (a single timed repeat) prints the ratios without ``met`` / ``NOT met``.
+    """
     idx = _index(rows)
-    out = []
+    out = [] if verdicts else [SINGLE_REPEAT_NOTE]
 
     def line(text, value, ok):
         shown = "n/a" if value is None else f"{value:.2f}x"
-        out.append(f"{text:<62} {shown:>12}  {'' if value is None else ('met' if ok(value) else 'NOT met')}")
+        out.append(f"{text:<62} {shown:>12}  {verdict(value, ok, verdicts)}".rstrip())
 
     def flex(pattern, n, mode):  # the faster FlexAttention variant (pattern mask_mod or CSR BlockMask)
         ratios = [r for r in (_ratio(idx, pattern, n, mode, p) for p in ("flex", "flex_csr")) if r is not None]
@@ -173,7 +176,7 @@ def device_name(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
-    from .._cli import missing_plot_extra, positive_int
+    from .._cli import missing_plot_extra, out_help, positive_int, runs_dir
     from .attention import sizes_for, sweep
     from .patterns import patterns
     from .peers import GPU_PEERS
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU at a tiny size (seconds)")
-    parser.add_argument("--out", type=Path, default=Path("runs/gpu"), help="output folder (default: runs/gpu)")
+    parser.add_argument("--out", type=Path, default=runs_dir("gpu"), help=out_help("gpu"))
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (off in a dry run)")
     parser.add_argument("--no-gnn", action="store_true", help="skip the GNN training steps")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
@@ -227,7 +230,7 @@ def main(argv=None) -> int:
         write_csv(gnn, args.out / "gpu_gnn.csv", fields=GNN_FIELDS + ("device",))
     if args.dry_run:
         print("dry run: the target lines below show the report works, not GPU numbers")
-    print(gpu_targets(rows, gnn))
+    print(gpu_targets(rows, gnn, verdicts=repeats > 1))
     print(f"\nwrote {args.out / 'gpu_attention.csv'}, {args.out / 'gpu_attention.png'}" + (f", {args.out / 'gpu_gnn.csv'}" if gnn else ""))
     return 0
 

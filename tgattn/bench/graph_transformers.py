@@ -33,6 +33,7 @@ from typing import Dict, List
 
 import torch
 
+from .._cli import out_help, runs_dir
 from .gt_models import MOLECULE_MODELS, NODE_MODELS, MoleculeNet, NodeNet, add_expander
 from .gt_scaling import measure_scaling
 from .measure import peak_extra_mb
@@ -231,7 +232,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget-mb", type=float, default=2000.0, help="memory budget of the scaling run (default: 2000)")
     parser.add_argument("--budget-s", type=float, default=60.0, help="time budget per scaling step (default: 60)")
     parser.add_argument("--data-root", default=None, help="folder holding planetoid/<Name>/raw (default: $TGATTN_DATA)")
-    parser.add_argument("--out", default="runs/graph_transformers", help="results folder (default: runs/graph_transformers)")
+    parser.add_argument("--out", default=runs_dir("graph_transformers"), help=out_help("graph_transformers"))
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default: 1: small graphs, shared cores)")
     parser.add_argument("--epoch-timing", type=int, default=0, metavar="ROUNDS",
                         help="only time training epochs of the molecule models, interleaved, ROUNDS rounds")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .._cli import out_help, runs_dir
 from ..lm.bench import _peak_rss_bytes, _reset_peak_rss, _rss_bytes
 from .measure import _LiveBytes, best_time
 
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mask-gb", type=float, default=2.0, help="skip sdpa / eager when the n x n mask exceeds this")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--out", type=Path, default=Path("runs/hf"), help="output folder (default: runs/hf)")
+    parser.add_argument("--out", type=Path, default=runs_dir("hf"), help=out_help("hf"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args.sizes, args.window, args.peers, repeats=args.repeats, mask_gb=args.mask_gb,

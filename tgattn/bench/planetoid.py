@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._cli import out_help, runs_dir
 from ..conv import GraphAttentionConv
 from ..datasets import data_dir, load_planetoid
 
@@ -211,7 +212,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--patience", type=int, default=100, help="early-stopping patience (default: 100)")
     parser.add_argument("--data-root", default=None, help="data folder holding planetoid/<Name>/raw "
                         "(default: $TGATTN_DATA; without either, PyG downloads)")
-    parser.add_argument("--out", default="data/planetoid", help="results folder (default: data/planetoid)")
+    parser.add_argument("--out", default=runs_dir("planetoid"), help=out_help("planetoid"))
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -72,15 +72,39 @@ def _ratio(idx, pattern, n, mode, peer) -> Optional[float]:
     return _over(idx, pattern, n, mode, peer, "tgattn")
 
 
-def targets(rows: List[dict], window: str = "window64") -> str:
-    """The issue's targets, each with its measured value (``n/a`` when not in this run)."""
+def verdict(value: Optional[float], ok, verdicts: bool = True) -> str:
+    """``met`` / ``NOT met`` for a measured value; empty when not measured or ``verdicts`` is off.
+
+    A single timed repeat is too noisy to judge a target by: the command lines then print the
+    numbers alone (``verdicts=False``).
+
+    Example:
+        >>> verdict(12.0, lambda r: r >= 10), verdict(12.0, lambda r: r >= 10, verdicts=False), verdict(None, bool)
+        ('met', '', '')
+    """
+    if value is None or not verdicts:
+        return ""
+    return "met" if ok(value) else "NOT met"
+
+
+SINGLE_REPEAT_NOTE = "(one timed repeat: numbers only, no verdicts; run without --quick / with --repeats >= 2 to judge the targets)"
+
+
+def targets(rows: List[dict], window: str = "window64", *, verdicts: bool = True) -> str:
+    """The issue's targets, each with its measured value (``n/a`` when not in this run).
+
+    Args:
+        rows: the sweep's rows.
+        window: the window pattern the window targets refer to (default: ``"window64"``).
+        verdicts: print ``met`` / ``NOT met`` beside each value (default: ``True``); off for a
+            single timed repeat, which is too noisy to judge by.
+    """
     idx = _index(rows)
-    out = []
+    out = [] if verdicts else [SINGLE_REPEAT_NOTE]
 
     def line(text, value, ok, fmt="{:.2f}x"):
         shown = "n/a" if value is None else fmt.format(value)
-        verdict = "" if value is None else ("met" if ok(value) else "NOT met")
-        out.append(f"{text:<62} {shown:>12}  {verdict}")
+        out.append(f"{text:<62} {shown:>12}  {verdict(value, ok, verdicts)}".rstrip())
 
     line(f"{window} n=4096 fwd: TransformerConv / tgattn >= 50", _ratio(idx, window, 4096, "fwd", "transformerconv"), lambda r: r >= 50)
     line(f"{window} n=4096 fwd: dense masked / tgattn >= 5", _ratio(idx, window, 4096, "fwd", "sdpa_mask"), lambda r: r >= 5)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._cli import out_help, runs_dir
 from ..bench.planetoid import Net, prepare
 from .launch import launch
 from .nn import DistributedGraphAttentionConv
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
     parser.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
-    parser.add_argument("--out", default="runs/distributed", help="output folder (default: runs/distributed)")
+    parser.add_argument("--out", default=runs_dir("distributed"), help=out_help("distributed"))
     args = parser.parse_args(argv)
     launch(_train, args.nproc, args, threads=args.threads)
     return 0
