@@ -202,7 +202,7 @@ class GraphAttentionConv(MessagePassing):
                 edge_scale=mask,
             )  # [Nq, H, C] (and alpha [E, H])
             out, alpha = out if return_attention_weights else (out, None)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
+        out = out.reshape(-1, H * C) if self.concat or H == 1 else out.mean(dim=1)  # [Nq, H*C] or [Nq, C]
         if skip is not None:
             out = out + skip
         if return_attention_weights:
