@@ -216,3 +216,28 @@ def test_shared_projection_equals_one_weight_for_queries_keys_and_values():
     torch.testing.assert_close(conv((x, x.clone()), ei), full(x, ei), **TOL)  # bipartite input, same sizes
     with pytest.raises(ValueError, match="shared_projection=True needs equal source and target sizes"):
         GraphAttentionConv((4, 5), 2, shared_projection=True)
+
+
+def test_projection_hooks_still_run_and_agree_with_the_stacked_product():
+    x = torch.randn(6, 4, dtype=torch.float64)
+    ei = random_graph(6, 6, 14, seed=6)
+    conv = GraphAttentionConv(4, 3, 2).double()
+    stacked = conv(x, ei)  # queries, keys, values and root term from one product
+    seen = []
+    handle = conv.lin_value.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    torch.testing.assert_close(conv(x, ei), stacked, **TOL)
+    handle.remove()
+    assert seen == [torch.Size([6, 6])]
+
+
+def test_add_self_loops_without_edge_features_equals_pyg_loops():
+    from torch_geometric.utils import remove_self_loops
+
+    x = torch.randn(6, 4, dtype=torch.float64)
+    ei = torch.cat([random_graph(6, 6, 14, seed=7), torch.tensor([[2, 4], [2, 4]])], dim=1)  # two self-loops
+    conv = GraphAttentionConv(4, 3, 2, add_self_loops=True).double()
+    out, (used, alpha) = conv(x, ei, return_attention_weights=True)
+    expected = add_self_loops(remove_self_loops(ei)[0], num_nodes=6)[0]
+    assert torch.equal(used, expected)
+    conv.add_self_loops = False
+    torch.testing.assert_close(out, conv(x, expected), **TOL)

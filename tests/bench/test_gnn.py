@@ -26,6 +26,9 @@ def test_cli_writes_csv_table_and_plot(tmp_path):
     assert gnn.main(argv) == 0
     with open(tmp_path / "gnn.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["workload"], r["model"]) for r in rows] == [("molecules", "gat"), ("molecules", "tgattn"), ("overhead", "tgattn")]
+    assert [(r["workload"], r["model"]) for r in rows] == [
+        ("molecules", "gat"), ("molecules", "tgattn"), ("molecules", "tgattn_engine"), ("overhead", "tgattn")
+    ]
     assert float(rows[0]["vs_gat"]) == 1.0 and float(rows[1]["ms"]) > 0
+    assert float(rows[2]["ms"]) > 0
     assert (tmp_path / "gnn.png").stat().st_size > 0 and "molecules" in (tmp_path / "gnn.md").read_text()
