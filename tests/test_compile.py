@@ -65,3 +65,11 @@ def test_the_custom_op_backward_sees_the_dropout_mask_of_its_forward():
 
         assert not torch.equal(f(q, k, v), graph_attention_op(q, k, v, ei, None, None, None, None, 0.0, False, backend)[0])
         assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+def test_the_custom_ops_are_kept_out_of_cuda_graphs():
+    # A replayed CUDA graph would skip the per-edge-set analysis (Python) and reuse the captured one.
+    import tgattn.custom_op  # noqa: F401  (registers the ops)
+
+    for op in (torch.ops.tgattn.graph_attention.default, torch.ops.tgattn.graph_attention_backward.default):
+        assert torch.Tag.cudagraph_unsafe in op.tags

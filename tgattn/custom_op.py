@@ -64,7 +64,13 @@ def _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, retur
         )
 
 
-@torch.library.custom_op("tgattn::graph_attention", mutates_args=())
+# Not capturable by CUDA graphs: the op analyses its edge set in Python (once per edge set, cached),
+# which a graph replay would skip, reusing a capture-time analysis for new edge contents.
+# The tag makes Inductor's cudagraph trees run the op outside the captured graphs.
+_UNSAFE_TO_CAPTURE = (torch.Tag.cudagraph_unsafe,)
+
+
+@torch.library.custom_op("tgattn::graph_attention", mutates_args=(), tags=_UNSAFE_TO_CAPTURE)
 def graph_attention_op(
     q: Tensor,
     k: Tensor,
@@ -92,7 +98,7 @@ def _(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weig
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(num_weights, q.shape[1])
 
 
-@torch.library.custom_op("tgattn::graph_attention_backward", mutates_args=())
+@torch.library.custom_op("tgattn::graph_attention_backward", mutates_args=(), tags=_UNSAFE_TO_CAPTURE)
 def graph_attention_backward_op(
     grad_out: Tensor,
     grad_weights: Optional[Tensor],
