@@ -187,5 +187,5 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_sca
     if chosen == "triton":
         return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights)
     if chosen == "fused":
-        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator)
+        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator, return_weights)
     return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
