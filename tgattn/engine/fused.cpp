@@ -745,9 +745,10 @@ at::Tensor dropout_keep(int64_t heads, int64_t edges, double dropout_p, int64_t 
   return keep;
 }
 
-// Edges in (target, source) order: (perm, src, dst) of the sorted edges, perm empty when they
-// come sorted already. Two stable counting sorts (by source, then by target), O(E + n_q + n_k),
-// and one pass over the edges when they are sorted: the analysis of every new edge set.
+// Edges in (target, source) order: (perm, src, dst, duplicates) of the sorted edges, perm empty
+// when they come sorted already, duplicates a bool scalar (some edge appears twice). Two stable
+// counting sorts (by source, then by target), O(E + n_q + n_k), and one pass over the edges
+// when they are sorted: the analysis of every new edge set.
 std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst, int64_t n_q, int64_t n_k) {
   TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.dim() == 1 &&
                   src.sizes() == dst.sizes() && src.device().is_cpu() && dst.device().is_cpu(),
@@ -762,7 +763,12 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
     if (e) sorted &= (tp[e - 1] < tp[e]) | ((tp[e - 1] == tp[e]) & (sp[e - 1] <= sp[e]));
   }
   TORCH_CHECK(ok, "tgattn sort_edges: an index outside [0, n_k) x [0, n_q)");
-  if (sorted) return {at::empty({0}, s.options()), s.clone(), t.clone()};
+  const auto repeats = [&](const int64_t* sp, const int64_t* tp) {
+    bool dup = false;
+    for (int64_t e = 1; e < E; ++e) dup |= (sp[e] == sp[e - 1]) & (tp[e] == tp[e - 1]);
+    return at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool));
+  };
+  if (sorted) return {at::empty({0}, s.options()), s.clone(), t.clone(), repeats(sp, tp)};
   std::vector<int64_t> by_src(E), start(std::max(n_q, n_k) + 1);
   std::fill(start.begin(), start.begin() + n_k + 1, 0);
   for (int64_t e = 0; e < E; ++e) ++start[sp[e] + 1];
@@ -777,7 +783,7 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
   int64_t* ssp = ss.data_ptr<int64_t>();
   int64_t* tsp = ts.data_ptr<int64_t>();
   for (int64_t r = 0; r < E; ++r) ssp[r] = sp[pp[r]], tsp[r] = tp[pp[r]];
-  return {perm, ss, ts};
+  return {perm, ss, ts, repeats(ssp, tsp)};
 }
 
 // The transposed pattern by a stable counting sort on the keys, O(E + n_k) instead of an

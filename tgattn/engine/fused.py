@@ -79,7 +79,7 @@ def _register_fake_kernels() -> None:
 
     @torch.library.register_fake("tgattn_fused::sort_edges")
     def _(src, dst, n_q, n_k):
-        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst)]
+        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst), src.new_empty((), dtype=torch.bool)]
 
     @torch.library.register_fake("tgattn_fused::gather_rows")
     def _(a, b, ptr, idx):
