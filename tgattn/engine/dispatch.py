@@ -104,15 +104,16 @@ def plan(
         return "dense"
     fused_ok = backend != "csr" and fusable and fused.available()
     threshold = TILE_FILL_VS_FUSED if fused_ok else TILE_FILL_VS_CSR
-    # Tiles are laid out (and cached) only when they may be used: under auto, only when the
-    # cheap bound on their fill reaches the threshold.
+    # Tiles are laid out (and cached) only when they may be used: for the backends that fall
+    # back to them, and under auto only when the cheap bound on their fill reaches the threshold.
     tile_ok = (
-        s.num_edges > 0
+        backend in ("auto", "dense", "tile")
+        and s.num_edges > 0
         and not (dropout or weights or s.duplicates)
         and (backend != "auto" or fill_bound(s) >= threshold)
         and tile_layout(s) is not None
     )
-    if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
+    if tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
         return "tile"
     return "fused" if fused_ok else "csr"
 
