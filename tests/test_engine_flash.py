@@ -136,6 +136,6 @@ def test_plan_lays_out_no_tiles_it_will_not_use():
     s = engine.analyse(builders.window(512, 64), 512, 512)
     assert engine.plan(s) == "fused" and "tiles" not in s.extras  # fill 0.8, below the threshold
     assert fill_bound(s) == tile_layout(s).fill  # exact for band layouts
-    wide = engine.analyse(builders.window(512, 200), 512, 512)  # tiles win under auto
+    wide = engine.analyse(builders.window(2048, 256), 2048, 2048)  # tiles win under auto
     assert engine.plan(wide, "fused") == "fused" and "tiles" not in wide.extras
     assert engine.plan(wide) == "tile"
