@@ -388,6 +388,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t i = r0; i < r1; ++i) {
     lse[i] = neg_inf;
+    std::memset(out + i * os, 0, dv * sizeof(T));  // out comes uninitialised
     const int64_t n = re.gather(ptr, col, i, [&](int64_t e) {
       return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
     });
@@ -553,7 +554,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
   TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn fused: col must be int64");
   const at::Tensor b = checked_bias(bias, q, E);
-  at::Tensor out = at::zeros({n_q, H, dv}, q.options());
+  // Every row of out and lse is written by the kernel (first touched there, in parallel).
+  at::Tensor out = at::empty({n_q, H, dv}, q.options());
   at::Tensor lse = at::empty({H, n_q}, q.options());
   at::Tensor w = weights ? at::zeros({H, E}, q.options()) : at::empty({0}, q.options());
   const int64_t* ptr = rowptr.data_ptr<int64_t>();

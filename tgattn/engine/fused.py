@@ -185,8 +185,10 @@ def fused_attention(
 class ReadsOnly(torch.autograd.Function):
     """The benchmark's ``floor``: reads the rows the fused kernel gathers, computes nothing else.
 
-    Forward reads every edge's key and value rows; backward the value and key rows of the
-    row pass and the query and output-gradient rows of the key pass, in the kernel's order.
+    Forward reads every edge's key and value rows, as the kernel does. Backward reads four
+    rows per edge, as many as the kernel's key pass moves (it reads the query and
+    output-gradient rows of each key's edges and reads and writes their ``dq`` rows): the
+    value and key rows by query, and the query and output-gradient rows by key.
     ``rows`` are detached ``(q, k, v)`` ``[N, H, d]``; the inputs only connect the graph.
     Outputs and gradients are sums of rows, not attention.
     """
