@@ -89,17 +89,21 @@ def _plan(pattern: str, n: int) -> str:
     return engine.plan(engine.structure_of(ei, n, n))
 
 
-def _timed_rows(section, cases, rounds, heads, dim, threads=None, one_thread=True):
+def _timed_rows(section, cases, rounds, heads, dim, threads=None):
+    """Rows of interleaved timings of ``cases`` (``(pattern, n, backend, threads) -> (edges, {mode: fn})``)."""
     rows = []
     fns = {key + (mode,): fn for key, (_, modes) in cases.items() for mode, fn in modes.items()}
     wall, cpu = interleaved(fns, rounds, threads)
     for key in fns:
         pattern, n, backend, t, mode = key
         edges = cases[key[:-1]][0]
-        ms = wall[key] * 1e3
+        # Per edge and head from the thread's CPU time on one thread (robust to a loaded
+        # machine), from wall time on more.
+        basis = cpu[key] if t == 1 else wall[key]
         rows.append(dict(section=section, pattern=pattern, n=n, edges=edges, heads=heads, dim=dim, backend=backend,
-                         mode=mode, threads=t, ms=round(ms, 3), cpu_ms=round(cpu[key] * 1e3, 3) if t == 1 else None,
-                         ns_per_edge_head=round(min(ms, cpu[key] * 1e3 if t == 1 else ms) * 1e6 / (edges * heads), 3)))
+                         mode=mode, threads=t, ms=round(wall[key] * 1e3, 3),
+                         cpu_ms=round(cpu[key] * 1e3, 3) if t == 1 else None,
+                         ns_per_edge_head=round(basis * 1e9 / (edges * heads), 3)))
     return rows
 
 
