@@ -127,7 +127,16 @@ inline T exp_shifted(T* x, int64_t n, T shift) {
       store(x + r, e);
       acc += e;
     }
-    sum = hsum<float>(acc);
+    if (r < n) {  // the tail through the vector exp too: short rows and columns are common
+      float tail[8];
+      std::fill(tail, tail + 8, shift - 100.0f);  // padding: exp(-87) ~ 1.6e-38 each, then dropped
+      std::copy(x + r, x + n, tail);
+      const vec_t<float> e = exp_nonpositive(load(tail) - shift);
+      store(tail, e);
+      for (int64_t l = 0; l < n - r; ++l) sum += (x[r + l] = tail[l]);
+      r = n;
+    }
+    sum += hsum<float>(acc);
   }
   for (; r < n; ++r) sum += (x[r] = std::exp(x[r] - shift));
   return sum;
