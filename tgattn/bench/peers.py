@@ -127,7 +127,7 @@ def floor(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     if q.is_cuda or not fused.available() or q.shape[-1] != v.shape[-1]:
         return None
     s = structure_of(ei, q.shape[0], k.shape[0])
-    rows = tuple(fused._heads_apart(t.detach()) for t in (q, k, v))  # the layout fused_attention hands the kernels
+    rows = tuple(t.detach() for t in (q, k, v))  # the layout fused_attention hands the kernels
     return lambda: fused.ReadsOnly.apply(q, k, v, rows, s)
 
 

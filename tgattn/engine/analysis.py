@@ -58,23 +58,26 @@ class Structure:
 
 
 def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
-    """``(perm or None, src, dst, key)`` of the edges in (target, source) order.
+    """``(perm or None, src, dst, duplicates)`` of the edges in (target, source) order.
 
     On the CPU one call of the fused extension checks the order and, if needed, sorts by two
-    stable counting sorts (O(E + n)); elsewhere a comparison pass and a stable argsort.
+    stable counting sorts (O(E + n)) and finds repeated edges, with no ``[E]`` temporary;
+    elsewhere a comparison pass and a stable argsort on a key ``[E]``.
     """
     from . import fused  # fused imports this module
 
     src, dst = edge_index[0], edge_index[1]
     if src.device.type == "cpu" and fused.available():
-        perm, src, dst = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
-        return (perm if perm.numel() else None), src, dst, dst * max(n_k, 1) + src
+        perm, src, dst, duplicates = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
+        return (perm if perm.numel() else None), src, dst, bool(duplicates)
     key = dst * max(n_k, 1) + src  # [E]
     if key.numel() < 2 or bool((key[1:] >= key[:-1]).all()):
         # Copies, not views: a view would keep the caller's tensor (the cache key) alive.
-        return None, src.clone(), dst.clone(), key
-    perm = torch.argsort(key, stable=True)
-    return perm, src[perm], dst[perm], key[perm]
+        perm, src, dst = None, src.clone(), dst.clone()
+    else:
+        perm = torch.argsort(key, stable=True)
+        src, dst, key = src[perm], dst[perm], key[perm]
+    return perm, src, dst, key.numel() > 1 and bool((key[1:] == key[:-1]).any())
 
 
 def _row_bounds(src: Tensor, rowptr: Tensor, deg: Tensor) -> Tuple[Tensor, Tensor]:
@@ -136,8 +139,7 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
         'general'
     """
     E = edge_index.shape[1]
-    perm, src, dst, key = _sorted_edges(edge_index, n_q, n_k)
-    duplicates = E > 1 and bool((key[1:] == key[:-1]).any())
+    perm, src, dst, duplicates = _sorted_edges(edge_index, n_q, n_k)
     deg = torch.bincount(dst, minlength=n_q)  # [n_q]
     rowptr = torch.zeros(n_q + 1, dtype=torch.long, device=edge_index.device)
     rowptr[1:] = torch.cumsum(deg, 0)

@@ -49,6 +49,11 @@ ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton")
 # (1 and 2 threads, forward and forward+backward): w = 32, fill 0.67: 1.55-1.75x; w = 64,
 # fill 0.80: 1.11-1.79x; w = 96, fill 0.75: 1.16-1.38x; w = 128, fill 0.79: 0.99-1.34x;
 # w = 256, fill 0.86: 0.69-1.21x (forward+backward 0.69); w = 512, fill 0.83: 0.54-0.90x.
+# Re-measured with the FlashAttention-2-style fused backward (one thread, thread CPU time, n =
+# 1k, 4k, 16k, 64k; tile time / fused time, forward and forward+backward): w = 64, fill 0.78-0.81:
+# 1.27-1.49x; w = 128, fill 0.79-0.80: 1.01-1.45x; w = 256, fill 0.78-0.89: 0.89-1.16x. The
+# crossover moves with the fill, not with n (the old kernel's growth with n, fresh [H, E]
+# buffers and head-major copies, is gone), so the threshold does not depend on n.
 TILE_FILL_VS_CSR = 0.3
 TILE_FILL_VS_FUSED = 0.82
 # SDPA runs one batched call per distinct sequence length of a packed set, so many short
@@ -108,15 +113,16 @@ def plan(
         return "dense"
     fused_ok = backend != "csr" and fusable and fused.available()
     threshold = TILE_FILL_VS_FUSED if fused_ok else TILE_FILL_VS_CSR
-    # Tiles are laid out (and cached) only when they may be used: under auto, only when the
-    # cheap bound on their fill reaches the threshold.
+    # Tiles are laid out (and cached) only when they may be used: for the backends that fall
+    # back to them, and under auto only when the cheap bound on their fill reaches the threshold.
     tile_ok = (
-        s.num_edges > 0
+        backend in ("auto", "dense", "tile")
+        and s.num_edges > 0
         and not (dropout or weights or s.duplicates)
         and (backend != "auto" or fill_bound(s) >= threshold)
         and tile_layout(s) is not None
     )
-    if backend in ("auto", "dense", "tile") and tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
+    if tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):
         return "tile"
     return "fused" if fused_ok else "csr"
 
@@ -191,5 +197,5 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_sca
     if chosen == "triton":
         return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights)
     if chosen == "fused":
-        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator)
+        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator, return_weights)
     return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator)

@@ -1,14 +1,17 @@
-// Fused edge attention on the CPU: one pass over each query's CSR row per direction.
+// Fused edge attention on the CPU: one pass over each query's CSR row forward, one pass over
+// each key's edges backward.
 //
 // The CSR backend runs every step (scores, softmax, aggregation) as a separate PyTorch
 // kernel over [E, H] tensors; here a thread walks a block of query rows of one head and,
 // for each row, computes its edges' scores, softmax and weighted sum of values while the
-// row's numbers are in registers and L1. Nothing of size [E, H, d] is ever formed; the
-// forward saves the weights [E, H] for the backward.
+// row's numbers are in registers and L1. Nothing of size [E, H, d] is ever formed, and, as in
+// FlashAttention-2 (Dao, 2023), the forward saves only the log-sum-exp per query and head
+// [H, n_q]: the backward recomputes each weight from q, k and it (the weights [H, E] are
+// written only when the caller asks for them).
 //
 // Edges are sorted by (target, source): rowptr [n_q + 1], col [E] (the key of each edge).
-// The backward's key-side pass walks the transposed pattern (colptr, row_t, perm_t), so each
-// thread owns the rows of dk / dv it writes: no atomics, deterministic results.
+// The backward walks the transposed pattern (colptr, row_t, perm_t), so each thread owns the
+// rows of dk / dv it writes and, by heads, the dq rows it adds to: no atomics, deterministic results.
 //
 // Where the time goes (n = 4096, 5 % random edges, d = 64): reading each edge's key and
 // value rows, 512 bytes per edge and head from all over K and V. The forward takes 1.1-1.3x
@@ -26,6 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -123,19 +127,28 @@ inline T exp_shifted(T* x, int64_t n, T shift) {
       store(x + r, e);
       acc += e;
     }
-    sum = hsum<float>(acc);
+    if (r < n) {  // the tail through the vector exp too: short rows and columns are common
+      float tail[8];
+      std::fill(tail, tail + 8, shift - 100.0f);  // padding: exp(-87) ~ 1.6e-38 each, then dropped
+      std::copy(x + r, x + n, tail);
+      const vec_t<float> e = exp_nonpositive(load(tail) - shift);
+      store(tail, e);
+      for (int64_t l = 0; l < n - r; ++l) sum += (x[r + l] = tail[l]);
+      r = n;
+    }
+    sum += hsum<float>(acc);
   }
   for (; r < n; ++r) sum += (x[r] = std::exp(x[r] - shift));
   return sum;
 }
 
 // The rows of a per-node tensor picked by index: rows[r] = base + idx[r] * stride.
-template <typename T>
+template <typename T, typename I = int64_t>
 struct Rows {
-  const T* base;
-  const int64_t* idx;
+  T* base;
+  const I* idx;
   int64_t stride;
-  const T* operator[](int64_t r) const { return base + idx[r] * stride; }
+  T* operator[](int64_t r) const { return base + int64_t(idx[r]) * stride; }
 };
 
 // out[r] = <x, rows[r]> for n rows, eight at a time: eight independent accumulators hide the
@@ -143,8 +156,8 @@ struct Rows {
 // No software prefetch here or in accumulate: prefetching the next group's rows made the
 // forward 1.3-1.6x slower on the 2-core AMD EPYC we measure on (the loads of the current group
 // already keep the memory system busy; the benchmark's floor peer shows how busy).
-template <typename T>
-inline void dots(const T* x, const Rows<T>& rows, int64_t n, int64_t d, T* out) {
+template <typename T, typename Rs>
+inline void dots(const T* x, const Rs& rows, int64_t n, int64_t d, T* out) {
   constexpr int L = Vec<T>::L, R = 8;
   const int64_t dl = d - d % L;
   int64_t r = 0;
@@ -173,8 +186,8 @@ inline void dots(const T* x, const Rows<T>& rows, int64_t n, int64_t d, T* out) 
 }
 
 // y[0 : NV * L] += sum_r coef[r] * rows[r][offset : offset + NV * L], y held in registers.
-template <typename T, int NV>
-inline void accumulate_chunk(T* y, const T* coef, const Rows<T>& rows, int64_t n, int64_t offset) {
+template <typename T, int NV, typename R>
+inline void accumulate_chunk(T* y, const T* coef, const R& rows, int64_t n, int64_t offset) {
   constexpr int L = Vec<T>::L;
   vec_t<T> acc[NV];
 #pragma GCC unroll 8
@@ -190,14 +203,39 @@ inline void accumulate_chunk(T* y, const T* coef, const Rows<T>& rows, int64_t n
 }
 
 // y += sum_r coef[r] * rows[r], for rows of length d.
-template <typename T>
-inline void accumulate(T* y, const T* coef, const Rows<T>& rows, int64_t n, int64_t d) {
+template <typename T, typename R>
+inline void accumulate(T* y, const T* coef, const R& rows, int64_t n, int64_t d) {
   constexpr int L = Vec<T>::L, NV = 8;
   int64_t c = 0;
   for (; c + NV * L <= d; c += NV * L) accumulate_chunk<T, NV>(y + c, coef, rows, n, c);
   for (; c + L <= d; c += L) accumulate_chunk<T, 1>(y + c, coef, rows, n, c);
   for (int64_t r = 0; c < d && r < n; ++r)
     for (int64_t t = c; t < d; ++t) y[t] += coef[r] * rows[r][t];
+}
+
+// rows[r] += coef[r] * x for n rows of length d (the transpose of accumulate: x is read once
+// into registers, a chunk at a time, and each row is updated in place).
+template <typename T, typename R>
+inline void scatter(const R& rows, const T* coef, const T* x, int64_t n, int64_t d) {
+  constexpr int L = Vec<T>::L, NV = 8;
+  int64_t c = 0;
+  for (; c + NV * L <= d; c += NV * L) {
+    vec_t<T> xv[NV];
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) xv[k] = load(x + c + k * L);
+    for (int64_t r = 0; r < n; ++r) {
+      const vec_t<T> a = vec_t<T>{} + coef[r];
+      T* y = rows[r] + c;
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; ++k) store(y + k * L, load(y + k * L) + a * xv[k]);
+    }
+  }
+  for (; c + L <= d; c += L) {
+    const vec_t<T> xv = load(x + c);
+    for (int64_t r = 0; r < n; ++r) store(rows[r] + c, load(rows[r] + c) + coef[r] * xv);
+  }
+  for (int64_t r = 0; c < d && r < n; ++r)
+    for (int64_t t = c; t < d; ++t) rows[r][t] += coef[r] * x[t];
 }
 
 // x[r] *= scale for r < n; returns the largest result.
@@ -217,28 +255,79 @@ inline T scale_max(T* x, int64_t n, T scale) {
   return m;
 }
 
-// Runs fn(head, first_row, last_row) for every head over row blocks holding about the same
-// number of edges (rows of very different degree, as in causal sets or global tokens, still
-// balance), all in one parallel region: a thread takes consecutive tasks, so it stays on one
-// head and that head's keys and values stay in its cache. Small problems run on the calling
-// thread, where waking the pool would cost more than the work.
-template <typename F>
-void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, const F& fn) {
-  const int64_t edges = ptr[rows];
-  const int64_t blocks = std::min<int64_t>(rows, 4 * at::get_num_threads());
-  if (blocks <= 0 || heads <= 0) return;
+// Per-node tensors [N, H, d] are read in place through their strides (the caller's layout:
+// the view of a projection's output), so only the feature dimension must be contiguous.
+bool rows_ok(const at::Tensor& t) { return t.dim() == 3 && t.device().is_cpu() && (t.size(2) <= 1 || t.stride(2) == 1); }
+
+// The first row of head h of a per-node tensor [N, H, d] (rows are t.stride(0) apart).
+template <typename T>
+T* head(const at::Tensor& t, int64_t h) {
+  return t.data_ptr<T>() + h * t.stride(1);
+}
+
+// Row bounds cutting rows 0 .. rows into `blocks` blocks of about the same number of edges
+// (rows of very different degree, as in causal sets or global tokens, still balance).
+std::vector<int64_t> balanced(const int64_t* ptr, int64_t rows, int64_t blocks) {
   std::vector<int64_t> bounds(blocks + 1, rows);
   bounds[0] = 0;
   for (int64_t b = 1; b < blocks; ++b) {
-    const int64_t target = edges * b / blocks;
+    const int64_t target = ptr[rows] * b / blocks;
     bounds[b] = std::max(bounds[b - 1], int64_t(std::lower_bound(ptr, ptr + rows, target) - ptr));
   }
+  return bounds;
+}
+
+// Runs fn(scratch, head, block, first_row, last_row) for every head over `blocks` balanced row
+// blocks, all in one parallel region: a thread takes consecutive tasks, so it stays on one head
+// and that head's rows stay in its cache, and it keeps one Scratch for all of them. Small
+// problems run on the calling thread, where waking the pool would cost more than the work.
+template <typename Scratch, typename F>
+void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t blocks, const F& fn) {
+  blocks = std::min(rows, blocks);
+  if (blocks <= 0 || heads <= 0) return;
+  const std::vector<int64_t> bounds = balanced(ptr, rows, blocks);
   const int64_t tasks = heads * blocks;
-  const int64_t grain = edges * heads < (int64_t(1) << 15) ? tasks : 1;
+  const int64_t grain = ptr[rows] * heads < (int64_t(1) << 15) ? tasks : 1;
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) fn(t / blocks, bounds[t % blocks], bounds[t % blocks + 1]);
+    Scratch scratch;
+    for (int64_t t = t0; t < t1; ++t)
+      fn(scratch, t / blocks, t % blocks, bounds[t % blocks], bounds[t % blocks + 1]);
   });
 }
+
+// The rows of one head of a per-node tensor [N, H, d], contiguous: the rows the kernels gather
+// at random. In the caller's layout ([N, H, d] contiguous) a head's rows are H * d apart, and
+// gathering them costs 1.3-1.6x more than gathering packed rows (a window of 64 touches 65
+// pages per tensor instead of 9: more TLB misses, no help from the stream prefetchers), so
+// a thread copies the head it works on here: n * d numbers per thread, not a copy of the tensor.
+template <typename T>
+struct Slab {
+  std::unique_ptr<T[]> buf;
+  int64_t size = 0, of = -1;  // the head held, -1 for none
+  const T* rows = nullptr;
+  int64_t stride = 0;
+
+  // Head h of t; a copy unless its rows are adjacent already.
+  void hold(const at::Tensor& t, int64_t h) {
+    const int64_t n = t.size(0), d = t.size(2);
+    if (t.stride(0) == d || n <= 1) {
+      of = h, rows = head<T>(t, h), stride = t.stride(0);
+      return;
+    }
+    if (of == h) return;
+    if (size < n * d) buf.reset(new T[n * d]), size = n * d;
+    const T* src = head<T>(t, h);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(buf.get() + i * d, src + i * t.stride(0), d * sizeof(T));
+    of = h, rows = buf.get(), stride = d;
+  }
+  // A zeroed buffer of n rows of d numbers (for sums written back afterwards).
+  T* zeros(int64_t n, int64_t d) {
+    if (size < n * d) buf.reset(new T[n * d]), size = n * d;
+    std::memset(buf.get(), 0, n * d * sizeof(T));
+    of = -1;
+    return buf.get();
+  }
+};
 
 // Attention dropout without a stored mask: whether edge e of head h is kept is a hash of
 // (seed, h, e) (the SplitMix64 finaliser; Steele et al., "Fast splittable pseudorandom number
@@ -263,128 +352,159 @@ struct Dropout {
   }
 };
 
-// Key-side gradients of one head, over each key's edges (the transposed pattern: colptr,
-// row_t, and perm_t mapping to the edge): dk_j += scale * sum_e ds_e q_i, dv_j += sum_e w_e dO_i.
-template <typename T>
-void key_rows(int64_t c0, int64_t c1, const int64_t* colptr, const int64_t* row_t, const int64_t* perm_t,
-              const T* q, int64_t qs, int64_t dk, const T* go, int64_t gs, int64_t dv, const T* w, const T* ds, T scale,
-              T* dkey, int64_t dks, T* dval, int64_t dvs, const Dropout& drop, int64_t h) {
-  std::vector<int64_t> query;
-  std::vector<T> a, b;
-  for (int64_t j = c0; j < c1; ++j) {
-    const int64_t deg = colptr[j + 1] - colptr[j];
-    query.resize(deg), a.resize(deg), b.resize(deg);
-    int64_t n = 0;
-    for (int64_t t = colptr[j]; t < colptr[j + 1]; ++t) {
-      const int64_t e = perm_t[t];
-      if (w[e] == 0) continue;  // then ds_e = 0 too
-      a[n] = ds[e] * scale, b[n] = w[e] * drop.factor<T>(h, e), query[n++] = row_t[t];
-    }
-    accumulate(dkey + j * dks, a.data(), Rows<T>{q, query.data(), qs}, n, dk);
-    accumulate(dval + j * dvs, b.data(), Rows<T>{go, query.data(), gs}, n, dv);
-  }
-}
-
-// The edges of query row i that take part (keep(e)) and their keys: the scratch of both row
-// passes. When every edge of the row is kept (the usual case) nothing is copied: the edges
-// are ptr[i] .. ptr[i + 1] and their keys a slice of col.
-template <typename T>
-struct RowEdges {
-  std::vector<int64_t> edges, keys;
-  std::vector<T> x;  // one number per kept edge (scores, then weights or d weights)
+// The entries of one CSR row (positions ptr[i] .. ptr[i + 1]) that take part (keep(position))
+// and their indices: the scratch of the row and column passes. When every entry is kept (the
+// usual case) nothing is copied: the positions are a range and the indices a slice of idx.
+template <typename T, typename I>
+struct Entries {
+  std::vector<int64_t> positions;
+  std::vector<I> kept;
+  std::vector<T> x, y;  // numbers per kept entry (scores, weights, d weights)
   int64_t first = 0;
-  bool all = true;  // every edge of the row kept
-  const int64_t* key = nullptr;
+  bool all = true;  // every entry kept
+  const I* index = nullptr;
 
-  int64_t edge(int64_t r) const { return all ? first + r : edges[r]; }
+  int64_t position(int64_t r) const { return all ? first + r : positions[r]; }
 
   template <typename Keep>
-  int64_t gather(const int64_t* ptr, const int64_t* col, int64_t i, const Keep& keep) {
+  int64_t gather(const int64_t* ptr, const I* idx, int64_t i, const Keep& keep) {
     first = ptr[i];
     const int64_t deg = ptr[i + 1] - first;
-    x.resize(deg);
+    x.resize(deg), y.resize(deg);
     int64_t n = 0;
     while (n < deg && keep(first + n)) ++n;
     all = n == deg;
-    key = col + first;
+    index = idx + first;
     if (all) return n;
-    edges.resize(deg), keys.resize(deg);
-    for (int64_t r = 0; r < n; ++r) edges[r] = first + r, keys[r] = col[first + r];
-    for (int64_t e = first + n; e < first + deg; ++e)
-      if (keep(e)) edges[n] = e, keys[n++] = col[e];
-    key = keys.data();
+    positions.resize(deg), kept.resize(deg);
+    for (int64_t r = 0; r < n; ++r) positions[r] = first + r, kept[r] = idx[first + r];
+    for (int64_t t = first + n; t < first + deg; ++t)
+      if (keep(t)) positions[n] = t, kept[n++] = idx[t];
+    index = kept.data();
     return n;
   }
 };
 
 // Forward of one head: w_e = softmax over row i of (<q_i, k_j> * scale + bias_e), and
 // out_i = sum_e w_e v_j (w_e times the dropout factor under dropout), in one visit of each row.
-// Edges with a -inf bias are skipped before their dot product, so a top-k pattern (a per-head
-// -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
+// Saves the row's log-sum-exp (lse_i = -inf when no score is finite) and, when w is given,
+// the weights. Edges with a -inf bias are skipped before their dot product, so a top-k pattern
+// (a per-head -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
 template <typename T>
 void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, int64_t qs, const T* k,
-                 int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* w, const T* v, int64_t vs,
-                 int64_t dv, T* out, int64_t os, const Dropout& drop, int64_t h) {
+                 int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, T* w, const T* v,
+                 int64_t vs, int64_t dv, T* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  RowEdges<T> re;
   for (int64_t i = r0; i < r1; ++i) {
+    lse[i] = neg_inf;
+    std::memset(out + i * os, 0, dv * sizeof(T));  // out comes uninitialised
     const int64_t n = re.gather(ptr, col, i, [&](int64_t e) {
       return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
     });
     T* x = re.x.data();
-    dots(q + i * qs, Rows<T>{k, re.key, ks}, n, d, x);
+    dots(q + i * qs, Rows<const T>{k, re.index, ks}, n, d, x);
     T row_max = neg_inf;
     if (bias) {
-      for (int64_t r = 0; r < n; ++r) row_max = std::max(row_max, x[r] = x[r] * scale + bias[re.edge(r) * bias_stride]);
+      for (int64_t r = 0; r < n; ++r)
+        row_max = std::max(row_max, x[r] = x[r] * scale + bias[re.position(r) * bias_stride]);
     } else {
       row_max = scale_max(x, n, scale);
     }
     if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
-    const T inv_sum = T(1) / exp_shifted(x, n, row_max);
+    const T sum = exp_shifted(x, n, row_max);
+    lse[i] = row_max + std::log(sum);
+    const T inv_sum = T(1) / sum;
     for (int64_t r = 0; r < n; ++r) x[r] *= inv_sum;
-    for (int64_t r = 0; r < n; ++r) w[re.edge(r)] = x[r];
+    if (w)
+      for (int64_t r = 0; r < n; ++r) w[re.position(r)] = x[r];
     if (drop.on())
-      for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.edge(r));
-    accumulate(out + i * os, x, Rows<T>{v, re.key, vs}, n, dv);
+      for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.position(r));
+    accumulate(out + i * os, x, Rows<const T>{v, re.index, vs}, n, dv);
   }
 }
 
-// Softmax backward of one head, and dq: ds_e = w_e (dw_e - sum_e' w_e' dw_e') with
-// dw_e = <dO_i, v_j> (times the dropout factor) (+ gw_e, the gradient that reached the
-// returned weights), then dq_i += scale * sum_e ds_e k_j. Edges of weight 0 keep ds = 0.
+// Everything of one head the backward pass reads or writes; per-node rows are `stride` apart.
 template <typename T>
-void backward_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* go, int64_t gs,
-                   const T* v, int64_t vs, int64_t dv, const T* k, int64_t ks, int64_t dk, const T* w, const T* gw,
-                   T scale, T* ds, T* dq, int64_t dqs, const Dropout& drop, int64_t h) {
-  RowEdges<T> re;
+struct HeadGrad {
+  const T *q, *k, *v, *go, *lse, *delta, *bias, *gw;
+  int64_t qs, ks, vs, gs, bias_stride, dk, dv;
+  T *dq, *dkey, *dval, *ds;
+  int64_t dqs, dks, dvs;
+};
+
+// Backward of one head over keys c0 .. c1, in the order of FlashAttention-2's backward (Dao,
+// 2023): the outer loop runs over keys, the inner over each key's queries (the transposed
+// pattern colptr / row_t; perm_t maps a position to its edge, needed only for a bias, dropout
+// or weight gradients). Each weight is recomputed from q, k and the saved log-sum-exp,
+// p_e = exp(s_e - lse_i), never read from memory; then with dp_e = <dO_i, v_j> (times the
+// dropout factor) (+ gw_e, the gradient that reached returned weights) and
+// delta_i = sum_e p_e dp_e (computed before, per row):
+//   ds_e = p_e (dp_e - delta_i),  dk_j += scale sum ds_e q_i,  dv_j += sum p_e dO_i,
+//   dq_i += scale ds_e k_j.
+// The thread owns dk_j and dv_j; dq rows are shared between keys, so the caller gives each
+// key block that may run at the same time as another block of the same head its own dq.
+constexpr int64_t GROUP = 16;
+
+template <typename T, typename I>
+void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, const I* perm_t, const HeadGrad<T>& g,
+              T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const auto edge = [&](int64_t t) -> int64_t { return perm_t ? int64_t(perm_t[t]) : t; };
+  for (int64_t j = c0; j < c1; ++j) {
+    std::memset(g.dkey + j * g.dks, 0, g.dk * sizeof(T));  // dk and dv come uninitialised
+    std::memset(g.dval + j * g.dvs, 0, g.dv * sizeof(T));
+    const int64_t n = ce.gather(colptr, row_t, j, [&](int64_t t) {
+      return !(g.bias && g.bias[edge(t) * g.bias_stride] == neg_inf);
+    });
+    T *p = ce.x.data(), *dp = ce.y.data();
+    a.resize(n);
+    const T* kj = g.k + j * g.ks;
+    // A group of GROUP queries at a time: their q, dO and dq rows are read for the dot
+    // products and again for the sums while they are in L1 (a key of a window of 64 has 129
+    // queries: 100 KB of rows, which would be read from L2 twice).
+    for (int64_t g0 = 0; g0 < n; g0 += GROUP) {
+      const int64_t m = std::min<int64_t>(GROUP, n - g0);
+      const I* rows = ce.index + g0;
+      T *pg = p + g0, *dpg = dp + g0, *ag = a.data() + g0;
+      dots(kj, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, pg);
+      for (int64_t r = 0; r < m; ++r) {
+        pg[r] = pg[r] * scale - g.lse[rows[r]];
+        if (g.bias) pg[r] += g.bias[edge(ce.position(g0 + r)) * g.bias_stride];
+      }
+      exp_shifted(pg, m, T(0));
+      dots(g.v + j * g.vs, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, dpg);
+      for (int64_t r = 0; r < m; ++r) {
+        T f = 1;
+        if (drop.on() || g.gw || g.ds) {
+          const int64_t e = edge(ce.position(g0 + r));
+          f = drop.factor<T>(h, e);
+          const T ds = pg[r] * (dpg[r] * f + (g.gw ? g.gw[e] : T(0)) - g.delta[rows[r]]);
+          if (g.ds) g.ds[e] = ds;
+          ag[r] = ds * scale;
+        } else {
+          ag[r] = pg[r] * (dpg[r] - g.delta[rows[r]]) * scale;
+        }
+        pg[r] *= f;
+      }
+      accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk);
+      accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv);
+      scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
+    }
+  }
+}
+
+// delta_i = <dO_i, O_i> (+ sum_e w_e gw_e over row i when the returned weights got a gradient):
+// sum_e p_e dp_e of the backward, from the output instead of the edges (FlashAttention-2).
+template <typename T>
+void deltas(int64_t r0, int64_t r1, const T* go, int64_t gs, const T* out, int64_t os, int64_t dv, const int64_t* ptr,
+            const T* w, const T* gw, T* delta) {
   for (int64_t i = r0; i < r1; ++i) {
-    const int64_t n = re.gather(ptr, col, i, [&](int64_t e) { return w[e] != 0; });
-    T* x = re.x.data();
-    dots(go + i * gs, Rows<T>{v, re.key, vs}, n, dv, x);
-    T delta = 0;
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t e = re.edge(r);
-      if (drop.on()) x[r] *= drop.factor<T>(h, e);
-      if (gw) x[r] += gw[e];
-      delta += w[e] * x[r];
-    }
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t e = re.edge(r);
-      ds[e] = w[e] * (x[r] - delta);
-      x[r] = ds[e] * scale;
-    }
-    accumulate(dq + i * dqs, x, Rows<T>{k, re.key, ks}, n, dk);
+    T s = 0;
+    for (int64_t t = 0; t < dv; ++t) s += go[i * gs + t] * out[i * os + t];
+    if (gw)
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) s += w[e] * gw[e];
+    delta[i] = s;
   }
-}
-
-// Per-node tensors [N, H, d] are read in place through their strides (the caller's layout:
-// the view of a projection's output), so only the feature dimension must be contiguous.
-bool rows_ok(const at::Tensor& t) { return t.dim() == 3 && t.device().is_cpu() && (t.size(2) <= 1 || t.stride(2) == 1); }
-
-// The first row of head h of a per-node tensor [N, H, d] (rows are t.stride(0) apart).
-template <typename T>
-T* head(const at::Tensor& t, int64_t h) {
-  return t.data_ptr<T>() + h * t.stride(1);
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -399,101 +519,202 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 // The kernels index rows through ptr and idx without bounds checks, so a malformed structure
 // must never reach them: ptr [rows + 1] runs from 0 to idx.size(0) without going down, and
 // every idx is a row of a tensor with n rows. One pass over the indices, next to the
-// O(E * H * d) work of the kernels.
+// O(E * H * d) work of the kernels. idx is int64 or int32.
 void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows, int64_t n, const char* what) {
-  TORCH_CHECK(ptr.scalar_type() == at::kLong && idx.scalar_type() == at::kLong && ptr.is_contiguous() &&
-                  idx.is_contiguous() && ptr.dim() == 1 && idx.dim() == 1 && ptr.device().is_cpu() && idx.device().is_cpu(),
-              "tgattn fused: ", what, " must be contiguous int64 CPU vectors");
+  TORCH_CHECK(ptr.scalar_type() == at::kLong && (idx.scalar_type() == at::kLong || idx.scalar_type() == at::kInt) &&
+                  ptr.is_contiguous() && idx.is_contiguous() && ptr.dim() == 1 && idx.dim() == 1 &&
+                  ptr.device().is_cpu() && idx.device().is_cpu(),
+              "tgattn fused: ", what, " must be contiguous CPU vectors (int64 pointer, int64 or int32 indices)");
   TORCH_CHECK(ptr.size(0) == rows + 1, "tgattn fused: ", what, " pointer has ", ptr.size(0), " entries, expected ",
               rows + 1);
   const int64_t* p = ptr.data_ptr<int64_t>();
-  const int64_t* x = idx.data_ptr<int64_t>();
   const int64_t E = idx.size(0);
   TORCH_CHECK(p[0] == 0 && p[rows] == E, "tgattn fused: ", what, " pointer must run from 0 to ", E);
   bool ok = true;
   for (int64_t r = 0; r < rows; ++r) ok &= p[r] <= p[r + 1];
   TORCH_CHECK(ok, "tgattn fused: ", what, " pointer goes down");
   ok = true;
-  for (int64_t e = 0; e < E; ++e) ok &= (x[e] >= 0) & (x[e] < n);
+  const auto in_range = [&](const auto* x) {
+    for (int64_t e = 0; e < E; ++e) ok &= (x[e] >= 0) & (int64_t(x[e]) < n);
+  };
+  if (idx.scalar_type() == at::kLong)
+    in_range(idx.data_ptr<int64_t>());
+  else
+    in_range(idx.data_ptr<int32_t>());
   TORCH_CHECK(ok, "tgattn fused: ", what, " holds an index outside [0, ", n, ")");
 }
 
+at::Tensor checked_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& q, int64_t E) {
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  TORCH_CHECK(!b.defined() || (b.dim() == 2 && b.size(0) == E && (b.size(1) == 1 || b.size(1) == q.size(1)) &&
+                               b.scalar_type() == q.scalar_type()),
+              "tgattn fused: bias must be [E, 1 or H] of the dtype of q");
+  return b;
+}
+
 // q [n_q, H, dk], k [n_k, H, dk], v [n_k, H, dv] (any row and head strides); bias [E, 1 or H] or None.
-// Returns (out [n_q, H, dv], weights [H, E]).
+// Returns (out [n_q, H, dv], lse [H, n_q], weights [H, E] if `weights` else an empty tensor).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& rowptr, const at::Tensor& col,
                                 const c10::optional<at::Tensor>& bias, double scale, double dropout_p,
-                                int64_t seed) {
+                                int64_t seed, bool weights) {
   check_inputs(q, k, v);
   const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
-  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  TORCH_CHECK(!b.defined() || (b.dim() == 2 && b.size(0) == E && (b.size(1) == 1 || b.size(1) == H) &&
-                               b.scalar_type() == q.scalar_type()),
-              "tgattn fused: bias must be [E, 1 or H] of the dtype of q");
-  at::Tensor out = at::zeros({n_q, H, dv}, q.options());
-  at::Tensor w = at::zeros({H, E}, q.options());
+  TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn fused: col must be int64");
+  const at::Tensor b = checked_bias(bias, q, E);
+  // Every row of out and lse is written by the kernel (first touched there, in parallel).
+  at::Tensor out = at::empty({n_q, H, dv}, q.options());
+  at::Tensor lse = at::empty({H, n_q}, q.options());
+  at::Tensor w = weights ? at::zeros({H, E}, q.options()) : at::empty({0}, q.options());
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
   const int64_t* cp = col.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
-    for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
-      const Dropout drop{dropout_p, uint64_t(seed)};
+    const Dropout drop{dropout_p, uint64_t(seed)};
+    struct Scratch {
+      Slab<scalar_t> k, v;
+      Entries<scalar_t, int64_t> re;
+    };
+    for_head_blocks<Scratch>(ptr, n_q, H, 4 * at::get_num_threads(), [&](Scratch& sc, int64_t h, int64_t, int64_t r0, int64_t r1) {
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
-      attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), head<scalar_t>(k, h), k.stride(0), dk,
-                            bh, bias_heads, static_cast<scalar_t>(scale), w.data_ptr<scalar_t>() + h * E,
-                            head<scalar_t>(v, h), v.stride(0), dv, head<scalar_t>(out, h), out.stride(0), drop, h);
+      sc.k.hold(k, h), sc.v.hold(v, h);
+      attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh,
+                            bias_heads, static_cast<scalar_t>(scale), lse.data_ptr<scalar_t>() + h * n_q,
+                            weights ? w.data_ptr<scalar_t>() + h * E : nullptr, sc.v.rows, sc.v.stride, dv,
+                            head<scalar_t>(out, h), out.stride(0), drop, h, sc.re);
     });
   });
-  return {out, w};
+  return {out, lse, w};
 }
 
-// Inputs [N, H, d] as in forward; weights and grad_weights [H, E].
-// Returns (dq, dk, dv, d_scores [H, E]); d_scores is also the gradient of an additive bias.
+// Key blocks per head in the backward pass: the dq rows a block writes may be another block's,
+// so every block but the first gets its own dq (summed at the end). With 8 or more heads one
+// block per head keeps every thread busy; fewer heads split keys, at (blocks - 1) copies of dq
+// of a head each. Fixed by H, not by the thread count, so results never depend on the thread count.
+int64_t key_blocks(int64_t heads) { return std::max<int64_t>(1, 8 / std::max<int64_t>(heads, 1)); }
+
+// grad_out, q, k, v, out [N, H, d] as in forward, lse [H, n_q]; weights and grad_weights [H, E]
+// (grad_weights: the gradient that reached the returned weights, or None); bias as in forward.
+// colptr / row_t / perm_t: the transposed pattern (row_t and perm_t int64 or int32; perm_t is
+// needed with a bias, dropout or grad_weights). Returns (dq, dk, dv, d_scores [H, E] when
+// grad_bias, else empty); d_scores is the gradient of an additive bias.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                                 const at::Tensor& v, const at::Tensor& weights,
-                                 const c10::optional<at::Tensor>& grad_weights, const at::Tensor& rowptr,
-                                 const at::Tensor& col, const at::Tensor& colptr, const at::Tensor& row_t,
-                                 const at::Tensor& perm_t, double scale, double dropout_p, int64_t seed) {
+                                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                 const c10::optional<at::Tensor>& weights,
+                                 const c10::optional<at::Tensor>& grad_weights,
+                                 const c10::optional<at::Tensor>& bias, const at::Tensor& rowptr,
+                                 const at::Tensor& colptr, const at::Tensor& row_t,
+                                 const c10::optional<at::Tensor>& perm_t, double scale, double dropout_p,
+                                 int64_t seed, bool grad_bias) {
   check_inputs(q, k, v);
   const at::Tensor go = rows_ok(grad_out) ? grad_out : grad_out.contiguous();
+  const at::Tensor o = rows_ok(out) ? out : out.contiguous();
+  const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = row_t.size(0);
+  const at::Tensor b = checked_bias(bias, q, E);
   const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
-  const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
-  check_structure(rowptr, col, n_q, n_k, "rowptr / col");
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const at::Tensor perm = perm_t.has_value() ? *perm_t : at::Tensor();
+  TORCH_CHECK(rowptr.scalar_type() == at::kLong && rowptr.is_contiguous() && rowptr.numel() == n_q + 1 &&
+                  rowptr.data_ptr<int64_t>()[n_q] == E,
+              "tgattn fused: rowptr must be int64 [n_q + 1] ending at E");
   check_structure(colptr, row_t, n_k, n_q, "colptr / row_t");
-  check_structure(colptr, perm_t, n_k, E, "colptr / perm_t");
+  const bool need_perm = b.defined() || dropout_p > 0 || gw.defined() || grad_bias;
+  TORCH_CHECK(!need_perm || perm.defined(), "tgattn fused: a bias, dropout or weight gradients need perm_t");
+  if (perm.defined()) {
+    check_structure(colptr, perm, n_k, E, "colptr / perm_t");
+    TORCH_CHECK(perm.scalar_type() == row_t.scalar_type(), "tgattn fused: row_t and perm_t must share a dtype");
+  }
   const auto same = [&](const at::Tensor& t, at::IntArrayRef shape) {
     return t.sizes() == shape && t.scalar_type() == q.scalar_type();
   };
-  TORCH_CHECK(same(go, {n_q, H, dv}) && same(weights, {H, E}) && (!gw.defined() || same(gw, {H, E})),
-              "tgattn fused: grad_out [n_q, H, dv], weights and grad_weights [H, E] must match q");
-  at::Tensor dq = at::zeros({n_q, H, dk}, q.options()), dkt = at::zeros({n_k, H, dk}, q.options());
-  at::Tensor dvt = at::zeros({n_k, H, dv}, q.options());
-  at::Tensor ds = at::zeros_like(weights);
+  TORCH_CHECK(same(go, {n_q, H, dv}) && same(o, {n_q, H, dv}) && same(lse, {H, n_q}) && lse.is_contiguous() &&
+                  (!gw.defined() || (same(gw, {H, E}) && w.defined() && same(w, {H, E}))),
+              "tgattn fused: grad_out and out [n_q, H, dv], lse [H, n_q], weights and grad_weights [H, E] must match q");
+  const int64_t blocks = std::min(key_blocks(H), std::max<int64_t>(n_k, 1));
+  // Written in full by the kernel (first touched there, in parallel): no zero-filling pass.
+  at::Tensor dq = n_k > 0 ? at::empty({n_q, H, dk}, q.options()) : at::zeros({n_q, H, dk}, q.options());
+  at::Tensor dkt = at::empty({n_k, H, dk}, q.options()), dvt = at::empty({n_k, H, dv}, q.options());
+  at::Tensor extra = blocks > 1 ? at::empty({blocks - 1, n_q, H, dk}, q.options()) : at::Tensor();
+  at::Tensor ds = grad_bias ? at::zeros({H, E}, q.options()) : at::empty({0}, q.options());
+  at::Tensor delta = at::empty({H, n_q}, q.options());
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
-  const int64_t* cp = col.data_ptr<int64_t>();
   const int64_t* tptr = colptr.data_ptr<int64_t>();
-  const int64_t* rt = row_t.data_ptr<int64_t>();
-  const int64_t* pt = perm_t.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
-    const scalar_t s = static_cast<scalar_t>(scale);
+    using T = scalar_t;
     const Dropout drop{dropout_p, uint64_t(seed)};
-    const scalar_t* wp = weights.data_ptr<scalar_t>();
-    scalar_t* dsp = ds.data_ptr<scalar_t>();
-    for_head_blocks(ptr, n_q, H, [&](int64_t h, int64_t r0, int64_t r1) {
-      backward_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(go, h), go.stride(0), head<scalar_t>(v, h), v.stride(0),
-                              dv, head<scalar_t>(k, h), k.stride(0), dk, wp + h * E,
-                              gw.defined() ? gw.data_ptr<scalar_t>() + h * E : nullptr, s, dsp + h * E,
-                              head<scalar_t>(dq, h), dq.stride(0), drop, h);
+    struct None {};
+    for_head_blocks<None>(ptr, n_q, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
+      deltas<T>(r0, r1, head<T>(go, h), go.stride(0), head<T>(o, h), o.stride(0), dv, ptr,
+                w.defined() ? w.data_ptr<T>() + h * E : nullptr, gw.defined() ? gw.data_ptr<T>() + h * E : nullptr,
+                delta.data_ptr<T>() + h * n_q);
     });
-    // The key side needs every d score of a head: a second region, over the transposed pattern.
-    for_head_blocks(tptr, n_k, H, [&](int64_t h, int64_t c0, int64_t c1) {
-      key_rows<scalar_t>(c0, c1, tptr, rt, pt, head<scalar_t>(q, h), q.stride(0), dk, head<scalar_t>(go, h),
-                         go.stride(0), dv, wp + h * E, dsp + h * E, s, head<scalar_t>(dkt, h), dkt.stride(0),
-                         head<scalar_t>(dvt, h), dvt.stride(0), drop, h);
-    });
+    const int64_t bias_heads = b.defined() ? b.size(1) : 0;
+    const auto run = [&](const auto* rt, const auto* pt) {
+      using I = std::remove_const_t<std::remove_pointer_t<decltype(rt)>>;
+      struct Scratch {
+        Slab<T> q, go, dq;
+        Entries<T, I> ce;
+        std::vector<T> a;
+      };
+      for_head_blocks<Scratch>(tptr, n_k, H, blocks, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
+        sc.q.hold(q, h), sc.go.hold(go, h);
+        T* dqh = sc.dq.zeros(n_q, dk);  // this block's dq of head h, packed
+        HeadGrad<T> g{sc.q.rows, head<T>(k, h), head<T>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
+                      delta.data_ptr<T>() + h * n_q,
+                      b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
+                      gw.defined() ? gw.data_ptr<T>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
+                      sc.go.stride, bias_heads, dk, dv, dqh, head<T>(dkt, h), head<T>(dvt, h),
+                      grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dk, dkt.stride(0), dvt.stride(0)};
+        key_pass<T>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a);
+        // Block 0 writes dq, block blk > 0 its own extra[blk - 1] (laid out like dq).
+        T* dst = (blk == 0 ? dq.data_ptr<T>() : extra.data_ptr<T>() + (blk - 1) * n_q * H * dk) + h * dk;
+        for (int64_t i = 0; i < n_q; ++i) std::memcpy(dst + i * H * dk, dqh + i * dk, dk * sizeof(T));
+      });
+    };
+    if (row_t.scalar_type() == at::kInt)
+      run(row_t.data_ptr<int32_t>(), perm.defined() ? perm.data_ptr<int32_t>() : nullptr);
+    else
+      run(row_t.data_ptr<int64_t>(), perm.defined() ? perm.data_ptr<int64_t>() : nullptr);
   });
+  if (extra.defined()) dq.add_(extra.sum(0));
   return {dq, dkt, dvt, ds};
+}
+
+// The transposed pattern of rowptr / col for the backward pass: (colptr [n_k + 1], row_t [E],
+// perm_t [E] or empty) with row_t[t] the query and perm_t[t] the edge of the t-th edge in
+// (source, target) order, as int32 when `narrow` (half the memory) else int64. A stable
+// counting sort on the keys, O(E + n_k): edges sorted by (target, source), sorted stably by
+// source alone, are in (source, target) order.
+std::vector<at::Tensor> transpose_rows(const at::Tensor& rowptr, const at::Tensor& col, int64_t n_k, bool with_perm,
+                                       bool narrow) {
+  const int64_t n_q = rowptr.numel() - 1, E = col.numel();
+  check_structure(rowptr, col, n_q, n_k, "rowptr / col");
+  TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn transpose_rows: col must be int64");
+  TORCH_CHECK(!narrow || (E < (int64_t(1) << 31) && n_q < (int64_t(1) << 31)),
+              "tgattn transpose_rows: too many edges or queries for int32 indices");
+  const int64_t* ptr = rowptr.data_ptr<int64_t>();
+  const int64_t* c = col.data_ptr<int64_t>();
+  at::Tensor colptr = at::zeros({n_k + 1}, col.options());
+  int64_t* cp = colptr.data_ptr<int64_t>();
+  for (int64_t e = 0; e < E; ++e) ++cp[c[e] + 1];
+  for (int64_t j = 0; j < n_k; ++j) cp[j + 1] += cp[j];
+  const auto opts = col.options().dtype(narrow ? at::kInt : at::kLong);
+  at::Tensor row_t = at::empty({E}, opts), perm = at::empty({with_perm ? E : 0}, opts);
+  const auto fill = [&](auto* rt, auto* pt) {
+    std::vector<int64_t> next(cp, cp + n_k);
+    for (int64_t i = 0; i < n_q; ++i)
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+        const int64_t t = next[c[e]]++;
+        rt[t] = i;
+        if (pt) pt[t] = e;
+      }
+  };
+  if (narrow)
+    fill(row_t.data_ptr<int32_t>(), with_perm ? perm.data_ptr<int32_t>() : nullptr);
+  else
+    fill(row_t.data_ptr<int64_t>(), with_perm ? perm.data_ptr<int64_t>() : nullptr);
+  return {colptr, row_t, perm};
 }
 
 // A measuring stick, not attention (the benchmark's `floor` peer): out[h, i] = sum over the
@@ -508,14 +729,15 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   const int64_t* ptr = ptr_t.data_ptr<int64_t>();
   const int64_t* idx = idx_t.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "tgattn_gather_rows", [&] {
-    for_head_blocks(ptr, rows, H, [&](int64_t h, int64_t r0, int64_t r1) {
+    struct None {};
+    for_head_blocks<None>(ptr, rows, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
       std::vector<scalar_t> one;
       for (int64_t i = r0; i < r1; ++i) {
         const int64_t e0 = ptr[i], deg = ptr[i + 1] - e0;
         one.assign(deg, scalar_t(1));
         scalar_t* o = head<scalar_t>(out, h) + i * out.stride(0);
-        accumulate(o, one.data(), Rows<scalar_t>{head<scalar_t>(a, h), idx + e0, a.stride(0)}, deg, d);
-        accumulate(o, one.data(), Rows<scalar_t>{head<scalar_t>(b, h), idx + e0, b.stride(0)}, deg, d);
+        accumulate(o, one.data(), Rows<const scalar_t>{head<scalar_t>(a, h), idx + e0, a.stride(0)}, deg, d);
+        accumulate(o, one.data(), Rows<const scalar_t>{head<scalar_t>(b, h), idx + e0, b.stride(0)}, deg, d);
       }
     });
   });
@@ -534,9 +756,10 @@ at::Tensor dropout_keep(int64_t heads, int64_t edges, double dropout_p, int64_t 
   return keep;
 }
 
-// Edges in (target, source) order: (perm, src, dst) of the sorted edges, perm empty when they
-// come sorted already. Two stable counting sorts (by source, then by target), O(E + n_q + n_k),
-// and one pass over the edges when they are sorted: the analysis of every new edge set.
+// Edges in (target, source) order: (perm, src, dst, duplicates) of the sorted edges, perm empty
+// when they come sorted already, duplicates a bool scalar (some edge appears twice). Two stable
+// counting sorts (by source, then by target), O(E + n_q + n_k), and one pass over the edges
+// when they are sorted: the analysis of every new edge set.
 std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst, int64_t n_q, int64_t n_k) {
   TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.dim() == 1 &&
                   src.sizes() == dst.sizes() && src.device().is_cpu() && dst.device().is_cpu(),
@@ -551,7 +774,12 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
     if (e) sorted &= (tp[e - 1] < tp[e]) | ((tp[e - 1] == tp[e]) & (sp[e - 1] <= sp[e]));
   }
   TORCH_CHECK(ok, "tgattn sort_edges: an index outside [0, n_k) x [0, n_q)");
-  if (sorted) return {at::empty({0}, s.options()), s.clone(), t.clone()};
+  const auto repeats = [&](const int64_t* sp, const int64_t* tp) {
+    bool dup = false;
+    for (int64_t e = 1; e < E; ++e) dup |= (sp[e] == sp[e - 1]) & (tp[e] == tp[e - 1]);
+    return at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool));
+  };
+  if (sorted) return {at::empty({0}, s.options()), s.clone(), t.clone(), repeats(sp, tp)};
   std::vector<int64_t> by_src(E), start(std::max(n_q, n_k) + 1);
   std::fill(start.begin(), start.begin() + n_k + 1, 0);
   for (int64_t e = 0; e < E; ++e) ++start[sp[e] + 1];
@@ -566,7 +794,7 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
   int64_t* ssp = ss.data_ptr<int64_t>();
   int64_t* tsp = ts.data_ptr<int64_t>();
   for (int64_t r = 0; r < E; ++r) ssp[r] = sp[pp[r]], tsp[r] = tp[pp[r]];
-  return {perm, ss, ts};
+  return {perm, ss, ts, repeats(ssp, tsp)};
 }
 
 // The transposed pattern by a stable counting sort on the keys, O(E + n_k) instead of an
@@ -598,10 +826,11 @@ std::vector<at::Tensor> transpose(const at::Tensor& col, int64_t n_k) {
 // for these ops, so that torch.compile can trace through them.
 TORCH_LIBRARY(tgattn_fused, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale, "
-        "float dropout_p, int seed) -> Tensor[]");
-  m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor weights, Tensor? grad_weights, "
-        "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t, Tensor perm_t, float scale, float dropout_p, "
-        "int seed) -> Tensor[]");
+        "float dropout_p, int seed, bool weights) -> Tensor[]");
+  m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? weights, "
+        "Tensor? grad_weights, Tensor? bias, Tensor rowptr, Tensor colptr, Tensor row_t, Tensor? perm_t, float scale, "
+        "float dropout_p, int seed, bool grad_bias) -> Tensor[]");
+  m.def("transpose_rows(Tensor rowptr, Tensor col, int n_k, bool with_perm, bool narrow) -> Tensor[]");
   // No tensor argument to dispatch on and never traced: a catch-all kernel.
   m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);
   m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor");
@@ -614,5 +843,6 @@ TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {
   m.impl("backward", &backward);
   m.impl("gather_rows", &gather_rows);
   m.impl("transpose", &transpose);
+  m.impl("transpose_rows", &transpose_rows);
   m.impl("sort_edges", &sort_edges);
 }

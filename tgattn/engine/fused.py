@@ -2,12 +2,13 @@
 
 The kernel (``fused.cpp``) computes scores, softmax and aggregation for a block of query rows
 in one pass, reading the caller's ``[N, H, d]`` tensors in place, and skips the
-dot products of edges whose bias is ``-inf``. The backward pass recomputes nothing it saved:
-it reads the weights ``[E, H]`` and walks the transposed pattern for ``dk`` / ``dv``, so no
-``[E, H, d]`` tensor exists in either direction. A double backward (``create_graph=True``)
-recomputes the gradients on the textbook per-edge path, which is twice differentiable.
-The kernels check the CSR structure they are given (one pass over the indices), so a
-malformed structure raises instead of reading out of bounds.
+dot products of edges whose bias is ``-inf``. As in FlashAttention-2 (Dao, 2023), the forward
+saves the log-sum-exp per query and head and the backward recomputes the weights from it,
+walking each key's edges once for ``dq``, ``dk`` and ``dv`` together: no ``[E, H, d]`` tensor
+in either direction and no ``[E, H]`` tensor kept between them unless the weights are returned.
+A double backward (``create_graph=True``) recomputes the gradients on the textbook per-edge
+path, which is twice differentiable. The kernels check the CSR structure they are given (one
+pass over the indices), so a malformed structure raises instead of reading out of bounds.
 
 The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (about
 half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -57,12 +58,20 @@ def _register_fake_kernels() -> None:
     """Shapes of the C++ ops' outputs, so that ``torch.compile`` can trace calls to them."""
 
     @torch.library.register_fake("tgattn_fused::forward")
-    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed):
-        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[1], col.shape[0])]
+    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights):
+        w = q.new_empty(q.shape[1], col.shape[0]) if weights else q.new_empty(0)
+        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[1], q.shape[0]), w]
 
     @torch.library.register_fake("tgattn_fused::backward")
-    def _(grad_out, q, k, v, weights, grad_weights, rowptr, col, colptr, row_t, perm_t, scale, dropout_p, seed):
-        return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), weights.new_empty(weights.shape)]
+    def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
+          seed, grad_bias):
+        ds = q.new_empty(q.shape[1], row_t.shape[0]) if grad_bias else q.new_empty(0)
+        return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
+
+    @torch.library.register_fake("tgattn_fused::transpose_rows")
+    def _(rowptr, col, n_k, with_perm, narrow):
+        dtype = torch.int32 if narrow else torch.int64
+        return [col.new_empty(n_k + 1), col.new_empty(col.shape, dtype=dtype), col.new_empty(col.shape[0] if with_perm else 0, dtype=dtype)]
 
     @torch.library.register_fake("tgattn_fused::transpose")
     def _(col, n_k):
@@ -70,7 +79,7 @@ def _register_fake_kernels() -> None:
 
     @torch.library.register_fake("tgattn_fused::sort_edges")
     def _(src, dst, n_q, n_k):
-        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst)]
+        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst), src.new_empty((), dtype=torch.bool)]
 
     @torch.library.register_fake("tgattn_fused::gather_rows")
     def _(a, b, ptr, idx):
@@ -82,26 +91,45 @@ def dropout_keep(heads: int, edges: int, dropout_p: float, seed: int) -> Tensor:
     return torch.ops.tgattn_fused.dropout_keep(heads, edges, dropout_p, seed)
 
 
+def backward_pattern(s: Structure, with_perm: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``(colptr [n_k + 1], row_t [E], perm_t [E] or None)``: the transposed pattern the backward
+    kernel walks, int32 where the indices fit (cached; ``perm_t`` only when ``with_perm``)."""
+    cached = s.extras.get(("fused_transpose", True)) or s.extras.get(("fused_transpose", with_perm))
+    if cached is None:
+        narrow = max(s.num_edges, s.n_q) < 2**31
+        colptr, row_t, perm_t = torch.ops.tgattn_fused.transpose_rows(s.rowptr, s.src, s.n_k, with_perm, narrow)
+        cached = s.extras[("fused_transpose", with_perm)] = (colptr, row_t, perm_t if with_perm else None)
+    return cached
+
+
 class FusedAttention(torch.autograd.Function):
-    """Attention on the fused kernel: ``(out [n_q, H, dv], weights [H, E])``.
+    """Attention on the fused kernel: ``(out [n_q, H, dv], weights [H, E] or an empty tensor)``.
 
     The kernels read ``q``, ``k``, ``v`` ``[N, H, d]`` through their strides (any row and head
-    strides, a contiguous feature dimension) and write ``[N, H, d]`` results.
+    strides, a contiguous feature dimension) and write ``[N, H, d]`` results. The forward
+    saves the output and the log-sum-exp ``[H, n_q]``; the backward recomputes the weights
+    from them (FlashAttention-2), so nothing of size ``[H, E]`` is kept unless the weights
+    were asked for (``weights=True``).
     Dropout (probability ``p``) draws no mask: the kernels hash ``(seed, head, edge)``, in
     backward as in forward. The returned weights are those before dropout.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float, seed: int):
-        out, weights = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed)
-        ctx.save_for_backward(q, k, v, bias, weights)
+    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float, seed: int, weights: bool):
+        out, lse, w = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights)
+        ctx.set_materialize_grads(False)  # no zeros for an unused output
+        if not weights:
+            ctx.mark_non_differentiable(w)
+        ctx.save_for_backward(q, k, v, bias, out, lse, w if weights else None)
         ctx.s, ctx.scale, ctx.p, ctx.seed = s, scale, p, seed
-        return out, weights
+        return out, w
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        q, k, v, bias, weights = ctx.saved_tensors
+        q, k, v, bias, out, lse, weights = ctx.saved_tensors
         s = ctx.s
+        if grad_out is None and grad_weights is None:
+            return (None,) * 9
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
             mult = None
             if ctx.p > 0:
@@ -112,27 +140,19 @@ class FusedAttention(torch.autograd.Function):
                 return out, w.T
 
             grads = recompute_grads(attend, (q, k, v, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
-            return (*grads, None, None, None, None)
-        colptr, row_t, perm_t = transpose_pattern(s)
+            return (*grads, None, None, None, None, None)
+        if grad_out is None:  # only the returned weights got a gradient
+            grad_out = torch.zeros_like(out)
+        with_perm = bias is not None or ctx.p > 0 or grad_weights is not None
+        colptr, row_t, perm_t = backward_pattern(s, with_perm)
         grad_q, grad_k, grad_v, d_scores = torch.ops.tgattn_fused.backward(
-            _heads_apart(grad_out), q, k, v, weights, grad_weights, s.rowptr, s.src, colptr, row_t, perm_t, ctx.scale, ctx.p, ctx.seed
+            grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t,
+            ctx.scale, ctx.p, ctx.seed, ctx.needs_input_grad[3],
         )
         grad_bias = None
         if ctx.needs_input_grad[3]:
             grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
-        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None
-
-
-def _heads_apart(t: Tensor) -> Tensor:
-    """``t [N, H, d]`` with each head's rows contiguous (head-major strides; a copy unless so already).
-
-    The kernels take any strides, but walking one head's rows packed together is faster:
-    measured fwd+bwd, one thread, against reading ``[N, H, d]`` in place, copies included:
-    window 64 at n = 4096 1.65x, random 5 % 1.4x, molecule batches (E / N = 2.3) 1.1x.
-    """
-    if t.shape[1] == 1 or t.stride(1) == t.shape[0] * t.shape[2] and t.stride(0) == t.shape[2] and t.stride(2) == 1:
-        return t
-    return t.transpose(0, 1).contiguous().transpose(0, 1)
+        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None
 
 
 def fused_attention(
@@ -144,8 +164,9 @@ def fused_attention(
     scale: float,
     dropout_p: float = 0.0,
     generator: Optional[torch.Generator] = None,
+    return_weights: bool = False,
 ):
-    """``(out [n_q, H, dv], weights [E, H])`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
+    """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
 
     The dropout seed comes from ``generator`` (default: torch's global generator), so
     ``torch.manual_seed`` reproduces the dropped edges.
@@ -157,15 +178,17 @@ def fused_attention(
         _state["fakes"] = True
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     bias = None if bias is None else bias.to(q.dtype)
-    out, weights = FusedAttention.apply(_heads_apart(q), _heads_apart(k), _heads_apart(v), bias, s, scale, dropout_p, seed)
-    return out, weights.T
+    out, weights = FusedAttention.apply(q, k, v, bias, s, scale, dropout_p, seed, return_weights)
+    return out, (weights.T if return_weights else None)
 
 
 class ReadsOnly(torch.autograd.Function):
     """The benchmark's ``floor``: reads the rows the fused kernel gathers, computes nothing else.
 
-    Forward reads every edge's key and value rows; backward the value and key rows of the
-    row pass and the query and output-gradient rows of the key pass, in the kernel's order.
+    Forward reads every edge's key and value rows, as the kernel does. Backward reads four
+    rows per edge, as many as the kernel's key pass moves (it reads the query and
+    output-gradient rows of each key's edges and reads and writes their ``dq`` rows): the
+    value and key rows by query, and the query and output-gradient rows by key.
     ``rows`` are detached ``(q, k, v)`` ``[N, H, d]``; the inputs only connect the graph.
     Outputs and gradients are sums of rows, not attention.
     """
@@ -182,5 +205,5 @@ class ReadsOnly(torch.autograd.Function):
         s = ctx.s
         colptr, row_t, _ = transpose_pattern(s)
         by_query = torch.ops.tgattn_fused.gather_rows(v_rows, k_rows, s.rowptr, s.src)  # [n_q, H, d]
-        by_key = torch.ops.tgattn_fused.gather_rows(q_rows, _heads_apart(grad), colptr, row_t)  # [n_k, H, d]
+        by_key = torch.ops.tgattn_fused.gather_rows(q_rows, grad.contiguous(), colptr, row_t)  # [n_k, H, d]
         return by_query, by_key, by_key, None, None

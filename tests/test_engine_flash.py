@@ -1,0 +1,141 @@
+"""The fused kernel's FlashAttention-2-style backward: the forward saves the log-sum-exp,
+the backward recomputes the weights, and nothing of size [H, E] is kept or made unless asked for."""
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from tgattn import builders, engine
+from tgattn.engine import fused
+from tgattn.engine.tiles import fill_bound, tile_layout
+from tgattn.functional import graph_attention
+from tgattn.verify import random_edges
+
+from engine_helpers import inputs, max_err, oracle
+
+pytestmark = pytest.mark.skipif(
+    not fused.available() and not os.environ.get("CI"), reason="no C++ toolchain here (CI requires one)"
+)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operator returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_forward_saves_the_log_sum_exp_of_each_row():
+    n, heads = 40, 3
+    ei = random_edges(n, n, 0.2, seed=0)
+    ei = ei[:, ei[1] != 7]  # query 7 has no edge: its log-sum-exp is -inf
+    q, k, v, _ = inputs(n, n, heads=heads, dk=5)
+    bias = torch.randn(ei.shape[1], heads, dtype=torch.float64)
+    bias[ei[1] == 3] = float("-inf")  # every edge of query 3 masked: -inf too
+    s = engine.structure_of(ei, n, n)
+    sorted_bias = bias if s.perm is None else bias[s.perm]
+    _, lse, w = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, sorted_bias, 0.5, 0.0, 0, False)
+    assert w.numel() == 0  # weights not asked for: not written
+    scores = torch.full((heads, n, n), float("-inf"), dtype=torch.float64)
+    scores[:, ei[1], ei[0]] = torch.einsum("ehd,ehd->he", q[ei[1]], k[ei[0]]) * 0.5 + bias.T
+    ref = torch.logsumexp(scores, -1)  # [H, n]
+    empty = torch.isneginf(ref)
+    assert bool(empty[:, 7].all()) and bool(empty[:, 3].all())
+    assert torch.equal(torch.isneginf(lse), empty) and max_err(lse[~empty], ref[~empty]) < 1e-12
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 8])
+def test_backward_with_key_blocks_sharing_queries(heads):
+    """Below 8 heads the keys of a head are split into blocks that each sum their own dq."""
+    ei = random_edges(60, 50, 0.3, seed=heads)
+    q, k, v, grad_out = inputs(60, 50, heads=heads, dk=9, dv=4)
+    bias = torch.randn(ei.shape[1], 1, dtype=torch.float64, requires_grad=True)
+    out = graph_attention(q, k, v, ei, bias=bias, backend="fused")
+    ref = oracle(q, k, v, ei, bias.expand(-1, heads))
+    assert max_err(out, ref) < 1e-10
+    for a, b in zip(torch.autograd.grad(out, (q, k, v, bias), grad_out), torch.autograd.grad(ref, (q, k, v, bias), grad_out)):
+        assert max_err(a, b) < 1e-10
+
+
+@pytest.mark.parametrize("use", ["out", "weights", "both"])
+def test_returned_weights_with_a_gradient_on_either_output(use):
+    ei = random_edges(30, 30, 0.3, seed=5)
+    q, k, v, grad_out = inputs(30, 30, heads=2, dk=6)
+    r = torch.randn(ei.shape[1], 2, dtype=torch.float64)
+    grads = []
+    for backend in ("fused", "gather"):
+        out, w = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
+        loss = {"out": (out * grad_out).sum(), "weights": (w * r).sum()}
+        total = loss["out"] + loss["weights"] if use == "both" else loss[use]
+        grads.append(torch.autograd.grad(total, (q, k) if use == "weights" else (q, k, v)))  # weights ignore v
+    for a, b in zip(*grads):
+        assert max_err(a, b) < 1e-10
+
+
+def test_nothing_of_size_edges_times_heads_is_made_or_kept():
+    n, heads, dim = 256, 4, 4  # E = 33 n > n d: an [H, E] tensor is the largest thing a call could make
+    ei = builders.window(n, 16)
+    q, k, v, grad_out = inputs(n, n, heads=heads, dk=dim, dtype=torch.float32)
+    saved = []
+    engine.structure_of(ei, n, n)  # the analysis keeps [E] indices; measured here is the call
+    with LargestTensor() as mode, torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel()) or t, lambda t: t
+    ):
+        graph_attention(q, k, v, ei, backend="fused").backward(grad_out)
+    per_edge_head = ei.shape[1] * heads
+    assert max(saved) <= n * heads * dim  # inputs, output and the log-sum-exp [H, n]
+    assert mode.largest < per_edge_head
+
+
+def test_callers_layout_and_packed_heads_give_identical_numbers():
+    """Node-major inputs are read through per-thread head copies; head-major ones in place: same sums."""
+    ei = random_edges(80, 80, 0.2, seed=6)
+    q, k, v, grad_out = inputs(80, 80, heads=4, dk=16, dtype=torch.float32)
+    packed = [t.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_() for t in (q, k, v)]
+    results = []
+    for tensors in ((q, k, v), packed):
+        out = graph_attention(*tensors, ei, backend="fused")
+        results.append((out,) + torch.autograd.grad(out, tensors, grad_out))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_transposed_pattern_in_int32_or_int64_gives_the_same_gradients():
+    ei = random_edges(50, 50, 0.2, seed=7)
+    q, k, v, grad_out = inputs(50, 50, heads=2, dk=8)
+    s = engine.structure_of(ei, 50, 50)
+    out, lse, _ = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, None, 0.3, 0.0, 0, False)
+    grads = []
+    for narrow in (True, False):
+        colptr, row_t, perm = torch.ops.tgattn_fused.transpose_rows(s.rowptr, s.src, 50, False, narrow)
+        assert row_t.dtype == (torch.int32 if narrow else torch.int64) and perm.numel() == 0
+        grads.append(torch.ops.tgattn_fused.backward(
+            grad_out, q, k, v, out, lse, None, None, None, s.rowptr, colptr, row_t, None, 0.3, 0.0, 0, False
+        ))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert fused.backward_pattern(s, False)[1].dtype == torch.int32
+
+
+def test_sort_edges_reports_repeated_edges():
+    ei = random_edges(30, 30, 0.2, seed=8)
+    for edges, expected in ((ei, False), (torch.cat([ei, ei[:, :3]], 1), True), (ei.flip(1), False)):
+        s = engine.analyse(edges, 30, 30)
+        assert s.duplicates == expected
+
+
+def test_plan_lays_out_no_tiles_it_will_not_use():
+    s = engine.analyse(builders.window(512, 64), 512, 512)
+    assert engine.plan(s) == "fused" and "tiles" not in s.extras  # fill 0.8, below the threshold
+    assert fill_bound(s) == tile_layout(s).fill  # exact for band layouts
+    wide = engine.analyse(builders.window(2048, 256), 2048, 2048)  # tiles win under auto
+    assert engine.plan(wide, "fused") == "fused" and "tiles" not in wide.extras
+    assert engine.plan(wide) == "tile"

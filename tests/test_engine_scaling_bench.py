@@ -1,0 +1,45 @@
+"""``python -m tgattn.bench.engine_scaling``: its probes measure what they say (no timing asserted)."""
+import sys
+
+import pytest
+
+from tgattn import builders
+from tgattn.bench import engine_scaling
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_memory_probe_sees_what_the_call_allocates():
+    # in a fresh process, as the benchmark runs it: a used heap would serve the call from freed pages
+    got = engine_scaling._in_subprocess(2048, "fwd+bwd", "fused", heads=2, dim=16)
+    assert got["edges"] == builders.window(2048, 64).shape[1]
+    # at least the output and the three gradients, [n, H, d] float32 each
+    assert got["peak_gb"] * 2**30 >= 4 * 2048 * 2 * 16 * 4 and got["seconds"] > 0
+
+
+def test_interleaved_runs_every_function_and_keeps_minima():
+    calls = []
+    wall, cpu = engine_scaling.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3,
+                                           {"a": 1, "b": 2})
+    assert calls == ["a", "b"] * 4  # one warm-up round, then three
+    assert set(wall) == set(cpu) == {"a", "b"} and all(t >= 0 for t in wall.values())
+
+
+def test_summary_reports_the_ratios():
+    rows = [
+        dict(section="ratios", pattern="window64", n=64, backend="fused", mode=m, threads=1, ms=t, cpu_ms=t)
+        for m, t in (("fwd", 2.0), ("fwd+bwd", 7.0))
+    ]
+    rows += [
+        dict(section="scaling", pattern="window64", n=n, backend="fused", mode="fwd", threads=1, ns_per_edge_head=x)
+        for n, x in ((1024, 5.0), (4096, 6.0))
+    ]
+    text = engine_scaling.summary(rows)
+    assert "backward / forward 2.50" in text and "max / min 1.20" in text
+
+
+def test_cli_writes_a_csv(tmp_path, capsys):
+    args = ["--sections", "ratios", "--heads", "1", "--dim", "4", "--rounds", "1", "--out", str(tmp_path)]
+    assert engine_scaling.main(args) == 0
+    lines = (tmp_path / "engine_scaling.csv").read_text().strip().splitlines()
+    assert len(lines) == 1 + 3 * 2 * 2  # header; 3 patterns x (fused, auto) x (fwd, fwd+bwd)
+    assert "backward / forward" in capsys.readouterr().out

@@ -1,0 +1,292 @@
+"""``python -m tgattn.bench.engine_scaling``: the engine's backward, scaling in n, threads and memory.
+
+Sections (``--sections``, default all but ``million``):
+
+* ``ratios``: forward and forward+backward at n = 4096 (window 64, random 1 %, top-k 1 %) on the
+  fused kernel and on the backend ``auto`` picks; the backward / forward ratio;
+* ``scaling``: time per edge and head of a window of 64 from n = 1024 up (``--largest``), forward
+  and forward+backward, on ``fused``, ``tile`` and ``auto`` (the fused / tile crossover);
+* ``threads``: 2-thread time / 1-thread time at n = 4096 and 16384;
+* ``memory``: extra peak memory (resident set) of one forward at n = 32,768 and of a
+  forward+backward at n = 131,072, each in a fresh subprocess;
+* ``million``: window 64 over n = 1,048,576, forward+backward, in a subprocess (time and peak
+  memory), and one training step of a 2-layer ``GraphAttention`` model at that n.
+
+Times are minima over interleaved rounds (``--rounds``), wall clock (``ms``) and, on one thread,
+the thread's CPU time as well (``cpu_ms``: robust to other processes on a loaded machine).
+Memory is the resident set's high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``)
+minus the resident set before the call: everything the call allocates, kernels' buffers included.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .patterns import patterns
+from .report import write_csv
+
+FIELDS = ("section", "pattern", "n", "edges", "heads", "dim", "backend", "mode", "threads", "ms", "cpu_ms",
+          "ns_per_edge_head", "peak_gb", "note")
+SECTIONS = ("ratios", "scaling", "threads", "memory", "million")
+RATIO_PATTERNS = ("window64", "random0.01", "topk0.01")
+
+
+def _case(pattern: str, n: int, heads: int, dim: int, backend: str):
+    """``(edges, {mode: fn})`` for one (pattern, n, backend); inputs made once, analysis warm."""
+    from ..functional import graph_attention
+
+    edge_index = patterns()[pattern].make(n)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, heads, dim, generator=g).requires_grad_() for _ in range(3))
+    grad = torch.randn(n, heads, dim, generator=g)
+
+    def fwd():
+        with torch.no_grad():
+            graph_attention(q, k, v, edge_index, backend=backend)
+
+    def fwd_bwd():
+        for t in (q, k, v):
+            t.grad = None
+        graph_attention(q, k, v, edge_index, backend=backend).backward(grad)
+
+    return edge_index.shape[1], {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+
+def interleaved(fns: Dict[object, Callable[[], None]], rounds: int, threads: Optional[Dict[object, int]] = None):
+    """Minimum wall and thread-CPU seconds of each function, run in turn ``rounds`` times after a warm-up."""
+    threads = threads or {}
+    before = torch.get_num_threads()
+    wall = {key: float("inf") for key in fns}
+    cpu = dict(wall)
+    try:
+        for r in range(rounds + 1):
+            for key, fn in fns.items():
+                torch.set_num_threads(threads.get(key, before))
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                if r:  # round 0 warms caches, pages and the analysis
+                    wall[key] = min(wall[key], time.perf_counter() - t0)
+                    cpu[key] = min(cpu[key], time.thread_time() - c0)
+    finally:
+        torch.set_num_threads(before)
+    return wall, cpu
+
+
+def _plan(pattern: str, n: int) -> str:
+    from .. import engine
+
+    ei = patterns()[pattern].make(n)
+    return engine.plan(engine.structure_of(ei, n, n))
+
+
+def _timed_rows(section, cases, rounds, heads, dim, threads=None):
+    """Rows of interleaved timings of ``cases`` (``(pattern, n, backend, threads) -> (edges, {mode: fn})``)."""
+    rows = []
+    fns = {key + (mode,): fn for key, (_, modes) in cases.items() for mode, fn in modes.items()}
+    wall, cpu = interleaved(fns, rounds, threads)
+    for key in fns:
+        pattern, n, backend, t, mode = key
+        edges = cases[key[:-1]][0]
+        # Per edge and head from the thread's CPU time on one thread (robust to a loaded
+        # machine), from wall time on more.
+        basis = cpu[key] if t == 1 else wall[key]
+        rows.append(dict(section=section, pattern=pattern, n=n, edges=edges, heads=heads, dim=dim, backend=backend,
+                         mode=mode, threads=t, ms=round(wall[key] * 1e3, 3),
+                         cpu_ms=round(cpu[key] * 1e3, 3) if t == 1 else None,
+                         ns_per_edge_head=round(basis * 1e9 / (edges * heads), 3)))
+    return rows
+
+
+def ratios(n: int, heads: int, dim: int, rounds: int) -> List[dict]:
+    """Forward and forward+backward on ``fused`` and ``auto``, one thread."""
+    cases = {}
+    for pattern in RATIO_PATTERNS:
+        for backend in ("fused", "auto"):
+            cases[(pattern, n, backend, 1)] = _case(pattern, n, heads, dim, backend)
+    rows = _timed_rows("ratios", cases, rounds, heads, dim, {k + (m,): 1 for k in cases for m in ("fwd", "fwd+bwd")})
+    for row in rows:
+        if row["backend"] == "auto":
+            row["note"] = f"auto runs {_plan(row['pattern'], n)}"
+    return rows
+
+
+def scaling(sizes: Sequence[int], heads: int, dim: int, rounds: int, backends=("fused", "tile", "auto")) -> List[dict]:
+    """Window 64, one thread: time per edge and head at each n (sizes measured one at a time)."""
+    rows = []
+    for n in sizes:
+        cases = {("window64", n, b, 1): _case("window64", n, heads, dim, b) for b in backends}
+        part = _timed_rows("scaling", cases, max(1, rounds if n <= 65536 else rounds // 2), heads, dim,
+                           {k + (m,): 1 for k in cases for m in ("fwd", "fwd+bwd")})
+        for row in part:
+            if row["backend"] == "auto":
+                row["note"] = f"auto runs {_plan('window64', n)}"
+        rows += part
+        del cases
+    return rows
+
+
+def threads(sizes: Sequence[int], heads: int, dim: int, rounds: int) -> List[dict]:
+    """1 and 2 threads, interleaved, on the backend ``auto`` picks (wall time)."""
+    rows = []
+    for n in sizes:
+        cases, counts = {}, {}
+        for pattern in RATIO_PATTERNS:
+            case = _case(pattern, n, heads, dim, "auto")
+            for t in (1, 2):
+                cases[(pattern, n, "auto", t)] = case
+                counts.update({(pattern, n, "auto", t, m): t for m in ("fwd", "fwd+bwd")})
+        part = _timed_rows("threads", cases, rounds, heads, dim, counts)
+        for row in part:
+            row["cpu_ms"] = None
+            row["note"] = f"auto runs {_plan(row['pattern'], n)}"
+        rows += part
+    return rows
+
+
+def _status(key: str) -> int:
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def probe(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = False) -> dict:
+    """One call in this process: extra peak resident memory (GB) and wall time (s).
+
+    ``model``: a training step of a 2-layer :class:`tgattn.GraphAttention` model (embed dim
+    ``heads * dim``) instead of the attention core.
+    """
+    import gc
+
+    from .. import GraphAttention, builders
+    from ..functional import graph_attention
+
+    torch.set_num_threads(int(os.environ.get("TGATTN_BENCH_THREADS", "1")))
+    edge_index = builders.window(n, 64)
+    g = torch.Generator().manual_seed(0)
+    if model:
+        layers = torch.nn.ModuleList([GraphAttention(heads * dim, heads) for _ in range(2)])
+        x = torch.randn(n, heads * dim, generator=g)
+        opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
+    else:
+        q, k, v = (torch.randn(n, heads, dim, generator=g).requires_grad_(mode == "fwd+bwd") for _ in range(3))
+        grad = torch.randn(n, heads, dim, generator=g) if mode == "fwd+bwd" else None
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
+    base = _status("VmRSS")
+    t0 = time.perf_counter()
+    if model:
+        h = x
+        for layer in layers:
+            h = layer(h, edge_index)
+        h.square().mean().backward()
+        opt.step()
+    elif mode == "fwd+bwd":
+        graph_attention(q, k, v, edge_index, backend=backend).backward(grad)
+    else:
+        with torch.no_grad():
+            graph_attention(q, k, v, edge_index, backend=backend)
+    seconds = time.perf_counter() - t0
+    return dict(peak_gb=(_status("VmHWM") - base) / 2**30, seconds=seconds, edges=edge_index.shape[1])
+
+
+def _in_subprocess(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = False) -> dict:
+    cmd = [sys.executable, "-m", "tgattn.bench.engine_scaling", "--probe", str(n), mode, backend,
+           "--heads", str(heads), "--dim", str(dim)] + (["--model"] if model else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return dict(error=(done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:120])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def memory(heads: int, dim: int, points=((32768, "fwd"), (131072, "fwd+bwd")), model: bool = False) -> List[dict]:
+    """Each point in a fresh subprocess, on the backend ``auto`` picks."""
+    rows = []
+    for n, mode in points:
+        got = _in_subprocess(n, mode, "auto", heads, dim, model)
+        row = dict(section="million" if n >= 2**20 else "memory", pattern="window64", n=n, heads=heads, dim=dim,
+                   backend="auto", mode=("train step, 2-layer GraphAttention" if model else mode), threads=1)
+        if "error" in got:
+            row["note"] = f"failed: {got['error']}"
+        else:
+            row.update(edges=got["edges"], ms=round(got["seconds"] * 1e3, 1), peak_gb=round(got["peak_gb"], 3))
+            row["ns_per_edge_head"] = round(got["seconds"] * 1e9 / (got["edges"] * heads), 3)
+            row["note"] = f"auto runs {_plan('window64', n)}"
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.engine_scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=[s for s in SECTIONS if s != "million"])
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (minimum kept)")
+    parser.add_argument("--largest", type=int, default=262144, help="largest n of the scaling section")
+    parser.add_argument("--out", type=Path, default=Path("runs/engine_scaling"), help="output folder")
+    parser.add_argument("--probe", nargs=3, metavar=("N", "MODE", "BACKEND"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.probe:
+        n, mode, backend = args.probe
+        print(json.dumps(probe(int(n), mode, backend, args.heads, args.dim, args.model)))
+        return 0
+    torch.set_num_threads(1)
+    rows: List[dict] = []
+    sizes = [n for n in (1024, 4096, 16384, 65536, 262144, 1048576) if n <= args.largest]
+    steps = {
+        "ratios": lambda: ratios(4096, args.heads, args.dim, args.rounds),
+        "scaling": lambda: scaling(sizes, args.heads, args.dim, args.rounds),
+        "threads": lambda: threads((4096, 16384), args.heads, args.dim, args.rounds),
+        "memory": lambda: memory(args.heads, args.dim),
+        "million": lambda: memory(args.heads, args.dim, ((2**20, "fwd+bwd"),))
+        + memory(args.heads, args.dim, ((2**20, "train"),), model=True),
+    }
+    for section in args.sections:
+        rows += steps[section]()
+        write_csv(rows, args.out / "engine_scaling.csv", FIELDS)
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, {platform.machine()}; H={args.heads}, d={args.dim}, fp32; "
+          f"load average {load:.1f} on {os.cpu_count()} cores")
+    print(summary(rows))
+    print(f"wrote {args.out / 'engine_scaling.csv'}")
+    return 0
+
+
+def summary(rows: List[dict]) -> str:
+    """The issue's ratios from the rows: backward / forward, flatness, thread scaling."""
+    lines = []
+    by = {(r["section"], r["pattern"], r["n"], r["backend"], r["mode"], r["threads"]): r for r in rows}
+    for r in rows:
+        if r["section"] == "ratios" and r["mode"] == "fwd":
+            fb = by.get(("ratios", r["pattern"], r["n"], r["backend"], "fwd+bwd", 1))
+            if fb and r.get("cpu_ms") and fb.get("cpu_ms"):
+                lines.append(f"{r['pattern']:<11} n={r['n']} {r['backend']:<5} fwd {r['cpu_ms']:.1f} ms, "
+                             f"fwd+bwd {fb['cpu_ms']:.1f} ms: backward / forward {(fb['cpu_ms'] - r['cpu_ms']) / r['cpu_ms']:.2f}")
+    for backend in ("fused", "tile", "auto"):
+        for mode in ("fwd", "fwd+bwd"):
+            per = [r["ns_per_edge_head"] for r in rows if r["section"] == "scaling" and r["backend"] == backend and r["mode"] == mode]
+            if per:
+                lines.append(f"window64 {backend:<5} {mode:<7} ns per edge-head {', '.join(f'{x:.1f}' for x in per)}: "
+                             f"max / min {max(per) / min(per):.2f}")
+    for r in rows:
+        if r["section"] == "threads" and r["threads"] == 2:
+            one = by.get(("threads", r["pattern"], r["n"], r["backend"], r["mode"], 1))
+            if one:
+                lines.append(f"{r['pattern']:<11} n={r['n']} {r['mode']:<7} 2 threads / 1 thread {r['ms'] / one['ms']:.2f}")
+    for r in rows:
+        if r["section"] in ("memory", "million"):
+            lines.append(f"window64 n={r['n']} {r['mode']}: extra peak {r.get('peak_gb')} GB, {r.get('ms')} ms {r.get('note') or ''}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
