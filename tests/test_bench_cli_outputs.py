@@ -21,6 +21,7 @@ from tgattn.bench import __main__ as bench_main
 OUT_CLIS = {
     "tgattn.bench.__main__": "bench",
     "tgattn.bench.distributed": "distributed",
+    "tgattn.bench.engine_scaling": "engine_scaling",
     "tgattn.bench.gnn": "gnn",
     "tgattn.bench.gpu": "gpu",
     "tgattn.bench.graph_transformers": "graph_transformers",

@@ -32,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from .._cli import out_help, runs_dir
 from .patterns import patterns
 from .report import write_csv
 
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (minimum kept)")
     parser.add_argument("--largest", type=int, default=262144, help="largest n of the scaling section")
-    parser.add_argument("--out", type=Path, default=Path("runs/engine_scaling"), help="output folder")
+    parser.add_argument("--out", type=Path, default=runs_dir("engine_scaling"), help=out_help("engine_scaling"))
     parser.add_argument("--probe", nargs=3, metavar=("N", "MODE", "BACKEND"), help=argparse.SUPPRESS)
     parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

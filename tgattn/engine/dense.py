@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .analysis import Structure
+from .analysis import Structure, on_host
 from .recompute import all_finite, grads_through, recompute_exact, recompute_grads
 
 
@@ -26,10 +26,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Opt
     dead = None
     if mask is not None:
         dead = torch.isneginf(mask).all(-1, keepdim=True)  # [B, H or 1, L, 1] rows with no usable key
-        if bool(dead.any()):
-            mask = mask.masked_fill(dead, 0.0)  # finite rows for SDPA (no NaN, also in backward); zeroed below
-        else:
+        if on_host(mask) and not bool(dead.any()):  # on a device, no read-back: fill unconditionally
             dead = None
+        else:
+            mask = mask.masked_fill(dead, 0.0)  # finite rows for SDPA (no NaN, also in backward); zeroed below
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         attn_mask=mask, dropout_p=p, is_causal=causal and mask is None, scale=scale,
@@ -82,7 +82,7 @@ class DenseAttention(torch.autograd.Function):
         create_graph = torch.is_grad_enabled()
         if create_graph and ctx.p > 0:
             raise RuntimeError("tgattn: a double backward through attention dropout is not supported; use dropout_p=0")
-        if create_graph or (ctx.p == 0 and not all_finite(grad_out)):
+        if create_graph or (ctx.p == 0 and on_host(grad_out) and not all_finite(grad_out)):
             exact = recompute_exact(ctx.s, ctx.scale, create_graph=create_graph)
             grads = recompute_grads(exact, ctx.saved_tensors, (grad_out,), needs)
             return (*grads, None, None, None)
@@ -109,8 +109,7 @@ def dense_attention(
 
 def _dense(q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float, bias: Optional[Tensor], dropout_p: float) -> Tensor:
     causal = s.kind in ("causal", "packed_causal")
-    lengths = torch.tensor(s.lengths if s.lengths is not None else (s.n_q,), device=q.device)
-    starts = torch.cumsum(lengths, 0) - lengths
+    lengths = s.lengths if s.lengths is not None else (s.n_q,)  # host ints: no device read-back
 
     def attend(rows: Optional[Tensor], first: Tensor, length: int) -> Tensor:  # -> [B * L, H, dv]
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
@@ -119,13 +118,26 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, s: Structure, scale: float, bias: Op
         mask = None if bias is None else _block_mask(bias, s, first, length, keys, causal)
         return _sdpa(shape(q), shape(k), shape(v), causal, scale, mask, dropout_p).reshape(-1, q.shape[1], v.shape[2])
 
-    if bool((lengths == lengths[0]).all()):  # equal lengths (one sequence included): a reshape, no gather
-        return attend(None, starts, int(lengths[0]))
+    if len(set(lengths)) == 1:  # equal lengths (one sequence included): a reshape, no gather
+        return attend(None, torch.arange(0, s.n_q, lengths[0], device=q.device), lengths[0])
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
-    pieces = []
-    for length in torch.unique(lengths).tolist():
-        first = starts[lengths == length]
-        rows = (first.unsqueeze(1) + torch.arange(length, device=q.device)).reshape(-1)  # [B * L]
-        pieces.append((rows, attend(rows, first, length)))
+    pieces = [(rows, attend(rows, first, length)) for length, first, rows in _groups(s, q.device)]
     rows = torch.cat([r for r, _ in pieces])
     return out.index_copy(0, rows, torch.cat([o for _, o in pieces]))
+
+
+def _groups(s: Structure, device: torch.device) -> list:
+    """``[(length, first rows [B], rows [B * length])]`` per distinct sequence length, cached on ``s``.
+
+    Built once per edge set, so later calls send no index tensor to the device (no sync).
+    """
+    cached = s.extras.get("dense_groups")
+    if cached is None:
+        lengths = torch.tensor(s.lengths, device=device)
+        starts = torch.cumsum(lengths, 0) - lengths
+        cached = []
+        for length in sorted(set(s.lengths)):
+            first = starts[lengths == length]  # [B]
+            cached.append((length, first, (first.unsqueeze(1) + torch.arange(length, device=device)).reshape(-1)))
+        s.extras["dense_groups"] = cached
+    return cached
