@@ -150,6 +150,8 @@ def measure_scaling(sizes: List[int], *, limit_mb: float, budget_s: float = 60.0
             result = json.loads(done.stdout.strip().splitlines()[-1]) if done and done.returncode == 0 else None
             if done is None:
                 row["note"] = f"timed out ({predicted or 'first size'})"
+            elif result is None and done.returncode < 0:
+                row["note"] = f"killed by signal {-done.returncode} ({predicted or 'first size'})"
             elif result is None:
                 error = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode
                 row["note"] = f"failed: {error}"
