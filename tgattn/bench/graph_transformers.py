@@ -265,6 +265,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.graph_transformers", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 2-3 epochs, sizes 100 and 1000 (a smoke run)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..seeds-1 (default: 5; --quick: 1)")
+    parser.add_argument("--seed-start", type=int, default=0,
+                        help="start the seeds here: seed-start..seed-start+seeds-1 (to spread seeds over processes)")
     parser.add_argument("--datasets", nargs="+", default=[*MOLECULE_SETS, *NODE_SETS],
                         help=f"any of {', '.join(MOLECULE_SETS + NODE_SETS)}")
     parser.add_argument("--limit-mb", type=float, default=6000.0,
@@ -386,7 +388,7 @@ def main(argv=None) -> int:
     if args.tables_only:
         return _tables(out, _read(out / "runs.csv"), _read_scaling(out / "scaling.csv"), argv)
     # Seeds outermost, models innermost: machine load hits every model alike.
-    tasks = [(d, m, seed) for seed in range(s["seeds"]) for d in args.datasets
+    tasks = [(d, m, seed) for seed in range(args.seed_start, args.seed_start + s["seeds"]) for d in args.datasets
              for m in (MOLECULE_MODELS if d in MOLECULE_SETS else NODE_MODELS) if args.models is None or m in args.models]
     if args.scaling_only:  # keep the runs of an earlier full run in --out
         tasks, previous = [], _read(out / "runs.csv")
