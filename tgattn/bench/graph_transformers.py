@@ -37,7 +37,7 @@ from typing import Dict, List
 import torch
 
 from .gt_models import MOLECULE_MODELS, NODE_MODELS, MoleculeNet, NodeNet, add_expander
-from .gt_scaling import measure_scaling
+from .gt_scaling import SCALING_MODELS, measure_scaling
 from .measure import peak_extra_mb
 
 MOLECULE_SETS = ("FreeSolv", "Solubility")
@@ -287,7 +287,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="only rerun the scaling part; reuse runs.csv of --out for the tables")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help=f"override training settings; keys: {', '.join(k for k in FULL if k not in ('seeds', 'sizes'))}")
-    parser.add_argument("--models", nargs="+", default=None, help="train only these models (default: all four)")
+    parser.add_argument("--models", nargs="+", default=None,
+                        help="train / scale only these models (default: all)")
+    parser.add_argument("--sizes", nargs="+", type=int, default=None,
+                        help="nodes per graph of the scaling points (default: 100 1000 3000 10000 30000 100000)")
     parser.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
@@ -306,6 +309,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if key not in FULL or key in ("seeds", "sizes") or not value:
             parser.error(f"--set takes KEY=VALUE with KEY one of the training settings (got {item!r})")
         settings[key] = type(FULL[key])(value)
+    if args.sizes is not None:
+        settings["sizes"] = args.sizes
     args.settings = settings
     return args
 
@@ -397,7 +402,8 @@ def main(argv=None) -> int:
     options = dict(settings=s, data_root=args.data_root, threads=args.threads)
     # The scaling points run in fresh processes of their own, beside the training runs.
     scaling = None if args.no_scaling else ThreadPoolExecutor(1).submit(
-        measure_scaling, s["sizes"], limit_mb=args.limit_mb, budget_s=args.budget_s, threads=args.threads)
+        measure_scaling, s["sizes"], limit_mb=args.limit_mb, budget_s=args.budget_s, threads=args.threads,
+        models=[m for m in SCALING_MODELS if args.models is None or m in args.models])
     runs = previous if args.scaling_only else []
     with tqdm(total=len(tasks), disable=args.no_progress, unit="run") as bar:
         if args.jobs == 1:

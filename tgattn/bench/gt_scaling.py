@@ -117,8 +117,9 @@ def measure_scaling(sizes: List[int], *, limit_mb: float, budget_s: float = 60.0
     Each point runs in its own process under an address-space cap of ``limit_mb`` above its size
     after the imports (:func:`measure_point`): running out of it is measured, not predicted. A
     model skips a size only when the time predicted from its last measured size
-    (:data:`TIME_GROWTH`) exceeds ``budget_s`` seconds per step; the notes give the memory
-    predicted from that size (:data:`MEMORY_GROWTH`).
+    (:data:`TIME_GROWTH`) exceeds ``budget_s`` seconds per step and the memory predicted from
+    it (:data:`MEMORY_GROWTH`) fits under the cap (a point that does not fit runs: its
+    allocation fails at once); the notes give both predictions.
     """
     import json
     import subprocess
@@ -135,7 +136,7 @@ def measure_scaling(sizes: List[int], *, limit_mb: float, budget_s: float = 60.0
                 ms, mb = ms0 * (n / n0) ** TIME_GROWTH[model], mb0 * (n / n0) ** MEMORY_GROWTH[model]
                 row.update(predicted_ms=ms, predicted_mb=mb)
                 predicted = f"predicted {ms / 1e3:,.1f} s / step, {mb:,.0f} MB from n = {n0}"
-                if ms > 1e3 * budget_s:
+                if ms > 1e3 * budget_s and mb <= limit_mb:  # a point predicted not to fit still runs: it fails fast
                     row["note"] = f"skipped: {predicted} (time budget {budget_s:,.0f} s / step)"
                     rows.append(row)
                     continue
