@@ -244,7 +244,7 @@ def plot(rows: List[Dict], scaling: List[Dict], path: Path) -> None:
             axes[2].plot(r["n"], float(r["predicted_mb"]), "x" if oom else "o", mfc="none", ms=9 if oom else 6,
                          color=line.get_color())
     axes[1].set_title("hollow: predicted (not run)", fontsize=9)
-    axes[2].set_title("x: out of memory under the cap (at the predicted need); hollow: predicted", fontsize=9)
+    axes[2].set_title("x: out of memory under the cap (at the predicted need)", fontsize=9)
     for ax, label in ((axes[1], "ms / training step"), (axes[2], "peak MB / training step")):
         ax.set_xscale("log")
         ax.set_yscale("log")
