@@ -6,7 +6,7 @@ from torch_geometric.utils.smiles import e_map, x_map
 
 from tgattn.bench import graph_transformers as bench
 from tgattn.bench.gt_models import MoleculeNet, NodeNet, add_expander
-from tgattn.bench.gt_scaling import measure_point, ring_with_chords
+from tgattn.bench.gt_scaling import measure_point, measure_scaling, ring_with_chords
 
 
 def molecules(lengths, seed=0):
@@ -43,16 +43,35 @@ def test_other_molecule_models_predict_one_value_per_graph(model):
     assert out.shape == (3,) and bool(torch.isfinite(out).all())
 
 
+def test_random_walk_encoding_enters_the_atom_embedding():
+    from torch_geometric.transforms import AddRandomWalkPE
+
+    batch = Batch.from_data_list([AddRandomWalkPE(4)(g) for g in molecules([4, 7]).to_data_list()])
+    torch.manual_seed(0)
+    net = MoleculeNet("gps_tgattn", rwse=4, norm="none").eval()
+    out = net(batch)
+    batch.random_walk_pe = batch.random_walk_pe + 1.0
+    assert out.shape == (2,) and not torch.allclose(net(batch), out)
+
+
+def test_molecule_training_stops_early():
+    graphs = molecules([3, 6, 2, 5, 4, 3]).to_data_list()
+    settings = dict(bench.FULL, mol_epochs=50, mol_patience=2)
+    row = bench.run_molecules((graphs[:4], graphs[4:5], graphs[5:]), "D", "gine", 0, settings)
+    assert 3 <= row["epochs"] < 50 and row["value"] > 0
+
+
 @pytest.mark.parametrize("model", ["gps_mha", "gps_tgattn", "exphormer"])
-def test_node_models_on_a_small_graph(model):
+@pytest.mark.parametrize("norm", ["batch_norm", "none"])
+def test_node_models_on_a_small_graph(model, norm):
     ei = ring_with_chords(30)
     torch.manual_seed(0)
-    net = NodeNet(model, 6, 3, ei, 30).eval()
+    net = NodeNet(model, 6, 3, ei, 30, layers=2, norm=norm).eval()
     out = net(torch.randn(30, 6), ei)
     assert out.shape == (30, 3)
     if model == "gps_tgattn":
         torch.manual_seed(0)
-        ref = NodeNet("gps_mha", 6, 3, ei, 30).eval()
+        ref = NodeNet("gps_mha", 6, 3, ei, 30, layers=2, norm=norm).eval()
         torch.manual_seed(1)
         x = torch.randn(30, 6)
         torch.testing.assert_close(net(x, ei), ref(x, ei), rtol=1e-5, atol=1e-5)
@@ -60,7 +79,13 @@ def test_node_models_on_a_small_graph(model):
 
 def test_scaling_point_reports_time_and_memory():
     row = measure_point("exphormer", 64, repeats=1)
-    assert row["ms"] > 0 and row["peak_mb"] >= 0
+    assert row["ms"] > 0 and row["peak_mb"] >= 0 and row["steps"] == 1
+
+
+def test_scaling_point_runs_out_of_memory_under_its_cap():
+    # all pairs of 6000 nodes: 36M edges, >= 576 MB of indices alone; the cap is 200 MB
+    (row,) = measure_scaling([6000], limit_mb=200, models=("gps_tgattn",))
+    assert row["ms"] is None and row["note"].startswith("out of memory under a 200 MB address-space cap")
 
 
 def test_summary_and_markdown():
@@ -78,13 +103,16 @@ def test_summary_and_markdown():
 def test_arguments():
     args = bench.parse_args(["--quick", "--datasets", "Cora"])
     assert args.settings["seeds"] == 1 and args.datasets == ["Cora"]
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--datasets", "ZINC"])
+    args = bench.parse_args(["--set", "node_layers=2", "node_norm=none", "mol_lr=0.01"])
+    assert (args.settings["node_layers"], args.settings["node_norm"], args.settings["mol_lr"]) == (2, "none", 0.01)
+    for bad in (["--datasets", "ZINC"], ["--set", "node_width=2"], ["--set", "seeds=3"], ["--set", "node_layers"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
 
 
 def test_epoch_timing_rows(monkeypatch):
     graphs = molecules([3, 6, 2, 5]).to_data_list()
-    monkeypatch.setattr(bench, "molecule_splits", lambda name: (graphs, [], []))
+    monkeypatch.setattr(bench, "molecule_splits", lambda name, rwse=0: (graphs, [], []))
     rows = bench.epoch_timing("FreeSolv", 1, models=("gps_mha", "exphormer"))
     assert [r["model"] for r in rows] == ["gps_mha", "exphormer"]
     assert rows[0]["speedup_vs_mha"] == 1.0 and rows[1]["min_ms"] > 0 and rows[0]["nodes_min_mean_max"] == "2/4.0/6"
@@ -100,3 +128,25 @@ def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch):
     text = (tmp_path / "results.md").read_text()
     assert "| FreeSolv | gps_tgattn | rmse | 1.000 ± 0.000 | 1 |" in text and "| exphormer | 100 | 1.0 | 2.0 |  |" in text
     assert (tmp_path / "graph_transformers.png").stat().st_size > 0
+
+
+def test_tables_only_rebuilds_from_the_csv_files(tmp_path):
+    runs = [dict(dataset="Cora", model=m, seed=0, metric="accuracy", value=0.5, val=0.5, epochs=1, ms_per_epoch=2.0,
+                 min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "exphormer")]
+    bench._write(tmp_path / "runs.csv", runs)
+    scaling = [{"model": "gps_tgattn", "n": 10, "ms": 1.0, "peak_mb": 2.0, "predicted_ms": None, "predicted_mb": None,
+                "note": ""},
+               {"model": "gps_tgattn", "n": 100, "ms": None, "peak_mb": None, "predicted_ms": 100.0,
+                "predicted_mb": 200.0, "note": "out of memory under a 1 MB address-space cap (RLIMIT_AS)"}]
+    bench._write(tmp_path / "scaling.csv", scaling)
+    assert bench._read_scaling(tmp_path / "scaling.csv") == scaling
+    assert bench.main(["--tables-only", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "| Cora | exphormer | accuracy (%) | 50.000 ± 0.000 | 1 |" in text and "| gps_tgattn | 100 | - | - | out of" in text
+
+
+def test_a_last_batch_of_one_node_is_skipped():
+    graphs = molecules([1] * 129).to_data_list()  # batches of 128 and 1 graph; batch norm fails on one node
+    settings = dict(bench.FULL, mol_epochs=1)
+    row = bench.run_molecules((graphs, graphs[:2], graphs[:2]), "D", "gine", 0, settings)
+    assert row["epochs"] == 1

@@ -57,13 +57,20 @@ def _gat(hidden: int, heads: int):
     return GATConv(hidden, hidden // heads, heads=heads, dropout=0.6)
 
 
-def gt_layers(model: str, local, hidden: int, heads: int, layers: int, dropout: float, backend: str) -> nn.ModuleList:
-    """``layers`` graph-transformer layers of kind ``model`` around fresh ``local()`` convs."""
+def gt_layers(model: str, local, hidden: int, heads: int, layers: int, dropout: float, backend: str,
+              norm: str = "batch_norm") -> nn.ModuleList:
+    """``layers`` graph-transformer layers of kind ``model`` around fresh ``local()`` convs.
+
+    ``norm`` is the GPS layer's normalization (a PyG name such as ``"batch_norm"``,
+    ``"layer_norm"``, or ``"none"``).
+    """
     from torch_geometric.nn import GPSConv as PyGGPSConv
 
+    norm = None if norm == "none" else norm
     if model == "exphormer":
-        return nn.ModuleList([ExphormerConv(hidden, local(), heads, dropout, backend=backend) for _ in range(layers)])
-    stack = [PyGGPSConv(hidden, local(), heads, dropout) for _ in range(layers)]
+        return nn.ModuleList([ExphormerConv(hidden, local(), heads, dropout, norm=norm, backend=backend)
+                              for _ in range(layers)])
+    stack = [PyGGPSConv(hidden, local(), heads, dropout, norm=norm) for _ in range(layers)]
     if model == "gps_tgattn":
         with torch.random.fork_rng():  # converting draws fresh weights first: keep the stream of gps_mha
             stack = [GPSConv.from_pyg(layer, backend=backend) for layer in stack]
@@ -71,10 +78,13 @@ def gt_layers(model: str, local, hidden: int, heads: int, layers: int, dropout: 
 
 
 class MoleculeNet(nn.Module):
-    """Graph regression: atom/bond embeddings, ``layers`` layers, mean pooling, a two-layer head."""
+    """Graph regression: atom/bond embeddings, ``layers`` layers, mean pooling, a two-layer head.
+
+    ``rwse > 0`` adds a linear embedding of each atom's random-walk return probabilities
+    (``batch.random_walk_pe [N, rwse]``, PyG's ``AddRandomWalkPE``; the RWSE of GPS)."""
 
     def __init__(self, model: str, *, hidden: int = 32, heads: int = 4, layers: int = 2, dropout: float = 0.0,
-                 backend: str = "fused"):
+                 rwse: int = 0, norm: str = "batch_norm", backend: str = "fused"):
         from torch_geometric.utils.smiles import e_map, x_map
 
         super().__init__()
@@ -83,11 +93,12 @@ class MoleculeNet(nn.Module):
         self.model = model
         self.atoms = Embed([len(v) for v in x_map.values()], hidden)
         self.bonds = Embed([len(v) for v in e_map.values()], hidden)
+        self.rwse = nn.Linear(rwse, hidden) if rwse else None  # random-walk structural encoding
         if model == "gine":
             self.layers = nn.ModuleList([_gine(hidden) for _ in range(layers)])
             self.norms = nn.ModuleList([nn.BatchNorm1d(hidden) for _ in range(layers)])
         else:
-            self.layers = gt_layers(model, lambda: _gine(hidden), hidden, heads, layers, dropout, backend)
+            self.layers = gt_layers(model, lambda: _gine(hidden), hidden, heads, layers, dropout, backend, norm)
         self.virtual = VirtualNodes(1, hidden) if model == "exphormer" else None
         self.head = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
@@ -95,6 +106,8 @@ class MoleculeNet(nn.Module):
         from torch_geometric.nn import global_mean_pool
 
         x, e, n = self.atoms(batch.x), self.bonds(batch.edge_attr), batch.num_nodes
+        if self.rwse is not None:
+            x = x + self.rwse(batch.random_walk_pe)  # [N, hidden]
         ei, b = batch.edge_index, batch.batch
         if self.model == "gine":
             for conv, norm in zip(self.layers, self.norms):
@@ -123,13 +136,13 @@ class NodeNet(nn.Module):
 
     def __init__(self, model: str, in_channels: int, num_classes: int, edge_index: Tensor, num_nodes: int, *,
                  hidden: int = 32, heads: int = 4, layers: int = 1, dropout: float = 0.5, seed: int = 0,
-                 backend: str = "auto"):
+                 norm: str = "batch_norm", backend: str = "auto"):
         super().__init__()
         if model not in NODE_MODELS[1:]:
             raise ValueError(f"unknown graph-transformer model {model!r}; choose from {NODE_MODELS[1:]}")
         self.model, self.dropout, self.num_nodes = model, dropout, num_nodes
         self.encoder = nn.Linear(in_channels, hidden)
-        self.layers = gt_layers(model, lambda: _gat(hidden, 8), hidden, heads, layers, dropout, backend)
+        self.layers = gt_layers(model, lambda: _gat(hidden, 8), hidden, heads, layers, dropout, backend, norm)
         self.head = nn.Linear(hidden, num_classes)
         self.pairs = self.kinds = self.virtual = None
         if model == "gps_tgattn":

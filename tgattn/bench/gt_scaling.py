@@ -2,17 +2,29 @@
 
 One training step (forward + backward) of one layer with no local conv on a single random graph
 of n nodes (a ring plus ``n`` random chords, both directions: average degree 4), ``D = 32``,
-``H = 4``. GPS attends over all ``n**2`` pairs (PyG: a dense ``[H, n, n]`` score matrix;
-tgattn: an ``n**2``-edge set); Exphormer over graph + expander + virtual node edges (``O(n)``).
-Each point runs in a fresh process and reports its peak resident set size above the one
-before the inputs were built (PyG's MHA runs on SDPA, whose CPU kernel allocates its own memory, unseen by
-a tensor-level probe). A model runs at a size only when the time and memory predicted from its
-last measured size (``n**2`` growth for GPS, ``n`` for Exphormer) stay under the budgets;
-skipped sizes are reported with their prediction.
+``H = 4``; on a one-graph data set that step is an epoch. Models:
+
+* ``gps_mha``: PyG's ``GPSConv`` (``nn.MultiheadAttention``, no attention dropout). On CPU it
+  runs on SDPA's flash kernel, which never stores the ``[H, n, n]`` scores: memory ``O(n)``,
+  time ``O(n**2)``.
+* ``gps_mha_dropout``: the same with attention dropout 0.5 (PyG's ``examples/graph_gps.py``).
+  SDPA's CPU flash kernel takes no dropout, so SDPA falls back to its math kernel, which
+  stores the ``[H, n, n]`` scores and probabilities: memory ``O(n**2)``.
+* ``gps_tgattn``: :class:`tgattn.nn.GPSConv` over the ``n**2``-edge set of all pairs: ``O(n**2)``.
+* ``exphormer``: :class:`tgattn.nn.ExphormerConv` over graph + expander + virtual node edges: ``O(n)``.
+
+Each point runs in a fresh process whose address space is capped (``RLIMIT_AS``) at
+``limit_mb`` above its size after the imports: a point that needs more fails its allocation
+and is reported as out of memory (measured, under that cap, with the size predicted from the
+last point that ran). Peak memory is the peak resident set size above the one before the
+inputs were built. A point is skipped (with its prediction) only when the time predicted from
+the last measured size exceeds the time budget.
 """
 from __future__ import annotations
 
 from pathlib import Path
+import re
+import time
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -20,11 +32,11 @@ from torch import Tensor
 
 from .. import builders
 from ..nn import ExphormerConv, GPSConv, exphormer_edge_kinds
-from .measure import best_time
 
-SCALING_MODELS = ("gps_mha", "gps_tgattn", "exphormer")
-GROWTH = {"gps_mha": 2, "gps_tgattn": 2, "exphormer": 1}  # memory ~ n ** growth
-DIM, HEADS = 32, 4
+SCALING_MODELS = ("gps_mha", "gps_mha_dropout", "gps_tgattn", "exphormer")
+TIME_GROWTH = {"gps_mha": 2, "gps_mha_dropout": 2, "gps_tgattn": 2, "exphormer": 1}  # time ~ n ** growth
+MEMORY_GROWTH = {"gps_mha": 1, "gps_mha_dropout": 2, "gps_tgattn": 2, "exphormer": 1}  # memory ~ n ** growth
+DIM, HEADS, ATTN_DROPOUT = 32, 4, 0.5
 
 
 def ring_with_chords(n: int, seed: int = 0) -> Tensor:
@@ -44,8 +56,9 @@ def step(model: str, n: int, seed: int = 0) -> Callable[[], Tensor]:
     torch.manual_seed(seed)
     ei = ring_with_chords(n, seed)
     x = torch.randn(n, DIM)
-    if model == "gps_mha":
-        layer = PyGGPSConv(DIM, None, HEADS)
+    if model in ("gps_mha", "gps_mha_dropout"):
+        drop = ATTN_DROPOUT if model == "gps_mha_dropout" else 0.0
+        layer = PyGGPSConv(DIM, None, HEADS, attn_kwargs={"dropout": drop}).train()
         return lambda: layer(x, ei)
     if model == "gps_tgattn":
         layer, pairs = GPSConv(DIM, None, HEADS), builders.full(n)
@@ -62,29 +75,51 @@ def _status_kib(field: str) -> int:
     return int(line.split()[1])
 
 
-def measure_point(model: str, n: int, repeats: int = 3) -> Dict:
-    """``ms`` (min over ``repeats`` training steps) and ``peak_mb``: the peak resident set size
-    above the one before the inputs were built (so the edge sets count, e.g. the ``n**2``
-    pairs of GPS on tgattn). Linux only: the kernel's peak (``VmHWM``) is reset first by
-    writing 5 to ``/proc/self/clear_refs``.
+def measure_point(model: str, n: int, repeats: int = 3, *, budget_s: float = 30.0,
+                  limit_mb: Optional[float] = None) -> Dict:
+    """``ms`` (min over up to ``repeats`` training steps, fewer where one more would end past
+    ``budget_s``; the first step counts) and ``peak_mb``: the peak resident set size above the one before the
+    inputs were built (so the edge sets count, e.g. the ``n**2`` pairs of GPS on tgattn).
+    Linux only: the kernel's peak (``VmHWM``) is reset first by writing 5 to
+    ``/proc/self/clear_refs``.
 
-    Run it in a fresh process (:func:`measure_scaling` does): it counts memory that kernels
-    allocate internally (SDPA's), which a tensor-level probe does not see.
+    ``limit_mb`` caps this process's address space (``RLIMIT_AS``) at its current size plus
+    ``limit_mb`` for good; an allocation beyond it fails, and the row has ``ms = peak_mb = None``
+    and ``oom`` = the error. Run it in a fresh process (:func:`measure_scaling` does).
     """
+    import resource
+
+    if limit_mb is not None:
+        cap = 1024 * _status_kib("VmSize") + int(limit_mb * 2 ** 20)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     base = _status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
-    loss = (lambda f: lambda: f().square().mean())(step(model, n))  # noqa: E731
-    ms = best_time(loss, True, [], torch.ones(()), repeats=repeats, budget_s=30.0)
-    return {"ms": ms, "peak_mb": (_status_kib("VmHWM") - base) / 1024}
+    times, start = [], time.perf_counter()
+    try:
+        f = step(model, n)
+        while len(times) < max(repeats, 1) and (not times or time.perf_counter() - start + times[-1] < budget_s):
+            t0 = time.perf_counter()
+            f().square().mean().backward()
+            times.append(time.perf_counter() - t0)
+    except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as a RuntimeError
+        if not isinstance(err, MemoryError) and "alloc" not in str(err):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(err))
+        return {"ms": None, "peak_mb": None,
+                "oom": f"an allocation of {int(asked[1]) / 2 ** 20:,.0f} MB failed" if asked else str(err)[:120]}
+    return {"ms": 1e3 * min(times), "peak_mb": (_status_kib("VmHWM") - base) / 1024, "steps": len(times)}
 
 
-def measure_scaling(sizes: List[int], *, budget_mb: float, budget_s: float = 60.0, repeats: int = 2,
+def measure_scaling(sizes: List[int], *, limit_mb: float, budget_s: float = 60.0, repeats: int = 2,
                     models=SCALING_MODELS, threads: int = 1, progress: Optional[Callable[[dict], None]] = None) -> List[Dict]:
-    """One row per (model, n): ``ms`` per training step, ``peak_mb``, or why the size was skipped.
+    """One row per (model, n): ``ms`` per training step, ``peak_mb``, and a note (out of memory, skipped).
 
-    Each point runs in its own process. A model skips a size when the time or the memory
-    predicted from its last measured size (``n ** 2`` growth for GPS, ``n`` for Exphormer)
-    exceeds ``budget_s`` seconds per step or ``budget_mb``.
+    Each point runs in its own process under an address-space cap of ``limit_mb`` above its size
+    after the imports (:func:`measure_point`): running out of it is measured, not predicted. A
+    model skips a size only when the time predicted from its last measured size
+    (:data:`TIME_GROWTH`) exceeds ``budget_s`` seconds per step and the memory predicted from
+    it (:data:`MEMORY_GROWTH`) fits under the cap (a point that does not fit runs: its
+    allocation fails at once); the notes give both predictions.
     """
     import json
     import subprocess
@@ -93,22 +128,41 @@ def measure_scaling(sizes: List[int], *, budget_mb: float, budget_s: float = 60.
     rows, last = [], {}
     for n in sizes:
         for model in models:
-            row = {"model": model, "n": n, "ms": None, "peak_mb": None, "note": ""}
+            row = {"model": model, "n": n, "ms": None, "peak_mb": None, "predicted_ms": None, "predicted_mb": None,
+                   "note": ""}
+            predicted = ""
             if model in last:
                 n0, ms0, mb0 = last[model]
-                grow = (n / n0) ** GROWTH[model]
-                if ms0 * grow > 1e3 * budget_s or mb0 * grow > budget_mb:
-                    row["note"] = (f"skipped: predicted {ms0 * grow / 1e3:,.0f} s / step, {mb0 * grow:,.0f} MB "
-                                   f"(budget {budget_s:,.0f} s, {budget_mb:,.0f} MB)")
+                ms, mb = ms0 * (n / n0) ** TIME_GROWTH[model], mb0 * (n / n0) ** MEMORY_GROWTH[model]
+                row.update(predicted_ms=ms, predicted_mb=mb)
+                predicted = f"predicted {ms / 1e3:,.1f} s / step, {mb:,.0f} MB from n = {n0}"
+                if ms > 1e3 * budget_s and mb <= limit_mb:  # a point predicted not to fit still runs: it fails fast
+                    row["note"] = f"skipped: {predicted} (time budget {budget_s:,.0f} s / step)"
                     rows.append(row)
                     continue
             code = (f"import json, torch; torch.set_num_threads({threads}); from tgattn.bench.gt_scaling import "
-                    f"measure_point; print(json.dumps(measure_point({model!r}, {n}, {repeats})))")
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            if done.returncode != 0:
-                row["note"] = f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+                    f"measure_point; print(json.dumps(measure_point({model!r}, {n}, {repeats}, budget_s={budget_s}, "
+                    f"limit_mb={limit_mb})))")
+            try:
+                done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      timeout=budget_s * (repeats + 1) + 300)
+            except subprocess.TimeoutExpired:
+                done = None
+            result = json.loads(done.stdout.strip().splitlines()[-1]) if done and done.returncode == 0 else None
+            if done is None:
+                row["note"] = f"timed out ({predicted or 'first size'})"
+            elif result is None and done.returncode < 0:
+                row["note"] = f"killed by signal {-done.returncode} ({predicted or 'first size'})"
+            elif result is None:
+                error = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode
+                row["note"] = f"failed: {error}"
+            elif result.get("oom"):
+                row["note"] = (f"out of memory under a {limit_mb:,.0f} MB address-space cap (RLIMIT_AS): "
+                               f"{result['oom']}; {predicted or 'first size'}")
             else:
-                row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+                row.update(ms=result["ms"], peak_mb=result["peak_mb"])
+                if result["steps"] == 1:
+                    row["note"] = "one step (the time budget allowed no more)"
                 last[model] = (n, row["ms"], max(row["peak_mb"], 1.0))
             rows.append(row)
             if progress is not None:
