@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from tgattn.reference import dense_attention
 
@@ -49,3 +51,18 @@ def oracle(q, k, v, edge_index, bias=None):
 
 def max_err(a, b):
     return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operator returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out

@@ -4,8 +4,6 @@ import os
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from tgattn import builders, engine
 from tgattn.engine import fused
@@ -13,26 +11,12 @@ from tgattn.engine.tiles import fill_bound, tile_layout
 from tgattn.functional import graph_attention
 from tgattn.verify import random_edges
 
-from engine_helpers import inputs, max_err, oracle
+from engine_helpers import LargestTensor, inputs, max_err, oracle
 
 pytestmark = pytest.mark.skipif(
     not fused.available() and not os.environ.get("CI"), reason="no C++ toolchain here (CI requires one)"
 )
 
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operator returns while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_forward_saves_the_log_sum_exp_of_each_row():

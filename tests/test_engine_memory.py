@@ -1,28 +1,12 @@
 """The fast backends never build an ``[E, H, d]`` tensor, and edge sets are analysed once."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from tgattn import GraphAttention, builders, engine
 from tgattn.functional import graph_attention
 
-from engine_helpers import inputs
+from engine_helpers import LargestTensor, inputs
 
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operator returns while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def _run(edge_index, n, backend, heads=4, dim=32, bias=False, weights=False):
