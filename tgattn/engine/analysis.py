@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -200,23 +200,29 @@ def same_edges(edge_index: Tensor, s: Structure) -> bool:
 
 
 class TensorKeyed:
-    """Values kept per (tensor identity, key): an entry dies with its tensor, and past
-    ``capacity`` entries the oldest goes. Callers check that the tensor still holds what it
-    held (by contents, or by :func:`device_stamp` on a GPU)."""
+    """Values kept per (tensor identity, key): an entry dies with its tensor, past ``capacity``
+    entries the oldest goes, and a value is handed out only while its tensor still holds what it
+    held when stored: checked by :func:`device_stamp` on a GPU, by ``same(tensor, value)`` (a
+    comparison of contents) where the stamp is ``None``."""
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity
         self.entries: Dict[Tuple[int, Hashable], Tuple[weakref.ref, object]] = {}
 
-    def lookup(self, tensor: Tensor, key: Hashable) -> Optional[object]:
+    def lookup(self, tensor: Tensor, key: Hashable, same: Callable[[Tensor, Any], bool]) -> Optional[object]:
         entry = self.entries.get((id(tensor), key))
-        return entry[1] if entry is not None and entry[0]() is tensor else None
+        if entry is None or entry[0]() is not tensor:
+            return None
+        stamp, value = entry[1]
+        held = same(tensor, value) if stamp is None else stamp == device_stamp(tensor)
+        return value if held else None
 
     def store(self, tensor: Tensor, key: Hashable, value: object) -> None:
         if len(self.entries) >= self.capacity:
             self.entries.pop(next(iter(self.entries)))
         slot = (id(tensor), key)
-        self.entries[slot] = (weakref.ref(tensor, lambda _, slot=slot: self.entries.pop(slot, None)), value)
+        ref = weakref.ref(tensor, lambda _, slot=slot: self.entries.pop(slot, None))
+        self.entries[slot] = (ref, (device_stamp(tensor), value))
 
 
 class _Cache(TensorKeyed):
@@ -229,17 +235,13 @@ class _Cache(TensorKeyed):
         self.misses = 0
 
     def get(self, edge_index: Tensor, n_q: int, n_k: int) -> Optional[Structure]:
-        entry = self.lookup(edge_index, (n_q, n_k))
-        if entry is None:
-            return None
-        stamp, s = entry
-        if not (same_edges(edge_index, s) if stamp is None else stamp == device_stamp(edge_index)):
-            return None
-        self.hits += 1
+        s = self.lookup(edge_index, (n_q, n_k), same_edges)
+        if s is not None:
+            self.hits += 1
         return s
 
     def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
-        self.store(edge_index, (n_q, n_k), (device_stamp(edge_index), s))
+        self.store(edge_index, (n_q, n_k), s)
 
     def clear(self) -> None:
         self.entries.clear()

@@ -32,18 +32,19 @@ class DerivedEdges(TensorKeyed):
     """
 
     def get(self, edge_index: Tensor, key: Hashable, make: Callable[[], object]):
-        entry = self.lookup(edge_index, key)
+        entry = self.lookup(edge_index, key, _same_as_copy)
         if entry is not None:
-            witness, value = entry  # a stamp (GPU) or a copy of the contents (CPU)
-            if isinstance(witness, Tensor):
-                if witness.shape == edge_index.shape and torch.equal(witness, edge_index):
-                    return value
-            elif witness == device_stamp(edge_index):
-                return value
+            return entry[1]
         value = make()
-        stamp = device_stamp(edge_index)
-        self.store(edge_index, key, (edge_index.detach().clone() if stamp is None else stamp, value))
+        # A copy of the edges to compare with where no stamp can tell (the CPU); none on a GPU.
+        copy = edge_index.detach().clone() if device_stamp(edge_index) is None else None
+        self.store(edge_index, key, (copy, value))
         return value
+
+
+def _same_as_copy(edge_index: Tensor, entry) -> bool:
+    copy = entry[0]
+    return copy.shape == edge_index.shape and torch.equal(copy, edge_index)
 
 
 DERIVED = DerivedEdges()
