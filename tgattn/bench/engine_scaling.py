@@ -9,6 +9,9 @@ Sections (``--sections``, default all but ``million``):
 * ``threads``: 2-thread time / 1-thread time at n = 4096 and 16384;
 * ``memory``: extra peak memory (resident set) of one forward at n = 32,768 and of a
   forward+backward at n = 131,072, each in a fresh subprocess;
+* ``auto``: every backend that runs a (pattern, n) as itself (``dense``, ``tile``, ``fused``,
+  ``csr``) and ``auto``, for every pattern of the benchmark at n = 1024, 4096, 16384 (full and
+  causal up to 4096), one thread: auto's time / the best backend's time;
 * ``million``: window 64 over n = 1,048,576, forward+backward, in a subprocess (time and peak
   memory), and one training step of a 2-layer ``GraphAttention`` model at that n.
 
@@ -38,7 +41,7 @@ from .report import write_csv
 
 FIELDS = ("section", "pattern", "n", "edges", "heads", "dim", "backend", "mode", "threads", "ms", "cpu_ms",
           "ns_per_edge_head", "peak_gb", "note")
-SECTIONS = ("ratios", "scaling", "threads", "memory", "million")
+SECTIONS = ("ratios", "scaling", "threads", "memory", "auto", "million")
 RATIO_PATTERNS = ("window64", "random0.01", "topk0.01")
 
 
@@ -63,21 +66,30 @@ def _case(pattern: str, n: int, heads: int, dim: int, backend: str):
     return edge_index.shape[1], {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
 
-def interleaved(fns: Dict[object, Callable[[], None]], rounds: int, threads: Optional[Dict[object, int]] = None):
-    """Minimum wall and thread-CPU seconds of each function, run in turn ``rounds`` times after a warm-up."""
+def interleaved(fns: Dict[object, Callable[[], None]], rounds: int, threads: Optional[Dict[object, int]] = None,
+                slow_s: float = float("inf")):
+    """Minimum wall and thread-CPU seconds of each function, run in turn ``rounds`` times after a warm-up.
+
+    A function whose warm-up call took more than ``slow_s`` seconds is timed once (round 1) only.
+    """
     threads = threads or {}
     before = torch.get_num_threads()
     wall = {key: float("inf") for key in fns}
     cpu = dict(wall)
+    slow = set()
     try:
         for r in range(rounds + 1):
             for key, fn in fns.items():
+                if r > 1 and key in slow:
+                    continue
                 torch.set_num_threads(threads.get(key, before))
                 t0, c0 = time.perf_counter(), time.thread_time()
                 fn()
                 if r:  # round 0 warms caches, pages and the analysis
                     wall[key] = min(wall[key], time.perf_counter() - t0)
                     cpu[key] = min(cpu[key], time.thread_time() - c0)
+                elif time.perf_counter() - t0 > slow_s:
+                    slow.add(key)
     finally:
         torch.set_num_threads(before)
     return wall, cpu
@@ -90,11 +102,11 @@ def _plan(pattern: str, n: int) -> str:
     return engine.plan(engine.structure_of(ei, n, n))
 
 
-def _timed_rows(section, cases, rounds, heads, dim, threads=None):
+def _timed_rows(section, cases, rounds, heads, dim, threads=None, slow_s=float("inf")):
     """Rows of interleaved timings of ``cases`` (``(pattern, n, backend, threads) -> (edges, {mode: fn})``)."""
     rows = []
     fns = {key + (mode,): fn for key, (_, modes) in cases.items() for mode, fn in modes.items()}
-    wall, cpu = interleaved(fns, rounds, threads)
+    wall, cpu = interleaved(fns, rounds, threads, slow_s)
     for key in fns:
         pattern, n, backend, t, mode = key
         edges = cases[key[:-1]][0]
@@ -141,9 +153,12 @@ def threads(sizes: Sequence[int], heads: int, dim: int, rounds: int) -> List[dic
     rows = []
     for n in sizes:
         cases, counts = {}, {}
-        for pattern in RATIO_PATTERNS:
-            case = _case(pattern, n, heads, dim, "auto")
-            for t in (1, 2):
+        made = {pattern: _case(pattern, n, heads, dim, "auto") for pattern in RATIO_PATTERNS}
+        # Every 1-thread call of a round, then every 2-thread one: the thread count changes twice
+        # a round, not at every call (a pool resized before each call cost the 2-thread calls up
+        # to 0.15x of the 1-thread time, measured on top-k 1 %).
+        for t in (1, 2):
+            for pattern, case in made.items():
                 cases[(pattern, n, "auto", t)] = case
                 counts.update({(pattern, n, "auto", t, m): t for m in ("fwd", "fwd+bwd")})
         part = _timed_rows("threads", cases, rounds, heads, dim, counts)
@@ -151,6 +166,39 @@ def threads(sizes: Sequence[int], heads: int, dim: int, rounds: int) -> List[dic
             row["cpu_ms"] = None
             row["note"] = f"auto runs {_plan(row['pattern'], n)}"
         rows += part
+    return rows
+
+
+AUTO_SIZES = (1024, 4096, 16384)
+ENGINE_BACKENDS = ("dense", "tile", "fused", "csr")
+
+
+def auto_vs_best(sizes: Sequence[int], heads: int, dim: int, rounds: int, slow_s: float = 3.0) -> List[dict]:
+    """Each (pattern, n): every backend that runs it as itself, and ``auto``, interleaved, one thread.
+
+    A backend whose first call takes more than ``slow_s`` seconds is timed once (it is not the
+    best one); full and causal sets stop at n = 4096 (their dense SDPA calls alone take seconds
+    beyond). Rows of ``auto`` note the backend it runs, the best backend and auto / best.
+    """
+    from .. import engine
+
+    rows = []
+    for name, pattern in patterns().items():
+        for n in sizes:
+            if name in ("full", "causal") and n > 4096:
+                continue
+            s = engine.structure_of(pattern.make(n), n, n)
+            backends = [b for b in ENGINE_BACKENDS if engine.plan(s, b) == b] + ["auto"]
+            cases = {(name, n, b, 1): _case(name, n, heads, dim, b) for b in backends}
+            part = _timed_rows("auto", cases, rounds, heads, dim, {k + (m,): 1 for k in cases for m in ("fwd", "fwd+bwd")},
+                               slow_s)
+            for mode in ("fwd", "fwd+bwd"):
+                mine = {r["backend"]: r for r in part if r["mode"] == mode}
+                best = min((b for b in mine if b != "auto"), key=lambda b: mine[b]["cpu_ms"])
+                mine["auto"]["note"] = (f"auto runs {engine.plan(s)}; best {best}; auto / best "
+                                        f"{mine['auto']['cpu_ms'] / mine[best]['cpu_ms']:.2f}")
+            rows += part
+            del cases
     return rows
 
 
@@ -248,6 +296,7 @@ def main(argv=None) -> int:
         "scaling": lambda: scaling(sizes, args.heads, args.dim, args.rounds),
         "threads": lambda: threads((4096, 16384), args.heads, args.dim, args.rounds),
         "memory": lambda: memory(args.heads, args.dim),
+        "auto": lambda: auto_vs_best([n for n in AUTO_SIZES if n <= args.largest], args.heads, args.dim, args.rounds),
         "million": lambda: memory(args.heads, args.dim, ((2**20, "fwd+bwd"),))
         + memory(args.heads, args.dim, ((2**20, "train"),), model=True),
     }
@@ -283,6 +332,9 @@ def summary(rows: List[dict]) -> str:
             one = by.get(("threads", r["pattern"], r["n"], r["backend"], r["mode"], 1))
             if one:
                 lines.append(f"{r['pattern']:<11} n={r['n']} {r['mode']:<7} 2 threads / 1 thread {r['ms'] / one['ms']:.2f}")
+    for r in rows:
+        if r["section"] == "auto" and r["backend"] == "auto":
+            lines.append(f"{r['pattern']:<11} n={r['n']:<6} {r['mode']:<7} {r['note']}")
     for r in rows:
         if r["section"] in ("memory", "million"):
             lines.append(f"window64 n={r['n']} {r['mode']}: extra peak {r.get('peak_gb')} GB, {r.get('ms')} ms {r.get('note') or ''}")
