@@ -198,13 +198,14 @@ inline void dots(const T* x, const Rs& rows, int64_t n, int64_t d, T* out) {
   }
 }
 
-// y[0 : NV * L] += sum_r coef[r] * rows[r][offset : offset + NV * L], y held in registers.
+// y[0 : NV * L] += sum_r coef[r] * rows[r][offset : offset + NV * L], y held in registers
+// (y = the sum when `fresh`: y is not read, so an output row needs no zeroing first).
 template <typename T, int NV, typename R>
-inline void accumulate_chunk(T* y, const T* coef, const R& rows, int64_t n, int64_t offset) {
+inline void accumulate_chunk(T* y, const T* coef, const R& rows, int64_t n, int64_t offset, bool fresh) {
   constexpr int L = Vec<T>::L;
   vec_t<T> acc[NV];
 #pragma GCC unroll 8
-  for (int k = 0; k < NV; ++k) acc[k] = load(y + k * L);
+  for (int k = 0; k < NV; ++k) acc[k] = fresh ? vec_t<T>{} : load(y + k * L);
   for (int64_t r = 0; r < n; ++r) {
     const vec_t<T> c = vec_t<T>{} + coef[r];
     const T* x = rows[r] + offset;
@@ -215,13 +216,14 @@ inline void accumulate_chunk(T* y, const T* coef, const R& rows, int64_t n, int6
   for (int k = 0; k < NV; ++k) store(y + k * L, acc[k]);
 }
 
-// y += sum_r coef[r] * rows[r], for rows of length d.
+// y += sum_r coef[r] * rows[r], for rows of length d (y = the sum when `fresh`).
 template <typename T, typename R>
-inline void accumulate(T* y, const T* coef, const R& rows, int64_t n, int64_t d) {
+inline void accumulate(T* y, const T* coef, const R& rows, int64_t n, int64_t d, bool fresh = false) {
   constexpr int L = Vec<T>::L, NV = 8;
   int64_t c = 0;
-  for (; c + NV * L <= d; c += NV * L) accumulate_chunk<T, NV>(y + c, coef, rows, n, c);
-  for (; c + L <= d; c += L) accumulate_chunk<T, 1>(y + c, coef, rows, n, c);
+  for (; c + NV * L <= d; c += NV * L) accumulate_chunk<T, NV>(y + c, coef, rows, n, c, fresh);
+  for (; c + L <= d; c += L) accumulate_chunk<T, 1>(y + c, coef, rows, n, c, fresh);
+  if (c < d && fresh) std::fill(y + c, y + d, T(0));
   for (int64_t r = 0; c < d && r < n; ++r)
     for (int64_t t = c; t < d; ++t) y[t] += coef[r] * rows[r][t];
 }
@@ -446,7 +448,6 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
   for (int64_t i = r0; i < r1; ++i) {
     if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(T)), fetch<1>(out + (i + 1) * os, dv * sizeof(T));
     lse[i] = neg_inf;
-    std::memset(out + i * os, 0, dv * sizeof(T));  // out comes uninitialised
     const int64_t n = re.gather(ptr, col, i, [&](int64_t e) {
       return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
     });
@@ -459,7 +460,10 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     } else {
       row_max = scale_max(x, n, scale);
     }
-    if (row_max == neg_inf) continue;  // no finite score: every weight stays 0
+    if (row_max == neg_inf) {  // no finite score (or no edge): every weight stays 0
+      std::memset(out + i * os, 0, dv * sizeof(T));  // out comes uninitialised
+      continue;
+    }
     const T sum = exp_shifted(x, n, row_max);
     lse[i] = row_max + std::log(sum);
     const T inv_sum = T(1) / sum;
@@ -468,7 +472,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
       for (int64_t r = 0; r < n; ++r) w[re.position(r)] = x[r];
     if (drop.on())
       for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.position(r));
-    accumulate(out + i * os, x, Rows<const T>{v, re.index, vs}, n, dv);
+    accumulate(out + i * os, x, Rows<const T>{v, re.index, vs}, n, dv, /*fresh=*/true);
   }
 }
 
@@ -504,11 +508,13 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
       fetch(g.k + (j + 1) * g.ks, g.dk * sizeof(T)), fetch(g.v + (j + 1) * g.vs, g.dv * sizeof(T));
       fetch<1>(g.dkey + (j + 1) * g.dks, g.dk * sizeof(T)), fetch<1>(g.dval + (j + 1) * g.dvs, g.dv * sizeof(T));
     }
-    std::memset(g.dkey + j * g.dks, 0, g.dk * sizeof(T));  // dk and dv come uninitialised
-    std::memset(g.dval + j * g.dvs, 0, g.dv * sizeof(T));
     const int64_t n = ce.gather(colptr, row_t, j, [&](int64_t t) {
       return !(g.bias && g.bias[edge(t) * g.bias_stride] == neg_inf);
     });
+    if (n == 0) {  // dk and dv come uninitialised; the first group writes them otherwise
+      std::memset(g.dkey + j * g.dks, 0, g.dk * sizeof(T));
+      std::memset(g.dval + j * g.dvs, 0, g.dv * sizeof(T));
+    }
     T *p = ce.x.data(), *dp = ce.y.data();
     a.resize(n);
     const T* kj = g.k + j * g.ks;
@@ -539,8 +545,8 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
         }
         pg[r] *= f;
       }
-      accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk);
-      accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv);
+      accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, g0 == 0);
+      accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
       scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
     }
   }
