@@ -62,7 +62,7 @@ def test_returned_weights_with_a_gradient_on_either_output(use):
         out, w = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
         loss = {"out": (out * grad_out).sum(), "weights": (w * r).sum()}
         total = loss["out"] + loss["weights"] if use == "both" else loss[use]
-        grads.append(torch.autograd.grad(total, (q, k) if use == "weights" else (q, k, v)))  # weights ignore v
+        grads.append(torch.autograd.grad(total, (q, k) if use == "weights" else (q, k, v)) + (w,))  # weights ignore v
     for a, b in zip(*grads):
         assert max_err(a, b) < 1e-10
 
@@ -80,6 +80,22 @@ def test_nothing_of_size_edges_times_heads_is_made_or_kept():
     per_edge_head = ei.shape[1] * heads
     assert max(saved) <= n * heads * dim  # inputs, output and the log-sum-exp [H, n]
     assert mode.largest < per_edge_head
+
+
+@pytest.mark.parametrize("dk", [16, 9])  # rows copied through vector registers, and by memcpy
+def test_queries_and_keys_without_edges_get_zeros(dk):
+    """Output rows and dk / dv rows are written by their first sum; those with no edge must still be zeroed."""
+    n = 30
+    ei = random_edges(n, n, 0.3, seed=9)
+    ei = ei[:, (ei[1] != 4) & (ei[0] != 11)]  # query 4 attends to nothing, no query attends to key 11
+    q, k, v, grad_out = inputs(n, n, heads=2, dk=dk)  # node-major: the kernel copies each head's rows
+    out = graph_attention(q, k, v, ei, backend="fused")
+    ref = oracle(q, k, v, ei)
+    assert max_err(out, ref) < 1e-10 and bool((out[4] == 0).all())
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    for g, r in zip(got, torch.autograd.grad(ref, (q, k, v), grad_out)):
+        assert max_err(g, r) < 1e-10
+    assert bool((got[1][11] == 0).all()) and bool((got[2][11] == 0).all())
 
 
 def test_callers_layout_and_packed_heads_give_identical_numbers():

@@ -61,19 +61,6 @@ def test_float32_softmax_with_widely_spread_scores():
 
 
 @needs_kernel
-def test_returned_weights_are_differentiable():
-    ei = random_edges(30, 30, 0.3, seed=2)
-    q, k, v, grad_out = inputs(30, 30, heads=2, dk=6)
-    r = torch.randn(ei.shape[1], 2, dtype=torch.float64)
-    grads = []
-    for backend in ("fused", "gather"):
-        out, w = graph_attention(q, k, v, ei, return_weights=True, backend=backend)
-        grads.append(torch.autograd.grad((out * grad_out).sum() + (w * r).sum(), (q, k, v)) + (w,))
-    for a, b in zip(*grads):
-        assert max_err(a, b) <= 1e-10
-
-
-@needs_kernel
 def test_results_do_not_depend_on_the_thread_count():
     ei = random_edges(300, 300, 0.1, seed=3)
     q, k, v, grad_out = inputs(300, 300, heads=4, dk=32, dtype=torch.float32)
@@ -190,6 +177,41 @@ def test_dropout_keeps_one_minus_p_of_the_edges_and_follows_the_seed():
     assert torch.equal(keep, fused.dropout_keep(8, 50_000, 0.3, 1234))
     assert not torch.equal(keep, fused.dropout_keep(8, 50_000, 0.3, 1235))
     assert not torch.equal(keep[0], keep[1])  # heads draw independently
+
+
+def _keeps(seed: int, h: int, e: int, p: float) -> bool:
+    """The kernel's dropout draw, ported: SplitMix64's finaliser of (seed, h, e), and its top
+    53 bits as a float in [0, 1) compared with p (the kernel compares integers instead)."""
+    m = 2**64 - 1
+    x = seed ^ ((h * 0x9E3779B97F4A7C15) & m) ^ ((e * 0xD1B54A32D192ED03) & m)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    x ^= x >> 31
+    return (x >> 11) * 2.0**-53 >= p
+
+
+def _top_bits(seed: int, h: int, e: int) -> int:
+    """The 53 bits the draw of (seed, h, e) compares with p: the p at which it flips."""
+    lo, hi = 0, 2**53  # a binary search on p through the port
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _keeps(seed, h, e, mid * 2.0**-53) else (lo, mid)
+    return lo
+
+
+@needs_kernel
+def test_dropout_draws_equal_the_float_comparison_of_the_port():
+    seed, heads, edges = 987654321, 3, 40
+    for p in (0.1, 0.3, 0.6, 0.95):
+        keep = fused.dropout_keep(heads, edges, p, seed)
+        port = torch.tensor([[_keeps(seed, h, e, p) for e in range(edges)] for h in range(heads)])
+        assert torch.equal(keep, port)
+    # at the boundary: an edge is kept at p = u * 2^-53 exactly (u: its 53 bits), dropped one step above
+    # and half a step above (p * 2^53 not an integer: the kernel's threshold rounds up, not down)
+    cases = [(h, e, _top_bits(seed, h, e)) for h in range(heads) for e in range(8)]
+    for h, e, u in [c for c in cases if c[2] < 2**52][:3]:  # (u + 0.5) 2^-53 is exact below 2^52
+        for p, kept in ((u * 2.0**-53, True), ((u + 0.5) * 2.0**-53, False), ((u + 1) * 2.0**-53, False)):
+            assert bool(fused.dropout_keep(h + 1, e + 1, p, seed)[h, e]) == kept
 
 
 @needs_kernel
