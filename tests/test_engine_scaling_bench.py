@@ -43,3 +43,35 @@ def test_cli_writes_a_csv(tmp_path, capsys):
     lines = (tmp_path / "engine_scaling.csv").read_text().strip().splitlines()
     assert len(lines) == 1 + 3 * 2 * 2  # header; 3 patterns x (fused, auto) x (fwd, fwd+bwd)
     assert "backward / forward" in capsys.readouterr().out
+
+
+def test_auto_section_times_every_backend_that_runs_the_set_and_names_the_best():
+    from tgattn import engine
+    from tgattn.bench.patterns import patterns
+
+    rows = engine_scaling.auto_vs_best([64], heads=1, dim=4, rounds=1)
+    for name, pattern in patterns().items():
+        s = engine.structure_of(pattern.make(64), 64, 64)
+        expected = {b for b in ("dense", "tile", "fused", "csr") if engine.plan(s, b) == b} | {"auto"}
+        for mode in ("fwd", "fwd+bwd"):
+            mine = {r["backend"]: r for r in rows if r["pattern"] == name and r["mode"] == mode}
+            assert set(mine) == expected
+            best = min((b for b in mine if b != "auto"), key=lambda b: mine[b]["cpu_ms"])
+            ratio = mine["auto"]["cpu_ms"] / mine[best]["cpu_ms"]
+            assert mine["auto"]["note"] == f"auto runs {engine.plan(s)}; best {best}; auto / best {ratio:.2f}"
+
+
+def test_slow_functions_are_timed_once():
+    calls = []
+    engine_scaling.interleaved({"slow": lambda: calls.append("slow"), "fast": lambda: calls.append("fast")}, 3,
+                               slow_s=-1.0)  # every warm-up counts as slow
+    assert calls == ["slow", "fast"] * 2  # the warm-up, then round 1 only
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_warm_probe_times_a_second_call_per_edge_and_head():
+    (row,) = engine_scaling.memory(2, 16, ((2048, "fwd"),), warm=True)
+    assert row["edges"] == builders.window(2048, 64).shape[1] and row["cpu_ms"] > 0
+    # per edge and head from the second call's CPU time (cpu_ms is rounded to 0.1 ms)
+    assert abs(row["ns_per_edge_head"] - row["cpu_ms"] * 1e6 / (row["edges"] * 2)) <= 0.05e6 / (row["edges"] * 2) + 1e-3
+    assert "second call" in row["note"]
