@@ -76,6 +76,55 @@ def test_results_do_not_depend_on_the_thread_count():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_of_a_local_pattern_copy_only_their_keys(threads):
+    """A block whose rows reference at most a quarter of the keys copies only those K / V rows
+    (at 2 threads: 8 blocks of 75 queries, each over about 120 of the 900 keys; at 1 thread the
+    whole head), here with key ranges inside the keys and queries without edges."""
+    n_q, n_k = 600, 900
+    i = torch.arange(n_q).repeat_interleave(7)
+    j = i * 3 // 2 + torch.arange(-3, 4).repeat(n_q)
+    keep = (j >= 0) & (j < n_k) & (i % 50 != 7)
+    ei = torch.stack([j[keep], i[keep]])
+    q, k, v, grad_out = inputs(n_q, n_k, heads=3, dk=16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = graph_attention(q, k, v, ei, backend="fused")
+        got = torch.autograd.grad(out, (q, k, v), grad_out)
+    finally:
+        torch.set_num_threads(before)
+    ref = oracle(q, k, v, ei)
+    assert max_err(out, ref) < 1e-12
+    assert out[7].abs().max() == 0  # no edges: zero output
+    for g, r in zip(got, torch.autograd.grad(ref, (q, k, v), grad_out)):
+        assert max_err(g, r) < 1e-11
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_long_local_pattern_in_blocks_of_a_bounded_number_of_edges(threads):
+    """1.4 million edges: at 1 thread 5 blocks of at most 2^18 edges (more than 4 per thread),
+    at 2 threads the 8 blocks of 4 per thread; the CSR backend (equal to the oracle in
+    test_engine) is the reference at a length the dense oracle cannot hold."""
+    n = 21_000
+    ei = builders.window(n, 32)
+    q, k, v, grad_out = inputs(n, n, heads=2, dk=8, dtype=torch.float32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        results = {}
+        for backend in ("fused", "csr"):
+            out = graph_attention(q, k, v, ei, backend=backend)
+            results[backend] = (out,) + torch.autograd.grad(out, (q, k, v), grad_out)
+    finally:
+        torch.set_num_threads(before)
+    assert ei.shape[1] > 5 * 2**18
+    for a, b in zip(results["fused"], results["csr"]):
+        assert max_err(a, b) < 1e-5
+
+
 def test_engine_falls_back_to_csr_without_the_kernel(monkeypatch):
     monkeypatch.setitem(fused._state, "tried", True)
     monkeypatch.setitem(fused._state, "ok", False)

@@ -32,6 +32,7 @@
 #include <limits>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -292,15 +293,14 @@ std::vector<int64_t> balanced(const int64_t* ptr, int64_t rows, int64_t blocks) 
   return bounds;
 }
 
-// Runs fn(scratch, head, block, first_row, last_row) for every head over `blocks` balanced row
-// blocks, all in one parallel region: a thread takes consecutive tasks, so it stays on one head
-// and that head's rows stay in its cache, and it keeps one Scratch for all of them. Small
-// problems run on the calling thread, where waking the pool would cost more than the work.
+// Runs fn(scratch, head, block, first_row, last_row) for every head over the row blocks
+// bounds[b] .. bounds[b + 1], all in one parallel region: a thread takes consecutive tasks, so it
+// stays on one head and that head's rows stay in its cache, and it keeps one Scratch for all of
+// them. Small problems run on the calling thread, where waking the pool would cost more than the work.
 template <typename Scratch, typename F>
-void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t blocks, const F& fn) {
-  blocks = std::min(rows, blocks);
-  if (blocks <= 0 || heads <= 0) return;
-  const std::vector<int64_t> bounds = balanced(ptr, rows, blocks);
+void for_head_blocks(const std::vector<int64_t>& bounds, const int64_t* ptr, int64_t heads, const F& fn) {
+  if (bounds.size() < 2 || heads <= 0) return;
+  const int64_t blocks = int64_t(bounds.size()) - 1, rows = bounds.back();
   const int64_t tasks = heads * blocks;
   const int64_t grain = ptr[rows] * heads < (int64_t(1) << 15) ? tasks : 1;
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
@@ -310,19 +310,26 @@ void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t bl
   });
 }
 
+// The same over `blocks` balanced row blocks.
+template <typename Scratch, typename F>
+void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t blocks, const F& fn) {
+  if (rows > 0) for_head_blocks<Scratch>(balanced(ptr, rows, std::min(rows, blocks)), ptr, heads, fn);
+}
+
 // The rows of one head of a per-node tensor [N, H, d], contiguous: the rows the kernels gather
 // at random. In the caller's layout ([N, H, d] contiguous) a head's rows are H * d apart, and
 // gathering them costs 1.3-1.6x more than gathering packed rows (a window of 64 touches 65
 // pages per tensor instead of 9: more TLB misses, no help from the stream prefetchers), so
-// a thread copies the head it works on here: n * d numbers per thread, not a copy of the tensor.
+// a thread copies the head it works on here: the rows a block of work reads (local_keys), else
+// the whole head, n * d numbers per thread, not a copy of the tensor.
 template <typename T>
 struct Slab {
   struct Free {
     void operator()(T* p) const { std::free(p); }
   };
   std::unique_ptr<T[], Free> buf;
-  int64_t size = 0, of = -1;  // the head held, -1 for none
-  const T* rows = nullptr;
+  int64_t size = 0, of = -1, lo = 0, hi = 0;  // rows lo .. hi of head `of` held (-1 for none)
+  const T* rows = nullptr;  // row j at rows + j * stride, for lo <= j < hi
   int64_t stride = 0;
 
   // Room for `count` numbers, aligned to a cache line: rows of 64 floats then fill whole lines
@@ -335,32 +342,34 @@ struct Slab {
     TORCH_CHECK(buf, "tgattn fused: out of memory for ", bytes, " bytes of scratch");
     size = count;
   }
-  // Head h of t; a copy unless its rows are adjacent already.
-  void hold(const at::Tensor& t, int64_t h) {
+  // Rows first .. last of head h of t (a copy unless its rows are adjacent already), addressed
+  // by their row numbers.
+  void hold(const at::Tensor& t, int64_t h, int64_t first, int64_t last) {
     const int64_t n = t.size(0), d = t.size(2);
     if (t.stride(0) == d || n <= 1) {
-      of = h, rows = head<T>(t, h), stride = t.stride(0);
+      of = h, lo = 0, hi = n, rows = head<T>(t, h), stride = t.stride(0);
       return;
     }
-    if (of == h) return;
-    reserve(n * d);
+    if (of == h && lo <= first && last <= hi) return;
+    reserve((last - first) * d);
     const T* src = head<T>(t, h);
     const int64_t from = t.stride(0);
-    T* to = buf.get();
+    T* to = buf.get() - first * d;  // row j at to + j * d
     // Short rows (16 floats in a molecule model's heads) copy through vector registers: a
     // memcpy call per row cost more than the row.
     constexpr int L = Vec<T>::L;
     const bool vectors = d % L == 0 && d <= 8 * L;
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + AHEAD < n) fetch(src + (i + AHEAD) * from, d * sizeof(T));
+    for (int64_t i = first; i < last; ++i) {
+      if (i + AHEAD < last) fetch(src + (i + AHEAD) * from, d * sizeof(T));
       if (vectors) {
         for (int64_t c = 0; c < d; c += L) store(to + i * d + c, load(src + i * from + c));
       } else {
         std::memcpy(to + i * d, src + i * from, d * sizeof(T));
       }
     }
-    of = h, rows = buf.get(), stride = d;
+    of = h, lo = first, hi = last, rows = to, stride = d;
   }
+  void hold(const at::Tensor& t, int64_t h) { hold(t, h, 0, t.size(0)); }
   // A zeroed buffer of n rows of d numbers (for sums written back afterwards).
   T* zeros(int64_t n, int64_t d) {
     reserve(n * d);
@@ -369,6 +378,49 @@ struct Slab {
     return buf.get();
   }
 };
+
+// The keys that query rows r0 .. r1 reference (each row's keys are sorted), as a range
+// [lo, hi), when it spans at most a quarter of the n_k keys: a local pattern (windows, blocks,
+// packed sequences), whose block then copies only those rows of K and V. Otherwise [0, n_k).
+std::pair<int64_t, int64_t> local_keys(const int64_t* ptr, const int64_t* col, int64_t r0, int64_t r1, int64_t n_k) {
+  int64_t lo = n_k, hi = 0;
+  for (int64_t i = r0; i < r1; ++i)
+    if (ptr[i] < ptr[i + 1]) lo = std::min(lo, col[ptr[i]]), hi = std::max(hi, col[ptr[i + 1] - 1] + 1);
+  if (lo >= hi) return {0, 0};
+  return 4 * (hi - lo) <= n_k ? std::make_pair(lo, hi) : std::make_pair(int64_t(0), n_k);
+}
+
+// Edges per forward block at most, on a local pattern: a window 64's block (about 2,000 rows)
+// then reads about 2,200 keys, whose K and V rows (1.1 MB at d = 64) stay in L2 while the block
+// runs, where a copy of the whole head (16 MB at n = 32,768) came from memory, into a fresh
+// allocation, on every call.
+constexpr int64_t BLOCK_EDGES = int64_t(1) << 18;
+
+// The forward's row blocks (bounds) and the keys each reads (local_keys): blocks of at most
+// BLOCK_EDGES edges when every one of them is local, else 4 per thread (a random pattern reads
+// all keys from every block: its threads copy each head once, as before).
+struct RowBlocks {
+  std::vector<int64_t> bounds;
+  std::vector<std::pair<int64_t, int64_t>> keys;
+};
+
+RowBlocks forward_blocks(const int64_t* ptr, const int64_t* col, int64_t n_q, int64_t n_k) {
+  RowBlocks rb;
+  // Lays out `blocks` blocks; returns whether every one is local.
+  const auto lay_out = [&](int64_t blocks) {
+    rb.bounds = balanced(ptr, n_q, blocks);
+    rb.keys.resize(blocks);
+    bool local = true;
+    for (int64_t b = 0; b < blocks; ++b) {
+      rb.keys[b] = local_keys(ptr, col, rb.bounds[b], rb.bounds[b + 1], n_k);
+      local &= rb.keys[b].second - rb.keys[b].first < n_k;
+    }
+    return local;
+  };
+  const int64_t coarse = std::min(n_q, 4 * int64_t(at::get_num_threads())), fine = std::min(n_q, ptr[n_q] / BLOCK_EDGES);
+  if (!(fine > coarse && lay_out(fine)) && coarse > 0) lay_out(coarse);
+  return rb;
+}
 
 // Attention dropout without a stored mask: whether edge e of head h is kept is a hash of
 // (seed, h, e) (the SplitMix64 finaliser; Steele et al., "Fast splittable pseudorandom number
@@ -579,7 +631,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 // The kernels index rows through ptr and idx without bounds checks, so a malformed structure
 // must never reach them: ptr [rows + 1] runs from 0 to idx.size(0) without going down, and
 // every idx is a row of a tensor with n rows. One pass over the indices, next to the
-// O(E * H * d) work of the kernels. idx is int64 or int32.
+// O(E * H * d) work of the kernels; split over the threads, as a serial pass held the second
+// thread idle for 0.3 ms of a 20 ms forward (n = 4096, window 64). idx is int64 or int32.
 void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows, int64_t n, const char* what) {
   TORCH_CHECK(ptr.scalar_type() == at::kLong && (idx.scalar_type() == at::kLong || idx.scalar_type() == at::kInt) &&
                   ptr.is_contiguous() && idx.is_contiguous() && ptr.dim() == 1 && idx.dim() == 1 &&
@@ -590,17 +643,21 @@ void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows,
   const int64_t* p = ptr.data_ptr<int64_t>();
   const int64_t E = idx.size(0);
   TORCH_CHECK(p[0] == 0 && p[rows] == E, "tgattn fused: ", what, " pointer must run from 0 to ", E);
-  bool ok = true;
-  for (int64_t r = 0; r < rows; ++r) ok &= p[r] <= p[r + 1];
-  TORCH_CHECK(ok, "tgattn fused: ", what, " pointer goes down");
-  ok = true;
-  const auto in_range = [&](const auto* x) {
-    for (int64_t e = 0; e < E; ++e) ok &= (x[e] >= 0) & (int64_t(x[e]) < n);
+  // Whether good(i) holds for every i < count (in chunks of 2^16, on all threads).
+  const auto every = [](int64_t count, const auto& good) {
+    return at::parallel_reduce(
+        0, count, int64_t(1) << 16, true,
+        [&](int64_t a, int64_t b, bool ok) {
+          for (int64_t i = a; i < b; ++i) ok &= good(i);
+          return ok;
+        },
+        [](bool x, bool y) { return x && y; });
   };
-  if (idx.scalar_type() == at::kLong)
-    in_range(idx.data_ptr<int64_t>());
-  else
-    in_range(idx.data_ptr<int32_t>());
+  TORCH_CHECK(every(rows, [&](int64_t r) { return p[r] <= p[r + 1]; }), "tgattn fused: ", what, " pointer goes down");
+  const auto in_range = [&](const auto* x) {
+    return every(E, [&](int64_t e) { return (x[e] >= 0) & (int64_t(x[e]) < n); });
+  };
+  const bool ok = idx.scalar_type() == at::kLong ? in_range(idx.data_ptr<int64_t>()) : in_range(idx.data_ptr<int32_t>());
   TORCH_CHECK(ok, "tgattn fused: ", what, " holds an index outside [0, ", n, ")");
 }
 
@@ -636,9 +693,11 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
       Slab<scalar_t> k, v;
       Entries<scalar_t, int64_t> re;
     };
-    for_head_blocks<Scratch>(ptr, n_q, H, 4 * at::get_num_threads(), [&](Scratch& sc, int64_t h, int64_t, int64_t r0, int64_t r1) {
+    const RowBlocks rb = forward_blocks(ptr, cp, n_q, n_k);
+    for_head_blocks<Scratch>(rb.bounds, ptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t r0, int64_t r1) {
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
-      sc.k.hold(k, h), sc.v.hold(v, h);
+      const auto [lo, hi] = rb.keys[blk];
+      sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);
       attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh,
                             bias_heads, static_cast<scalar_t>(scale), lse.data_ptr<scalar_t>() + h * n_q,
                             weights ? w.data_ptr<scalar_t>() + h * E : nullptr, sc.v.rows, sc.v.stride, dv,
