@@ -2,6 +2,7 @@
 import sys
 
 import pytest
+import torch
 
 from tgattn import builders
 from tgattn.bench import engine_scaling
@@ -18,10 +19,20 @@ def test_memory_probe_sees_what_the_call_allocates():
 
 def test_interleaved_runs_every_function_and_keeps_minima():
     calls = []
-    wall, cpu = engine_scaling.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3,
-                                           {"a": 1, "b": 2})
+    wall, cpu, system = engine_scaling.interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, {"a": 1, "b": 2}
+    )
     assert calls == ["a", "b"] * 4  # one warm-up round, then three
-    assert set(wall) == set(cpu) == {"a", "b"} and all(t >= 0 for t in wall.values())
+    assert set(wall) == set(cpu) == set(system) == {"a", "b"} and all(t >= 0 for t in wall.values())
+
+
+def test_interleaved_counts_the_page_faults_of_fresh_memory():
+    """64 MB is above the allocator's largest reuse threshold: every call maps fresh pages."""
+    _, _, system = engine_scaling.interleaved(
+        {"fresh": lambda: torch.empty(2**24).fill_(1.0), "none": lambda: None}, 2
+    )
+    assert system["fresh"][1] >= 32 > system["none"][1]  # 16384 small pages, or 32 huge ones
+    assert system["fresh"][0] >= 0 and system["none"][0] >= 0
 
 
 def test_summary_reports_the_ratios():
@@ -30,11 +41,14 @@ def test_summary_reports_the_ratios():
         for m, t in (("fwd", 2.0), ("fwd+bwd", 7.0))
     ]
     rows += [
-        dict(section="scaling", pattern="window64", n=n, backend="fused", mode="fwd", threads=1, ns_per_edge_head=x)
-        for n, x in ((1024, 5.0), (4096, 6.0))
+        dict(section="scaling", pattern="window64", n=n, edges=n, heads=1, backend="fused", mode="fwd", threads=1,
+             ns_per_edge_head=x * 1e6 / n, cpu_ms=x, sys_ms=y)
+        for n, x, y in ((1000, 5.0, 0.0), (2000, 12.0, 1.6))
     ]
     text = engine_scaling.summary(rows)
-    assert "backward / forward 2.50" in text and "max / min 1.20" in text
+    assert "backward / forward 2.50" in text
+    assert "ns per edge-head 5000.0, 6000.0: max / min 1.20" in text
+    assert "ns per edge-head less sys 5000.0, 5200.0: max / min 1.04" in text
 
 
 def test_cli_writes_a_csv(tmp_path, capsys):
