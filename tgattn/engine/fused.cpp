@@ -381,7 +381,8 @@ struct Slab {
 
 // The keys that query rows r0 .. r1 reference (each row's keys are sorted), as a range
 // [lo, hi), when it spans at most a quarter of the n_k keys: a local pattern (windows, blocks,
-// packed sequences), whose block then copies only those rows of K and V. Otherwise [0, n_k).
+// packed sequences), whose block then copies only those rows of K and V. Otherwise [0, n_k),
+// and [0, 0) for rows without edges (nothing to copy).
 std::pair<int64_t, int64_t> local_keys(const int64_t* ptr, const int64_t* col, int64_t r0, int64_t r1, int64_t n_k) {
   int64_t lo = n_k, hi = 0;
   for (int64_t i = r0; i < r1; ++i)
