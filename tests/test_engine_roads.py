@@ -129,6 +129,26 @@ def test_fused_kernel_refuses_a_malformed_structure(bad):
         fused.fused_attention(q.detach(), k.detach(), v.detach(), broken, None, 0.5)
 
 
+@pytest.mark.skipif(not fused.available(), reason="fused kernel not compiled")
+def test_fused_kernel_refuses_an_index_out_of_range_in_any_chunk_of_its_check():
+    """The index check runs in chunks of 2^16 edges over the threads: a bad key near the end
+    (in the second thread's chunks) is found too."""
+    n = 3000
+    s = engine.analyse(builders.window(n, 30), n, n)
+    assert s.num_edges > 2 * 2**16
+    src = s.src.clone()
+    src[-5] = n
+    broken = Structure(n, n, s.num_edges, None, src, s.dst, s.rowptr, False)
+    (q, k, v), _ = _qkv(n, torch.float32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(RuntimeError, match="holds an index outside"):
+            fused.fused_attention(q.detach(), k.detach(), v.detach(), broken, None, 0.5)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _nan_places(ei, n, row):
     """Rows of q and of k / v that a NaN at query ``row`` may reach: itself, and its keys."""
     keys = torch.zeros(n, dtype=torch.bool)
