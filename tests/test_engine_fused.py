@@ -287,3 +287,49 @@ def test_auto_runs_short_unequal_packed_sequences_off_sdpa():
     for lengths in ([64] * 6, [200, 300, 150]):  # equal lengths, or long ones: SDPA
         s = engine.structure_of(builders.causal(lengths), sum(lengths), sum(lengths))
         assert engine.plan(s) == "dense"
+
+
+def _short_and_long_rows(n: int, seed: int) -> torch.Tensor:
+    """Queries with 0 to 12 keys (mostly 1-8, as in molecule batches), a hub key with many
+    queries, nodes without edges: the kernels' groups of eight short rows (or keys) and the
+    groups that fall back to the general path, with a last group of fewer than eight."""
+    g = torch.Generator().manual_seed(seed)
+    degrees = torch.randint(1, 9, (n,), generator=g)
+    degrees[torch.randperm(n, generator=g)[:4]] = torch.tensor([0, 0, 11, 12])
+    src, dst = [], []
+    for i, deg in enumerate(degrees.tolist()):
+        keys = torch.randperm(n - 1, generator=g)[:deg]
+        keys[keys >= 5] += 1  # key 5 only as the hub below
+        src.append(keys), dst.append(torch.full((deg,), i))
+    hub = torch.arange(0, n, 3)  # key 5: a third of the queries
+    return torch.unique(torch.stack([torch.cat(src + [torch.full_like(hub, 5)]), torch.cat(dst + [hub])]), dim=1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dk, dv", [(16, 16), (12, 20)])
+def test_short_rows_and_keys_in_float32_equal_the_oracle(dk, dv):
+    """float32 takes the kernels' eight-rows-at-a-time path for rows and keys of 1-8 edges
+    (molecule batches); q, k, v strided as a conv's projections; dropout and returned weights."""
+    n, heads, p = 61, 3, 0.3
+    ei = _short_and_long_rows(n, seed=3)
+    q64, k64, v64, grad_out = inputs(n, n, heads=heads, dk=dk, dv=dv)
+    packed = torch.cat([t.detach().reshape(n, -1) for t in (q64, k64, v64)], 1).float()  # [N, H * (2 dk + dv)]
+    q, k, v = (t.view(n, heads, -1) for t in packed.split([heads * dk, heads * dk, heads * dv], 1))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))  # views, not contiguous
+    torch.manual_seed(5)
+    out, w = graph_attention(q, k, v, ei, dropout_p=p, return_weights=True, backend="fused")
+    torch.manual_seed(5)
+    keep = fused.dropout_keep(heads, ei.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E], sorted order
+    s = engine.structure_of(ei, n, n)
+    factor = torch.zeros(heads, n, n, dtype=torch.float64)
+    factor[:, s.dst, s.src] = keep.double() / (1 - p)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[ei[1], ei[0]] = True
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    _, weights = dense_attention(*exact, mask, return_weights=True)  # [H, Nq, Nk]
+    ref = torch.einsum("hij,jhd->ihd", weights * factor, exact[2])
+    assert max_err(out.double(), ref) < 1e-5
+    assert max_err(w.double(), weights[:, ei[1], ei[0]].T) < 1e-6
+    got = torch.autograd.grad(out, (q, k, v), grad_out.float())
+    for g, r in zip(got, torch.autograd.grad(ref, exact, grad_out)):
+        assert max_err(g.double(), r) < 1e-5

@@ -165,8 +165,25 @@ struct Rows {
   T* operator[](int64_t r) const { return base + int64_t(idx[r]) * stride; }
 };
 
-// out[r] = <x, rows[r]> for n rows, eight at a time: eight independent accumulators hide the
-// latency of the multiply-adds, and each piece of x is loaded once for all eight rows.
+// out[0..7] = <x, p[k]> for eight rows p[0..7] of length d: eight independent accumulators
+// hide the latency of the multiply-adds, each piece of x is loaded once for all eight rows,
+// and one transposed sum (hsum8) finishes them.
+template <typename T>
+inline void dots8(const T* x, const T* const* p, int64_t d, T* out) {
+  constexpr int L = Vec<T>::L, R = 8;
+  const int64_t dl = d - d % L;
+  vec_t<T> acc[R] = {};
+  for (int64_t t = 0; t < dl; t += L) {
+    const vec_t<T> xv = load(x + t);
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) acc[k] += xv * load(p[k] + t);
+  }
+  hsum8<T>(acc, out);
+  for (int64_t t = dl; t < d; ++t)
+    for (int k = 0; k < R; ++k) out[k] += x[t] * p[k][t];
+}
+
+// out[r] = <x, rows[r]> for n rows, eight at a time (dots8), the last n % 8 one by one.
 // No software prefetch here or in accumulate: prefetching the next group's rows made the
 // forward 1.3-1.6x slower on the 2-core AMD EPYC we measure on (the loads of the current group
 // already keep the memory system busy; the benchmark's floor peer shows how busy).
@@ -179,15 +196,7 @@ inline void dots(const T* x, const Rs& rows, int64_t n, int64_t d, T* out) {
     const T* p[R];
 #pragma GCC unroll 8
     for (int k = 0; k < R; ++k) p[k] = rows[r + k];
-    vec_t<T> acc[R] = {};
-    for (int64_t t = 0; t < dl; t += L) {
-      const vec_t<T> xv = load(x + t);
-#pragma GCC unroll 8
-      for (int k = 0; k < R; ++k) acc[k] += xv * load(p[k] + t);
-    }
-    hsum8<T>(acc, out + r);
-    for (int64_t t = dl; t < d; ++t)
-      for (int k = 0; k < R; ++k) out[r + k] += x[t] * p[k][t];
+    dots8(x, p, d, out + r);
   }
   for (; r < n; ++r) {
     const T* p = rows[r];
@@ -488,6 +497,82 @@ struct Entries {
   }
 };
 
+// The rows of an array of pointers, for accumulate and scatter.
+template <typename T>
+struct Pointers {
+  T* const* p;
+  T* operator[](int64_t r) const { return p[r]; }
+};
+
+// out[r] = <x[r], p[r]> for eight pairs of rows of length d, as dots8 (one x per row).
+__attribute__((always_inline)) inline void dots8_pairs(const float* const* x, const float* const* p, int64_t d, float* out) {
+  constexpr int L = Vec<float>::L, R = 8;
+  const int64_t dl = d - d % L;
+  vec_t<float> acc[R] = {};
+  for (int64_t t = 0; t < dl; t += L) {
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) acc[k] += load(x[k] + t) * load(p[k] + t);
+  }
+  hsum8<float>(acc, out);
+  for (int64_t t = dl; t < d; ++t)
+    for (int k = 0; k < R; ++k) out[k] += x[k][t] * p[k][t];
+}
+
+// The forward of rows i0 .. i0 + m - 1 (m <= 8), each of 1 to 8 edges, without a bias
+// (float): the rows are the eight lanes of a vector and their edges are visited slot by
+// slot (the t-th edge of every row at once; a row past its last edge repeats it, masked out).
+// The softmax then needs no horizontal reductions, and the eight rows' chains of dependent
+// steps (dot products, max, exp, sum, log, weighted sum) run side by side: one row at a
+// time, at 3-4 edges a row (molecule batches), the forward waited on those chains.
+inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, const int64_t* col, const float* q, int64_t qs,
+                         const float* k, int64_t ks, int64_t d, float scale, float* lse, float* w, const float* v,
+                         int64_t vs, int64_t dv, float* out, int64_t os, const Dropout& drop, int64_t h) {
+  typedef int32_t ivec_t __attribute__((vector_size(32)));
+  int64_t first[8], deg[8], most = 0;
+  const float* qr[8];
+  for (int r = 0; r < 8; ++r) {
+    const int64_t i = i0 + std::min<int64_t>(r, m - 1);
+    first[r] = ptr[i], deg[r] = ptr[i + 1] - ptr[i], qr[r] = q + i * qs;
+    most = std::max(most, deg[r]);
+    if (i + 8 < r1) fetch(q + (i + 8) * qs, d * sizeof(float)), fetch<1>(out + (i + 8) * os, dv * sizeof(float));
+  }
+  ivec_t degs;
+  for (int r = 0; r < 8; ++r) degs[r] = int32_t(deg[r]);
+  const vec_t<float> neg_inf = vec_t<float>{} - std::numeric_limits<float>::infinity();
+  vec_t<float> s[8], mx = neg_inf, sum = {};
+  for (int64_t t = 0; t < most; ++t) {
+    const float* kr[8];
+    for (int r = 0; r < 8; ++r) kr[r] = k + col[first[r] + std::min(t, deg[r] - 1)] * ks;
+    float x[8];
+    dots8_pairs(qr, kr, d, x);
+    s[t] = (ivec_t{} + int32_t(t)) < degs ? load(x) * scale : neg_inf;
+    mx = s[t] > mx ? s[t] : mx;
+  }
+  for (int64_t t = 0; t < most; ++t) {
+    s[t] = (ivec_t{} + int32_t(t)) < degs ? exp_nonpositive(s[t] - mx) : vec_t<float>{};
+    sum += s[t];
+  }
+  for (int r = 0; r < m; ++r) lse[i0 + r] = mx[r] + std::log(sum[r]);
+  const vec_t<float> inv = 1.0f / sum;
+  for (int64_t t = 0; t < most; ++t) {
+    s[t] *= inv;
+    if (w)
+      for (int r = 0; r < m; ++r)
+        if (t < deg[r]) w[first[r] + t] = s[t][r];
+    if (drop.on()) {
+      float f[8];
+      for (int r = 0; r < 8; ++r) f[r] = drop.factor<float>(h, first[r] + t);
+      s[t] *= load(f);
+    }
+  }
+  for (int r = 0; r < m; ++r) {
+    float coef[8];
+    const float* vr[8];
+    for (int64_t t = 0; t < most; ++t) coef[t] = s[t][r], vr[t] = v + col[first[r] + std::min(t, deg[r] - 1)] * vs;
+    accumulate(out + (i0 + r) * os, coef, Pointers<const float>{vr}, most, dv, /*fresh=*/true);
+  }
+}
+
 // Forward of one head: w_e = softmax over row i of (<q_i, k_j> * scale + bias_e), and
 // out_i = sum_e w_e v_j (w_e times the dropout factor under dropout), in one visit of each row.
 // Saves the row's log-sum-exp (lse_i = -inf when no score is finite) and, when w is given,
@@ -500,6 +585,16 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t i = r0; i < r1; ++i) {
     if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(T)), fetch<1>(out + (i + 1) * os, dv * sizeof(T));
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t m = std::min<int64_t>(8, r1 - i);
+      bool short_rows = !bias;
+      for (int64_t r = i; short_rows && r < i + m; ++r) short_rows = ptr[r] < ptr[r + 1] && ptr[r + 1] - ptr[r] <= 8;
+      if (short_rows) {
+        attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, scale, lse, w, v, vs, dv, out, os, drop, h);
+        i += m - 1;
+        continue;
+      }
+    }
     lse[i] = neg_inf;
     const int64_t n = re.gather(ptr, col, i, [&](int64_t e) {
       return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
@@ -557,6 +652,17 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const auto edge = [&](int64_t t) -> int64_t { return perm_t ? int64_t(perm_t[t]) : t; };
   for (int64_t j = c0; j < c1; ++j) {
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t m = std::min<int64_t>(8, c1 - j);
+      bool short_keys = !g.bias && !g.gw && !g.ds;
+      for (int64_t c = j; short_keys && c < j + m; ++c)
+        short_keys = colptr[c] < colptr[c + 1] && colptr[c + 1] - colptr[c] <= 8;
+      if (short_keys) {
+        key_pass8(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h);
+        j += m - 1;
+        continue;
+      }
+    }
     if (j + 1 < c1) {
       fetch(g.k + (j + 1) * g.ks, g.dk * sizeof(T)), fetch(g.v + (j + 1) * g.vs, g.dv * sizeof(T));
       fetch<1>(g.dkey + (j + 1) * g.dks, g.dk * sizeof(T)), fetch<1>(g.dval + (j + 1) * g.dvs, g.dv * sizeof(T));
@@ -602,6 +708,60 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
       accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
       scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
     }
+  }
+}
+
+// The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without a bias, weight
+// gradients or d_scores (float): key_pass with the keys as the lanes of a vector and their
+// edges visited slot by slot, as attend_rows8 does for query rows.
+template <typename I>
+void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I* row_t, const I* perm_t, const HeadGrad<float>& g,
+               float scale, const Dropout& drop, int64_t h) {
+  typedef int32_t ivec_t __attribute__((vector_size(32)));
+  int64_t first[8], deg[8], most = 0;
+  const float *kr[8], *vr[8];
+  for (int r = 0; r < 8; ++r) {
+    const int64_t j = j0 + std::min<int64_t>(r, m - 1);
+    first[r] = colptr[j], deg[r] = colptr[j + 1] - colptr[j], kr[r] = g.k + j * g.ks, vr[r] = g.v + j * g.vs;
+    most = std::max(most, deg[r]);
+    if (j + 8 < c1) {  // the next group's rows (a head's rows are strided: see fetch)
+      fetch(g.k + (j + 8) * g.ks, g.dk * sizeof(float)), fetch(g.v + (j + 8) * g.vs, g.dv * sizeof(float));
+      fetch<1>(g.dkey + (j + 8) * g.dks, g.dk * sizeof(float)), fetch<1>(g.dval + (j + 8) * g.dvs, g.dv * sizeof(float));
+    }
+  }
+  ivec_t degs;
+  for (int r = 0; r < 8; ++r) degs[r] = int32_t(deg[r]);
+  vec_t<float> p[8], a[8];
+  int64_t rows[8][8];  // rows[t][r]: the query of slot t of key r
+  for (int64_t t = 0; t < most; ++t) {
+    const float *qr[8], *gr[8];
+    float lse[8], delta[8], f[8];
+    for (int r = 0; r < 8; ++r) {
+      const int64_t pos = first[r] + std::min(t, deg[r] - 1), i = row_t[pos];
+      rows[t][r] = i, qr[r] = g.q + i * g.qs, gr[r] = g.go + i * g.gs, lse[r] = g.lse[i], delta[r] = g.delta[i];
+      f[r] = drop.factor<float>(h, perm_t ? int64_t(perm_t[pos]) : pos);
+    }
+    float x[8], y[8];
+    dots8_pairs(kr, qr, g.dk, x);
+    dots8_pairs(vr, gr, g.dv, y);
+    const vec_t<float> live = (vec_t<float>)((ivec_t{} + int32_t(t)) < degs);
+    const vec_t<float> e = exp_nonpositive(load(x) * scale - load(lse)), fv = load(f);
+    const vec_t<float> pt = (ivec_t)live ? e : vec_t<float>{};
+    a[t] = pt * (load(y) * fv - load(delta)) * scale;
+    p[t] = pt * fv;
+  }
+  for (int r = 0; r < m; ++r) {
+    const int64_t j = j0 + r;
+    float ac[8], pc[8];
+    float *qr[8], *gr[8], *dq[8];
+    for (int64_t t = 0; t < most; ++t) {
+      const int64_t i = rows[t][r];
+      ac[t] = a[t][r], pc[t] = p[t][r];
+      qr[t] = const_cast<float*>(g.q) + i * g.qs, gr[t] = const_cast<float*>(g.go) + i * g.gs, dq[t] = g.dq + i * g.dqs;
+    }
+    accumulate(g.dkey + j * g.dks, ac, Pointers<float>{qr}, most, g.dk, /*fresh=*/true);
+    accumulate(g.dval + j * g.dvs, pc, Pointers<float>{gr}, most, g.dv, /*fresh=*/true);
+    scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
   }
 }
 
