@@ -156,6 +156,22 @@ def test_nan_value_reaches_only_the_queries_that_attend_to_it(backend):
     assert not out[~touched].isnan().any()
 
 
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("where", ["value", "outside"])
+def test_nan_in_one_projection_of_q_k_v(backend, where):
+    """q, k, v as column slices of one projection (a conv's): a NaN value reaches only its
+    queries; a NaN in columns none of them reads (a root term's) reaches nothing."""
+    ei = builders.window(64, 2)
+    proj = torch.randn(64, 4 * 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    clean = graph_attention(*(t.view(64, 2, 8) for t in proj.split(16, 1)[:3]), ei, backend=backend)
+    proj[40, 32 if where == "value" else 48] = float("nan")
+    q, k, v = (t.view(64, 2, 8) for t in proj.split(16, 1)[:3])
+    out = graph_attention(q, k, v, ei, backend=backend)
+    touched = ((torch.arange(64) - 40).abs() <= 2) if where == "value" else torch.zeros(64, dtype=torch.bool)
+    assert out[touched].isnan().any(dim=(1, 2)).all()
+    assert max_err(out[~touched], clean[~touched]) <= 1e-12
+
 def test_float32_window():
     q, k, v, grad_out = inputs(200, 200, dtype=torch.float32)
     ei = builders.window(200, 9)
