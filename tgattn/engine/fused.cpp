@@ -506,7 +506,8 @@ struct Pointers {
 };
 
 // out[r] = <x[r], p[r]> for eight pairs of rows of length d, as dots8 (one x per row).
-__attribute__((always_inline)) inline void dots8_pairs(const float* const* x, const float* const* p, int64_t d, float* out) {
+__attribute__((always_inline)) inline void dots8_pairs(const float* const* x, const float* const* p, int64_t d,
+                                                      float* out) {
   constexpr int L = Vec<float>::L, R = 8;
   const int64_t dl = d - d % L;
   vec_t<float> acc[R] = {};
@@ -525,8 +526,8 @@ __attribute__((always_inline)) inline void dots8_pairs(const float* const* x, co
 // The softmax then needs no horizontal reductions, and the eight rows' chains of dependent
 // steps (dot products, max, exp, sum, log, weighted sum) run side by side: one row at a
 // time, at 3-4 edges a row (molecule batches), the forward waited on those chains.
-inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, const int64_t* col, const float* q, int64_t qs,
-                         const float* k, int64_t ks, int64_t d, float scale, float* lse, float* w, const float* v,
+inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, const int64_t* col, const float* q,
+                         int64_t qs, const float* k, int64_t ks, int64_t d, float scale, float* lse, float* w, const float* v,
                          int64_t vs, int64_t dv, float* out, int64_t os, const Dropout& drop, int64_t h) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0;
@@ -634,6 +635,62 @@ struct HeadGrad {
   int64_t dqs, dks, dvs;
 };
 
+// The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without a bias, weight
+// gradients or d_scores (float): key_pass with the keys as the lanes of a vector and their
+// edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
+// repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
+template <typename I>
+void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I* row_t, const I* perm_t,
+               const HeadGrad<float>& g, float scale, const Dropout& drop, int64_t h) {
+  typedef int32_t ivec_t __attribute__((vector_size(32)));
+  int64_t first[8], deg[8], most = 0;
+  const float *kr[8], *vr[8];
+  for (int r = 0; r < 8; ++r) {
+    const int64_t j = j0 + std::min<int64_t>(r, m - 1);
+    first[r] = colptr[j], deg[r] = colptr[j + 1] - colptr[j], kr[r] = g.k + j * g.ks, vr[r] = g.v + j * g.vs;
+    most = std::max(most, deg[r]);
+    if (j + 8 < c1) {  // the next group's rows (a head's rows are strided: see fetch)
+      fetch(g.k + (j + 8) * g.ks, g.dk * sizeof(float)), fetch(g.v + (j + 8) * g.vs, g.dv * sizeof(float));
+      fetch<1>(g.dkey + (j + 8) * g.dks, g.dk * sizeof(float)), fetch<1>(g.dval + (j + 8) * g.dvs, g.dv * sizeof(float));
+    }
+  }
+  ivec_t degs;
+  for (int r = 0; r < 8; ++r) degs[r] = int32_t(deg[r]);
+  vec_t<float> p[8], a[8];
+  int64_t rows[8][8];  // rows[t][r]: the query of slot t of key r
+  for (int64_t t = 0; t < most; ++t) {
+    const float *qr[8], *gr[8];
+    float lse[8], delta[8], f[8];
+    for (int r = 0; r < 8; ++r) {
+      const int64_t pos = first[r] + std::min(t, deg[r] - 1), i = row_t[pos];
+      rows[t][r] = i, qr[r] = g.q + i * g.qs, gr[r] = g.go + i * g.gs, lse[r] = g.lse[i], delta[r] = g.delta[i];
+      f[r] = drop.factor<float>(h, perm_t ? int64_t(perm_t[pos]) : pos);
+    }
+    float x[8], y[8];
+    dots8_pairs(kr, qr, g.dk, x);
+    dots8_pairs(vr, gr, g.dv, y);
+    const vec_t<float> live = (vec_t<float>)((ivec_t{} + int32_t(t)) < degs);
+    const vec_t<float> e = exp_nonpositive(load(x) * scale - load(lse)), fv = load(f);
+    const vec_t<float> pt = (ivec_t)live ? e : vec_t<float>{};
+    a[t] = pt * (load(y) * fv - load(delta)) * scale;
+    p[t] = pt * fv;
+  }
+  for (int r = 0; r < m; ++r) {
+    const int64_t j = j0 + r;
+    float ac[8], pc[8];
+    const float *qr[8], *gr[8];
+    float* dq[8];
+    for (int64_t t = 0; t < most; ++t) {
+      const int64_t i = rows[t][r];
+      ac[t] = a[t][r], pc[t] = p[t][r];
+      qr[t] = g.q + i * g.qs, gr[t] = g.go + i * g.gs, dq[t] = g.dq + i * g.dqs;
+    }
+    accumulate(g.dkey + j * g.dks, ac, Pointers<const float>{qr}, most, g.dk, /*fresh=*/true);
+    accumulate(g.dval + j * g.dvs, pc, Pointers<const float>{gr}, most, g.dv, /*fresh=*/true);
+    scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
+  }
+}
+
 // Backward of one head over keys c0 .. c1, in the order of FlashAttention-2's backward (Dao,
 // 2023): the outer loop runs over keys, the inner over each key's queries (the transposed
 // pattern colptr / row_t; perm_t maps a position to its edge, needed only for a bias, dropout
@@ -709,60 +766,6 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
       accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
       scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
     }
-  }
-}
-
-// The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without a bias, weight
-// gradients or d_scores (float): key_pass with the keys as the lanes of a vector and their
-// edges visited slot by slot, as attend_rows8 does for query rows.
-template <typename I>
-void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I* row_t, const I* perm_t, const HeadGrad<float>& g,
-               float scale, const Dropout& drop, int64_t h) {
-  typedef int32_t ivec_t __attribute__((vector_size(32)));
-  int64_t first[8], deg[8], most = 0;
-  const float *kr[8], *vr[8];
-  for (int r = 0; r < 8; ++r) {
-    const int64_t j = j0 + std::min<int64_t>(r, m - 1);
-    first[r] = colptr[j], deg[r] = colptr[j + 1] - colptr[j], kr[r] = g.k + j * g.ks, vr[r] = g.v + j * g.vs;
-    most = std::max(most, deg[r]);
-    if (j + 8 < c1) {  // the next group's rows (a head's rows are strided: see fetch)
-      fetch(g.k + (j + 8) * g.ks, g.dk * sizeof(float)), fetch(g.v + (j + 8) * g.vs, g.dv * sizeof(float));
-      fetch<1>(g.dkey + (j + 8) * g.dks, g.dk * sizeof(float)), fetch<1>(g.dval + (j + 8) * g.dvs, g.dv * sizeof(float));
-    }
-  }
-  ivec_t degs;
-  for (int r = 0; r < 8; ++r) degs[r] = int32_t(deg[r]);
-  vec_t<float> p[8], a[8];
-  int64_t rows[8][8];  // rows[t][r]: the query of slot t of key r
-  for (int64_t t = 0; t < most; ++t) {
-    const float *qr[8], *gr[8];
-    float lse[8], delta[8], f[8];
-    for (int r = 0; r < 8; ++r) {
-      const int64_t pos = first[r] + std::min(t, deg[r] - 1), i = row_t[pos];
-      rows[t][r] = i, qr[r] = g.q + i * g.qs, gr[r] = g.go + i * g.gs, lse[r] = g.lse[i], delta[r] = g.delta[i];
-      f[r] = drop.factor<float>(h, perm_t ? int64_t(perm_t[pos]) : pos);
-    }
-    float x[8], y[8];
-    dots8_pairs(kr, qr, g.dk, x);
-    dots8_pairs(vr, gr, g.dv, y);
-    const vec_t<float> live = (vec_t<float>)((ivec_t{} + int32_t(t)) < degs);
-    const vec_t<float> e = exp_nonpositive(load(x) * scale - load(lse)), fv = load(f);
-    const vec_t<float> pt = (ivec_t)live ? e : vec_t<float>{};
-    a[t] = pt * (load(y) * fv - load(delta)) * scale;
-    p[t] = pt * fv;
-  }
-  for (int r = 0; r < m; ++r) {
-    const int64_t j = j0 + r;
-    float ac[8], pc[8];
-    float *qr[8], *gr[8], *dq[8];
-    for (int64_t t = 0; t < most; ++t) {
-      const int64_t i = rows[t][r];
-      ac[t] = a[t][r], pc[t] = p[t][r];
-      qr[t] = const_cast<float*>(g.q) + i * g.qs, gr[t] = const_cast<float*>(g.go) + i * g.gs, dq[t] = g.dq + i * g.dqs;
-    }
-    accumulate(g.dkey + j * g.dks, ac, Pointers<float>{qr}, most, g.dk, /*fresh=*/true);
-    accumulate(g.dval + j * g.dvs, pc, Pointers<float>{gr}, most, g.dv, /*fresh=*/true);
-    scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
   }
 }
 
