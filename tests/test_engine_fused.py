@@ -306,18 +306,27 @@ def _short_and_long_rows(n: int, seed: int) -> torch.Tensor:
 
 
 @needs_kernel
+@pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("dk, dv", [(16, 16), (12, 20)])
-def test_short_rows_and_keys_in_float32_equal_the_oracle(dk, dv):
+def test_short_rows_and_keys_in_float32_equal_the_oracle(dk, dv, with_bias):
     """float32 takes the kernels' eight-rows-at-a-time path for rows and keys of 1-8 edges
-    (molecule batches); q, k, v strided as a conv's projections; dropout and returned weights."""
+    (molecule batches); q, k, v strided as a conv's projections; dropout and returned weights;
+    a bias with -inf entries (one query's edges all -inf in head 0) and its gradient."""
     n, heads, p = 61, 3, 0.3
     ei = _short_and_long_rows(n, seed=3)
     q64, k64, v64, grad_out = inputs(n, n, heads=heads, dk=dk, dv=dv)
     packed = torch.cat([t.detach().reshape(n, -1) for t in (q64, k64, v64)], 1).float()  # [N, H * (2 dk + dv)]
     q, k, v = (t.view(n, heads, -1) for t in packed.split([heads * dk, heads * dk, heads * dv], 1))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))  # views, not contiguous
+    bias = None
+    if with_bias:
+        g = torch.Generator().manual_seed(9)
+        bias = torch.randn(ei.shape[1], heads, generator=g)
+        bias[torch.rand(ei.shape[1], heads, generator=g) < 0.1] = float("-inf")
+        bias[ei[1] == 7, 0] = float("-inf")  # query 7 attends to nothing in head 0
+        bias.requires_grad_()
     torch.manual_seed(5)
-    out, w = graph_attention(q, k, v, ei, dropout_p=p, return_weights=True, backend="fused")
+    out, w = graph_attention(q, k, v, ei, bias=bias, dropout_p=p, return_weights=True, backend="fused")
     torch.manual_seed(5)
     keep = fused.dropout_keep(heads, ei.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E], sorted order
     s = engine.structure_of(ei, n, n)
@@ -326,10 +335,17 @@ def test_short_rows_and_keys_in_float32_equal_the_oracle(dk, dv):
     mask = torch.zeros(n, n, dtype=torch.bool)
     mask[ei[1], ei[0]] = True
     exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    _, weights = dense_attention(*exact, mask, return_weights=True)  # [H, Nq, Nk]
+    dense_bias, wanted = None, (q, k, v)
+    if with_bias:
+        exact.append(bias.detach().double().requires_grad_())
+        dense_bias = torch.zeros(heads, n, n, dtype=torch.float64)
+        dense_bias[:, ei[1], ei[0]] = exact[3].T
+        wanted = (q, k, v, bias)
+    _, weights = dense_attention(*exact[:3], mask, bias=dense_bias, return_weights=True)  # [H, Nq, Nk]
     ref = torch.einsum("hij,jhd->ihd", weights * factor, exact[2])
     assert max_err(out.double(), ref) < 1e-5
     assert max_err(w.double(), weights[:, ei[1], ei[0]].T) < 1e-6
-    got = torch.autograd.grad(out, (q, k, v), grad_out.float())
+    got = torch.autograd.grad(out, wanted, grad_out.float())
     for g, r in zip(got, torch.autograd.grad(ref, exact, grad_out)):
+        assert torch.equal(g.isfinite(), torch.ones_like(g, dtype=torch.bool))
         assert max_err(g.double(), r) < 1e-5

@@ -520,15 +520,15 @@ __attribute__((always_inline)) inline void dots8_pairs(const float* const* x, co
     for (int k = 0; k < R; ++k) out[k] += x[k][t] * p[k][t];
 }
 
-// The forward of rows i0 .. i0 + m - 1 (m <= 8), each of 1 to 8 edges, without a bias
-// (float): the rows are the eight lanes of a vector and their edges are visited slot by
+// The forward of rows i0 .. i0 + m - 1 (m <= 8), each of 1 to 8 edges (float): the rows are the eight lanes of a vector and their edges are visited slot by
 // slot (the t-th edge of every row at once; a row past its last edge repeats it, masked out).
 // The softmax then needs no horizontal reductions, and the eight rows' chains of dependent
 // steps (dot products, max, exp, sum, log, weighted sum) run side by side: one row at a
 // time, at 3-4 edges a row (molecule batches), the forward waited on those chains.
 inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, const int64_t* col, const float* q,
-                         int64_t qs, const float* k, int64_t ks, int64_t d, float scale, float* lse, float* w, const float* v,
-                         int64_t vs, int64_t dv, float* out, int64_t os, const Dropout& drop, int64_t h) {
+                         int64_t qs, const float* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
+                         float scale, float* lse, float* w, const float* v, int64_t vs, int64_t dv, float* out,
+                         int64_t os, const Dropout& drop, int64_t h) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0;
   const float* qr[8];
@@ -545,17 +545,21 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, 
   for (int64_t t = 0; t < most; ++t) {
     const float* kr[8];
     for (int r = 0; r < 8; ++r) kr[r] = k + col[first[r] + std::min(t, deg[r] - 1)] * ks;
-    float x[8];
+    float x[8], b[8] = {};
     dots8_pairs(qr, kr, d, x);
-    s[t] = (ivec_t{} + int32_t(t)) < degs ? load(x) * scale : neg_inf;
+    if (bias)
+      for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
+    s[t] = (ivec_t{} + int32_t(t)) < degs ? load(x) * scale + load(b) : neg_inf;
     mx = s[t] > mx ? s[t] : mx;
   }
+  // A -inf score (padding, or a -inf bias) weighs exactly 0; a row whose scores are all -inf
+  // keeps lse = -inf and a zero output, as in the general path.
   for (int64_t t = 0; t < most; ++t) {
-    s[t] = (ivec_t{} + int32_t(t)) < degs ? exp_nonpositive(s[t] - mx) : vec_t<float>{};
+    s[t] = s[t] > neg_inf ? exp_nonpositive(s[t] - mx) : vec_t<float>{};
     sum += s[t];
   }
   for (int r = 0; r < m; ++r) lse[i0 + r] = mx[r] + std::log(sum[r]);
-  const vec_t<float> inv = 1.0f / sum;
+  const vec_t<float> inv = sum > 0.0f ? 1.0f / sum : vec_t<float>{};
   for (int64_t t = 0; t < most; ++t) {
     s[t] *= inv;
     if (w)
@@ -589,10 +593,10 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(T)), fetch<1>(out + (i + 1) * os, dv * sizeof(T));
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, r1 - i);
-      bool short_rows = !bias;
+      bool short_rows = true;
       for (int64_t r = i; short_rows && r < i + m; ++r) short_rows = ptr[r] < ptr[r + 1] && ptr[r + 1] - ptr[r] <= 8;
       if (short_rows) {
-        attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, scale, lse, w, v, vs, dv, out, os, drop, h);
+        attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out, os, drop, h);
         i += m - 1;
         continue;
       }
@@ -635,8 +639,8 @@ struct HeadGrad {
   int64_t dqs, dks, dvs;
 };
 
-// The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without a bias, weight
-// gradients or d_scores (float): key_pass with the keys as the lanes of a vector and their
+// The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without weight
+// gradients (float): key_pass with the keys as the lanes of a vector and their
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
 template <typename I>
@@ -660,19 +664,28 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I
   int64_t rows[8][8];  // rows[t][r]: the query of slot t of key r
   for (int64_t t = 0; t < most; ++t) {
     const float *qr[8], *gr[8];
-    float lse[8], delta[8], f[8];
+    float lse[8], delta[8], f[8], b[8] = {};
+    int64_t edge[8];
     for (int r = 0; r < 8; ++r) {
       const int64_t pos = first[r] + std::min(t, deg[r] - 1), i = row_t[pos];
       rows[t][r] = i, qr[r] = g.q + i * g.qs, gr[r] = g.go + i * g.gs, lse[r] = g.lse[i], delta[r] = g.delta[i];
-      f[r] = drop.factor<float>(h, perm_t ? int64_t(perm_t[pos]) : pos);
+      edge[r] = perm_t ? int64_t(perm_t[pos]) : pos;
+      f[r] = drop.factor<float>(h, edge[r]);
+      if (g.bias) b[r] = g.bias[edge[r] * g.bias_stride];
     }
     float x[8], y[8];
     dots8_pairs(kr, qr, g.dk, x);
     dots8_pairs(vr, gr, g.dv, y);
-    const vec_t<float> live = (vec_t<float>)((ivec_t{} + int32_t(t)) < degs);
-    const vec_t<float> e = exp_nonpositive(load(x) * scale - load(lse)), fv = load(f);
-    const vec_t<float> pt = (ivec_t)live ? e : vec_t<float>{};
-    a[t] = pt * (load(y) * fv - load(delta)) * scale;
+    // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
+    const vec_t<float> bv = load(b), fv = load(f);
+    const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
+    const vec_t<float> e = exp_nonpositive(load(x) * scale + bv - load(lse));
+    const vec_t<float> pt = live ? e : vec_t<float>{};
+    const vec_t<float> ds = pt * (load(y) * fv - load(delta));
+    if (g.ds)
+      for (int r = 0; r < m; ++r)
+        if (t < deg[r]) g.ds[edge[r]] = ds[r];
+    a[t] = ds * scale;
     p[t] = pt * fv;
   }
   for (int r = 0; r < m; ++r) {
@@ -712,7 +725,7 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
   for (int64_t j = c0; j < c1; ++j) {
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, c1 - j);
-      bool short_keys = !g.bias && !g.gw && !g.ds;
+      bool short_keys = !g.gw;
       for (int64_t c = j; short_keys && c < j + m; ++c)
         short_keys = colptr[c] < colptr[c + 1] && colptr[c + 1] - colptr[c] <= 8;
       if (short_keys) {
