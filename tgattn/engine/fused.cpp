@@ -165,22 +165,35 @@ struct Rows {
   T* operator[](int64_t r) const { return base + int64_t(idx[r]) * stride; }
 };
 
-// out[0..7] = <x, p[k]> for eight rows p[0..7] of length d: eight independent accumulators
-// hide the latency of the multiply-adds, each piece of x is loaded once for all eight rows,
-// and one transposed sum (hsum8) finishes them.
+// The same row for every index: one x for all eight rows of dots8.
 template <typename T>
-inline void dots8(const T* x, const T* const* p, int64_t d, T* out) {
+struct Repeat {
+  const T* p;
+  const T* operator[](int64_t) const { return p; }
+};
+
+// The rows of an array of pointers, for dots8, accumulate and scatter.
+template <typename T>
+struct Pointers {
+  T* const* p;
+  T* operator[](int64_t r) const { return p[r]; }
+};
+
+// out[k] = <x[k], p[k]> for eight pairs of rows of length d (x a Repeat when all eight share one
+// x, whose pieces are then loaded once): eight independent accumulators hide the latency of the
+// multiply-adds, and one transposed sum (hsum8) finishes them.
+template <typename T, typename X>
+__attribute__((always_inline)) inline void dots8(const X& x, const T* const* p, int64_t d, T* out) {
   constexpr int L = Vec<T>::L, R = 8;
   const int64_t dl = d - d % L;
   vec_t<T> acc[R] = {};
   for (int64_t t = 0; t < dl; t += L) {
-    const vec_t<T> xv = load(x + t);
 #pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) acc[k] += xv * load(p[k] + t);
+    for (int k = 0; k < R; ++k) acc[k] += load(x[k] + t) * load(p[k] + t);
   }
   hsum8<T>(acc, out);
   for (int64_t t = dl; t < d; ++t)
-    for (int k = 0; k < R; ++k) out[k] += x[t] * p[k][t];
+    for (int k = 0; k < R; ++k) out[k] += x[k][t] * p[k][t];
 }
 
 // out[r] = <x, rows[r]> for n rows, eight at a time (dots8), the last n % 8 one by one.
@@ -196,7 +209,7 @@ inline void dots(const T* x, const Rs& rows, int64_t n, int64_t d, T* out) {
     const T* p[R];
 #pragma GCC unroll 8
     for (int k = 0; k < R; ++k) p[k] = rows[r + k];
-    dots8(x, p, d, out + r);
+    dots8(Repeat<T>{x}, p, d, out + r);
   }
   for (; r < n; ++r) {
     const T* p = rows[r];
@@ -498,33 +511,20 @@ struct Entries {
   }
 };
 
-// The rows of an array of pointers, for accumulate and scatter.
-template <typename T>
-struct Pointers {
-  T* const* p;
-  T* operator[](int64_t r) const { return p[r]; }
-};
-
-// out[r] = <x[r], p[r]> for eight pairs of rows of length d, as dots8 (one x per row).
-__attribute__((always_inline)) inline void dots8_pairs(const float* const* x, const float* const* p, int64_t d,
-                                                      float* out) {
-  constexpr int L = Vec<float>::L, R = 8;
-  const int64_t dl = d - d % L;
-  vec_t<float> acc[R] = {};
-  for (int64_t t = 0; t < dl; t += L) {
-#pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) acc[k] += load(x[k] + t) * load(p[k] + t);
-  }
-  hsum8<float>(acc, out);
-  for (int64_t t = dl; t < d; ++t)
-    for (int k = 0; k < R; ++k) out[k] += x[k][t] * p[k][t];
+// Whether the m <= 8 rows (or keys) from i on each have 1 to 8 edges: a group for the
+// eight-lane paths (attend_rows8, key_pass8).
+inline bool short_group(const int64_t* ptr, int64_t i, int64_t m) {
+  bool ok = true;
+  for (int64_t r = i; ok && r < i + m; ++r) ok = ptr[r] < ptr[r + 1] && ptr[r + 1] - ptr[r] <= 8;
+  return ok;
 }
 
-// The forward of rows i0 .. i0 + m - 1 (m <= 8), each of 1 to 8 edges (float): the rows are the eight lanes of a vector and their edges are visited slot by
-// slot (the t-th edge of every row at once; a row past its last edge repeats it, masked out).
-// The softmax then needs no horizontal reductions, and the eight rows' chains of dependent
-// steps (dot products, max, exp, sum, log, weighted sum) run side by side: one row at a
-// time, at 3-4 edges a row (molecule batches), the forward waited on those chains.
+// The forward of rows i0 .. i0 + m - 1 (m <= 8), each of 1 to 8 edges (float): the rows are
+// the eight lanes of a vector and their edges are visited slot by slot (the t-th edge of every
+// row at once; a row past its last edge repeats it, masked out). The softmax then needs no
+// horizontal reductions, and the eight rows' chains of dependent steps (dot products, max, exp,
+// sum, log, weighted sum) run side by side: one row at a time, at 3-4 edges a row (molecule
+// batches), the forward waited on those chains.
 inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, const int64_t* col, const float* q,
                          int64_t qs, const float* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
                          float scale, float* lse, float* w, const float* v, int64_t vs, int64_t dv, float* out,
@@ -546,7 +546,7 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, 
     const float* kr[8];
     for (int r = 0; r < 8; ++r) kr[r] = k + col[first[r] + std::min(t, deg[r] - 1)] * ks;
     float x[8], b[8] = {};
-    dots8_pairs(qr, kr, d, x);
+    dots8(Pointers<const float>{qr}, kr, d, x);
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
     s[t] = (ivec_t{} + int32_t(t)) < degs ? load(x) * scale + load(b) : neg_inf;
@@ -593,9 +593,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(T)), fetch<1>(out + (i + 1) * os, dv * sizeof(T));
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, r1 - i);
-      bool short_rows = true;
-      for (int64_t r = i; short_rows && r < i + m; ++r) short_rows = ptr[r] < ptr[r + 1] && ptr[r + 1] - ptr[r] <= 8;
-      if (short_rows) {
+      if (short_group(ptr, i, m)) {
         attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out, os, drop, h);
         i += m - 1;
         continue;
@@ -674,8 +672,8 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I
       if (g.bias) b[r] = g.bias[edge[r] * g.bias_stride];
     }
     float x[8], y[8];
-    dots8_pairs(kr, qr, g.dk, x);
-    dots8_pairs(vr, gr, g.dv, y);
+    dots8(Pointers<const float>{kr}, qr, g.dk, x);
+    dots8(Pointers<const float>{vr}, gr, g.dv, y);
     // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
@@ -725,10 +723,7 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
   for (int64_t j = c0; j < c1; ++j) {
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, c1 - j);
-      bool short_keys = !g.gw;
-      for (int64_t c = j; short_keys && c < j + m; ++c)
-        short_keys = colptr[c] < colptr[c + 1] && colptr[c + 1] - colptr[c] <= 8;
-      if (short_keys) {
+      if (!g.gw && short_group(colptr, j, m)) {
         key_pass8(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h);
         j += m - 1;
         continue;
