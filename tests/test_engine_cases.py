@@ -172,6 +172,27 @@ def test_nan_in_one_projection_of_q_k_v(backend, where):
     assert out[touched].isnan().any(dim=(1, 2)).all()
     assert max_err(out[~touched], clean[~touched]) <= 1e-12
 
+
+def test_all_finite_decides_as_a_check_of_every_value():
+    """Against torch.isfinite over each tensor: a NaN in any view is found, through its base or
+    not; a NaN outside the views counts only where the base is summed whole (at most twice
+    the views' size), never where a small view of a large base is checked alone."""
+    from tgattn.engine.dispatch import all_finite
+
+    def exact(*ts):
+        return all(bool(torch.isfinite(t).all()) for t in ts)
+
+    for column in range(48):  # every column of q | k | v | root
+        proj = torch.randn(6, 48)
+        proj[3, column] = float("inf") if column % 2 else float("nan")
+        views = proj.split(12, 1)[:3]
+        assert all_finite(*views) == (exact(*views) if column < 36 else False)
+    big = torch.randn(100, 48)
+    big[50, 0] = float("nan")
+    assert all_finite(big[:2, :4], big[:2, 4:8]) and exact(big[:2, :4], big[:2, 4:8])
+    q = torch.randn(4, 2, 3)
+    assert all_finite(q, q, q) and not all_finite(q, q, torch.tensor([float("nan")]))
+
 def test_float32_window():
     q, k, v, grad_out = inputs(200, 200, dtype=torch.float32)
     ei = builders.window(200, 9)
