@@ -13,9 +13,11 @@ Backends (all exact, none holds an ``[E, H, d]`` tensor in forward or backward):
   style backward), for CUDA tensors; every option (:mod:`tgattn.engine.triton`).
 
 Edge sets are analysed once and cached (:func:`structure_of`); :func:`plan` names the
-backend ``auto`` picks.
+backend ``auto`` picks. The fused kernels keep freed output buffers for the next call
+(:func:`cache_info`, :func:`empty_cache`).
 """
 from .analysis import CACHE, Structure, analyse, structure_of
 from .dispatch import ENGINE_BACKENDS, plan, run
+from .fused import cache_info, empty_cache
 
-__all__ = ["CACHE", "ENGINE_BACKENDS", "Structure", "analyse", "plan", "run", "structure_of"]
+__all__ = ["CACHE", "ENGINE_BACKENDS", "Structure", "analyse", "cache_info", "empty_cache", "plan", "run", "structure_of"]

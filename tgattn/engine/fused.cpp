@@ -19,7 +19,10 @@
 // keys so that a block stays in L2 (128 to 4096 keys per block, measured) did not make the
 // reads cheaper.
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
 #include <ATen/Parallel.h>
+#include <unistd.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -30,7 +33,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -338,6 +343,124 @@ void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t bl
   if (rows > 0) for_head_blocks<Scratch>(balanced(ptr, rows, std::min(rows, blocks)), ptr, heads, fn);
 }
 
+// Large buffers (outputs, gradients, scratch) kept for the next call. glibc returns blocks
+// over 32 MB to the system when they are freed (smaller ones too, when the heap's top is
+// trimmed), so every call wrote its outputs into fresh pages: at n = 1M (window 64), forward +
+// backward spent 17 of its 48 s in the operating system clearing them (2.3M page faults).
+// Like PyTorch's CUDA caching allocator, a freed block waits here for a request of its size
+// (up to 1/8 larger). Free blocks are bounded by the most bytes the cache's blocks ever held
+// in use at once (a training step's worth: what the next step asks for again) and by `limit`;
+// the largest go first, and `clear` hands them all back.
+class BufferCache final : public c10::Allocator {
+ public:
+  static constexpr size_t MIN_BYTES = size_t(1) << 20;  // smaller blocks: torch's allocator
+
+  c10::DataPtr allocate(size_t bytes) override {
+    if (bytes < MIN_BYTES) return c10::GetCPUAllocator()->allocate(bytes);
+    Block* b = take(bytes);
+    return {b->ptr, b, &BufferCache::release, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
+
+  // [N, ...] tensor of dtype `like` whose storage comes from here.
+  at::Tensor empty(at::IntArrayRef sizes, const at::Tensor& like) {
+    return at::detail::empty_generic(sizes, this, c10::DispatchKeySet(c10::DispatchKey::CPU), like.scalar_type(),
+                                     c10::nullopt);
+  }
+  // (free bytes held, bytes in use, most bytes ever in use at once, hits, misses, limit)
+  std::vector<int64_t> info() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {int64_t(held_), int64_t(live_), int64_t(peak_), hits_, misses_, int64_t(limit_)};
+  }
+  void set_limit(size_t limit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = limit;
+    shrink(0);
+  }
+  // Frees every free block; the bound starts again from the bytes in use now.
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    drop_all();
+    peak_ = live_;
+  }
+
+  static BufferCache& get() {
+    static BufferCache* cache = new BufferCache();  // never destroyed: tensors may outlive statics
+    return *cache;
+  }
+
+ private:
+  struct Block {
+    void* ptr;
+    size_t size;
+  };
+  BufferCache() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    limit_ = pages > 0 && page > 0 ? size_t(pages) * size_t(page) / 2 : size_t(8) << 30;
+  }
+  Block* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first <= bytes + bytes / 8) {
+        Block* b = it->second;
+        held_ -= b->size;
+        free_.erase(it);
+        ++hits_;
+        peak_ = std::max(peak_, live_ += b->size);
+        return b;
+      }
+      ++misses_;
+      peak_ = std::max(peak_, live_ += (bytes + 4095) / 4096 * 4096);
+    }
+    const size_t size = (bytes + 4095) / 4096 * 4096;
+    void* p = std::aligned_alloc(4096, size);
+    if (!p) {  // the cache's free blocks may be what is missing
+      { std::lock_guard<std::mutex> lock(mutex_); drop_all(); }
+      p = std::aligned_alloc(4096, size);
+    }
+    if (!p) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_ -= size;
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, p, "tgattn fused: out of memory allocating ", size, " bytes");
+    return new Block{p, size};
+  }
+  static void release(void* ctx) {
+    BufferCache& c = get();
+    Block* b = static_cast<Block*>(ctx);
+    std::lock_guard<std::mutex> lock(c.mutex_);
+    c.live_ -= b->size;
+    if (b->size > std::min(c.limit_, c.peak_)) return drop(b);
+    c.shrink(b->size);
+    c.free_.emplace(b->size, b);
+    c.held_ += b->size;
+  }
+  // Evicts the largest free blocks until `room` more bytes fit under the bounds (lock held).
+  void shrink(size_t room) {
+    while (!free_.empty() && held_ + room > std::min(limit_, peak_)) {
+      const auto last = std::prev(free_.end());
+      held_ -= last->first;
+      drop(last->second);
+      free_.erase(last);
+    }
+  }
+  void drop_all() {
+    for (auto& [size, b] : free_) drop(b);
+    free_.clear();
+    held_ = 0;
+  }
+  static void drop(Block* b) {
+    std::free(b->ptr);
+    delete b;
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, Block*> free_;
+  size_t held_ = 0, live_ = 0, peak_ = 0, limit_ = 0;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
 // The rows of one head of a per-node tensor [N, H, d], contiguous: the rows the kernels gather
 // at random. In the caller's layout ([N, H, d] contiguous) a head's rows are H * d apart, and
 // gathering them costs 1.3-1.6x more than gathering packed rows (a window of 64 touches 65
@@ -346,22 +469,18 @@ void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t bl
 // the whole head, n * d numbers per thread, not a copy of the tensor.
 template <typename T>
 struct Slab {
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T[], Free> buf;
+  c10::DataPtr buf;  // from the BufferCache: aligned to a cache line at least
   int64_t size = 0, of = -1, lo = 0, hi = 0;  // rows lo .. hi of head `of` held (-1 for none)
   const T* rows = nullptr;  // row j at rows + j * stride, for lo <= j < hi
   int64_t stride = 0;
 
+  T* data() const { return static_cast<T*>(buf.get()); }
   // Room for `count` numbers, aligned to a cache line: rows of 64 floats then fill whole lines
   // (new T[] aligns to 16 bytes, which split every row over five lines and its vector loads
   // over two; the forward at n = 4096 ran 1.1-1.2x slower so).
   void reserve(int64_t count) {
     if (size >= count) return;
-    const size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
-    buf.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
-    TORCH_CHECK(buf, "tgattn fused: out of memory for ", bytes, " bytes of scratch");
+    buf = BufferCache::get().allocate(count * sizeof(T));
     size = count;
   }
   // Rows first .. last of head h of t (a copy unless its rows are adjacent already), addressed
@@ -376,7 +495,7 @@ struct Slab {
     reserve((last - first) * d);
     const T* src = head<T>(t, h);
     const int64_t from = t.stride(0);
-    T* to = buf.get() - first * d;  // row j at to + j * d
+    T* to = data() - first * d;  // row j at to + j * d
     // Short rows (16 floats in a molecule model's heads) copy through vector registers: a
     // memcpy call per row cost more than the row.
     constexpr int L = Vec<T>::L;
@@ -395,9 +514,9 @@ struct Slab {
   // A zeroed buffer of n rows of d numbers (for sums written back afterwards).
   T* zeros(int64_t n, int64_t d) {
     reserve(n * d);
-    std::memset(buf.get(), 0, n * d * sizeof(T));
+    std::memset(data(), 0, n * d * sizeof(T));
     of = -1;
-    return buf.get();
+    return data();
   }
 };
 
@@ -854,9 +973,9 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn fused: col must be int64");
   const at::Tensor b = checked_bias(bias, q, E);
   // Every row of out and lse is written by the kernel (first touched there, in parallel).
-  at::Tensor out = at::empty({n_q, H, dv}, q.options());
-  at::Tensor lse = at::empty({H, n_q}, q.options());
-  at::Tensor w = weights ? at::zeros({H, E}, q.options()) : at::empty({0}, q.options());
+  BufferCache& cache = BufferCache::get();
+  at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, q);
+  at::Tensor w = weights ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
   const int64_t* cp = col.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
@@ -931,11 +1050,13 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
               "tgattn fused: grad_out and out [n_q, H, dv], lse [H, n_q], weights and grad_weights [H, E] must match q");
   const int64_t blocks = std::min(key_blocks(H, E, n_q), std::max<int64_t>(n_k, 1));
   // Written in full by the kernel (first touched there, in parallel): no zero-filling pass.
-  at::Tensor dq = n_k > 0 ? at::empty({n_q, H, dk}, q.options()) : at::zeros({n_q, H, dk}, q.options());
-  at::Tensor dkt = at::empty({n_k, H, dk}, q.options()), dvt = at::empty({n_k, H, dv}, q.options());
-  at::Tensor extra = blocks > 1 ? at::empty({blocks - 1, n_q, H, dk}, q.options()) : at::Tensor();
-  at::Tensor ds = grad_bias ? at::zeros({H, E}, q.options()) : at::empty({0}, q.options());
-  at::Tensor delta = at::empty({H, n_q}, q.options());
+  BufferCache& cache = BufferCache::get();
+  at::Tensor dq = cache.empty({n_q, H, dk}, q);
+  if (n_k == 0) dq.zero_();
+  at::Tensor dkt = cache.empty({n_k, H, dk}, q), dvt = cache.empty({n_k, H, dv}, q);
+  at::Tensor extra = blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
+  at::Tensor ds = grad_bias ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
+  at::Tensor delta = cache.empty({H, n_q}, q);
   const int64_t* ptr = rowptr.data_ptr<int64_t>();
   const int64_t* tptr = colptr.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
@@ -1137,6 +1258,12 @@ TORCH_LIBRARY(tgattn_fused, m) {
   m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor");
   m.def("transpose(Tensor col, int n_k) -> Tensor[]");
   m.def("sort_edges(Tensor src, Tensor dst, int n_q, int n_k) -> Tensor[]");
+  m.def("cache_info() -> int[]", [] { return BufferCache::get().info(); });
+  m.def("cache_limit(int limit) -> ()", [](int64_t limit) {
+    TORCH_CHECK(limit >= 0, "tgattn fused: the cache limit must be >= 0 bytes, got ", limit);
+    BufferCache::get().set_limit(size_t(limit));
+  });
+  m.def("empty_cache() -> ()", [] { BufferCache::get().clear(); });
 }
 
 TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {

@@ -14,6 +14,14 @@ The extension is compiled on first use with :func:`torch.utils.cpp_extension.loa
 half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
 ``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false and
 the engine runs the CSR backend instead: same results, slower.
+
+Outputs, gradients and scratch of 1 MB or more come from a cache of freed blocks (as PyTorch's
+CUDA caching allocator does on the GPU): a training step reuses the pages of the step before
+instead of asking the system for fresh ones, whose first touch cost up to a third of a step at
+n = 1M. Free blocks never add up to more than the cache's blocks ever held in use at once (one
+step's worth), nor to more than half of the machine's memory or ``TGATTN_CPU_CACHE`` bytes
+(``0`` turns the cache off; ``512M``, ``8G``); :func:`empty_cache` hands them back and
+:func:`cache_info` counts them.
 """
 from __future__ import annotations
 
@@ -51,7 +59,69 @@ def available() -> bool:
             ldflags=["-fopenmp"],
             fallback="the CSR backend",
         )
+        limit = cache_limit_from_env(os.environ.get("TGATTN_CPU_CACHE"))
+        if _state["ok"] and limit is not None:
+            torch.ops.tgattn_fused.cache_limit(limit)
     return _state["ok"]
+
+
+def cache_limit_from_env(raw: Optional[str]) -> Optional[int]:
+    """Bytes from ``TGATTN_CPU_CACHE`` (a count, or with a ``K`` / ``M`` / ``G`` suffix, powers
+    of 1024); None when unset or empty.
+
+    Example:
+        >>> cache_limit_from_env("512M"), cache_limit_from_env("0"), cache_limit_from_env(None)
+        (536870912, 0, None)
+    """
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip().upper()
+    power = "KMG".find(text[-1]) + 1 if text[-1] in "KMG" else 0
+    number = text[:-1] if power else text
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value != value:
+        raise ValueError(f"TGATTN_CPU_CACHE={raw!r}: expected a number of bytes >= 0, such as 0, 512M or 8G")
+    return int(value * 1024**power)
+
+
+def cache_info() -> dict:
+    """The fused kernels' cache of freed buffers: ``held`` (bytes of free blocks kept), ``live``
+    (bytes of its blocks in use), ``peak`` (the most ever in use at once, which bounds
+    ``held``), ``hits`` and ``misses`` (requests of 1 MB or more served from it or not) and
+    ``limit``.
+
+    Example:
+        >>> import torch
+        >>> from tgattn import builders
+        >>> from tgattn.functional import graph_attention
+        >>> q = torch.randn(4096, 8, 64)
+        >>> edges = builders.window(4096, 4)
+        >>> out = graph_attention(q, q, q, edges, backend="fused")  # out: 8 MB
+        >>> del out
+        >>> hits = cache_info()["hits"]
+        >>> out = graph_attention(q, q, q, edges, backend="fused")  # the same 8 MB again
+        >>> cache_info()["hits"] > hits
+        True
+    """
+    if not available():
+        return dict(held=0, live=0, peak=0, hits=0, misses=0, limit=0)
+    return dict(zip(("held", "live", "peak", "hits", "misses", "limit"), torch.ops.tgattn_fused.cache_info()))
+
+
+def empty_cache() -> None:
+    """Hands the fused kernels' free buffers back to the system (tensors in use are untouched)
+    and restarts ``peak`` (see :func:`cache_info`) from the bytes in use now.
+
+    Example:
+        >>> empty_cache()
+        >>> cache_info()["held"]
+        0
+    """
+    if available():
+        torch.ops.tgattn_fused.empty_cache()
 
 
 def _register_fake_kernels() -> None:
