@@ -298,8 +298,11 @@ def memory(heads: int, dim: int, points=((32768, "fwd"), (131072, "fwd+bwd")), m
     ``ms`` and the peak are the first call's (analysis included); with ``warm``, a second call's
     thread CPU time goes to ``cpu_ms`` and ``ns_per_edge_head`` (as in the scaling section).
     """
+    from ..engine import empty_cache
+
     rows = []
     for n, mode in points:
+        empty_cache()  # this process's cached blocks would count against the probe's memory
         got = _in_subprocess(n, mode, "auto", heads, dim, model, warm)
         row = dict(section="million" if n >= 2**20 else "memory", pattern="window64", n=n, heads=heads, dim=dim,
                    backend="auto", mode=("train step, 2-layer GraphAttention" if model else mode), threads=1)
