@@ -89,3 +89,18 @@ def test_warm_probe_times_a_second_call_per_edge_and_head():
     # per edge and head from the second call's CPU time (cpu_ms is rounded to 0.1 ms)
     assert abs(row["ns_per_edge_head"] - row["cpu_ms"] * 1e6 / (row["edges"] * 2)) <= 0.05e6 / (row["edges"] * 2) + 1e-3
     assert "second call" in row["note"]
+
+
+def test_cache_section_times_both_states_and_restores_the_limit():
+    from tgattn.engine import cache_info, fused
+
+    if not fused.available():
+        pytest.skip("no C++ toolchain here")
+    limit = cache_info()["limit"]
+    rows = engine_scaling.cache_on_off(64, heads=1, dim=4, rounds=1)
+    assert cache_info()["limit"] == limit
+    got = {(r["pattern"], r["mode"], r["note"]) for r in rows}
+    assert got == {(p, m, f"cache {s}") for p in engine_scaling.CACHE_PATTERNS for m in ("fwd", "fwd+bwd")
+                   for s in ("on", "off")}
+    text = engine_scaling.summary(rows)
+    assert text.count("cache on / off") == 2 * len(engine_scaling.CACHE_PATTERNS)

@@ -12,6 +12,8 @@ Sections (``--sections``, default all but ``million``):
 * ``auto``: every backend that runs a (pattern, n) as itself (``dense``, ``tile``, ``fused``,
   ``csr``) and ``auto``, for every pattern of the benchmark at n = 1024, 4096, 16384 (full and
   causal up to 4096), one thread: auto's time / the best backend's time;
+* ``cache``: the fused kernels' buffer cache on and off (limit 0), interleaved, for every
+  sparse pattern of the benchmark at n = 4096, forward and forward+backward, one thread;
 * ``million``: window 64 over n = 1,048,576, forward and forward+backward, each in a subprocess
   (time and peak memory of a first call, time of a second one), and one training step of a
   2-layer ``GraphAttention`` model (H = 4, D = 64) at that n.
@@ -47,7 +49,7 @@ from .report import write_csv
 
 FIELDS = ("section", "pattern", "n", "edges", "heads", "dim", "backend", "mode", "threads", "ms", "cpu_ms",
           "sys_ms", "faults", "ns_per_edge_head", "peak_gb", "note")
-SECTIONS = ("ratios", "scaling", "threads", "memory", "auto", "million")
+SECTIONS = ("ratios", "scaling", "threads", "memory", "auto", "cache", "million")
 RATIO_PATTERNS = ("window64", "random0.01", "topk0.01")
 
 
@@ -188,6 +190,38 @@ def threads(sizes: Sequence[int], heads: int, dim: int, rounds: int) -> List[dic
             row["cpu_ms"] = row["sys_ms"] = row["faults"] = None
             row["note"] = f"auto runs {_plan(row['pattern'], n)}"
         rows += part
+    return rows
+
+
+CACHE_PATTERNS = ("window64", "bigbird", "dilated32x2", "random0.01", "random0.05", "topk0.01", "topk0.05")
+
+
+def cache_on_off(n: int, heads: int, dim: int, rounds: int) -> List[dict]:
+    """Thread CPU time of ``auto`` (the fused kernel here) with the buffer cache on and off,
+    interleaved: each timed call follows an untimed one that fills (on) or drains (off) the cache."""
+    from ..engine import cache_info, fused
+
+    if not fused.available():
+        return []
+    limit, rows = cache_info()["limit"], []
+    for pattern in CACHE_PATTERNS:
+        edges, modes = _case(pattern, n, heads, dim, "auto")
+        for mode, fn in modes.items():
+            best = {"on": float("inf"), "off": float("inf")}
+            try:
+                for _ in range(rounds):
+                    for state in best:
+                        torch.ops.tgattn_fused.cache_limit(limit if state == "on" else 0)
+                        fn()
+                        c0 = time.thread_time()
+                        fn()
+                        best[state] = min(best[state], time.thread_time() - c0)
+            finally:
+                torch.ops.tgattn_fused.cache_limit(limit)
+            for state, seconds in best.items():
+                rows.append(dict(section="cache", pattern=pattern, n=n, edges=edges, heads=heads, dim=dim,
+                                 backend="auto", mode=mode, threads=1, cpu_ms=round(seconds * 1e3, 3),
+                                 ns_per_edge_head=round(seconds * 1e9 / (edges * heads), 3), note=f"cache {state}"))
     return rows
 
 
@@ -347,6 +381,7 @@ def main(argv=None) -> int:
         "threads": lambda: threads((4096, 16384), args.heads, args.dim, args.rounds),
         "memory": lambda: memory(args.heads, args.dim),
         "auto": lambda: auto_vs_best([n for n in AUTO_SIZES if n <= args.largest], args.heads, args.dim, args.rounds),
+        "cache": lambda: cache_on_off(4096, args.heads, args.dim, args.rounds),
         "million": lambda: memory(args.heads, args.dim, ((2**20, "fwd"), (2**20, "fwd+bwd")), warm=True)
         + memory(4, 16, ((2**20, "train"),), model=True),  # D = 64: the model's activations at D = 512 need > 24 GB
     }
@@ -388,6 +423,11 @@ def summary(rows: List[dict]) -> str:
     for r in rows:
         if r["section"] == "auto" and r["backend"] == "auto":
             lines.append(f"{r['pattern']:<11} n={r['n']:<6} {r['mode']:<7} {r['note']}")
+    on = {(r["pattern"], r["mode"]): r for r in rows if r["section"] == "cache" and r["note"] == "cache on"}
+    for r in rows:
+        if r["section"] == "cache" and r["note"] == "cache off":
+            lines.append(f"{r['pattern']:<11} n={r['n']} {r['mode']:<7} cache on / off "
+                         f"{on[(r['pattern'], r['mode'])]['cpu_ms'] / r['cpu_ms']:.2f}")
     for r in rows:
         if r["section"] in ("memory", "million"):
             lines.append(f"window64 n={r['n']} {r['mode']}: extra peak {r.get('peak_gb')} GB, {r.get('ms')} ms {r.get('note') or ''}")
