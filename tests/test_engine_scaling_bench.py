@@ -104,3 +104,15 @@ def test_cache_section_times_both_states_and_restores_the_limit():
                    for s in ("on", "off")}
     text = engine_scaling.summary(rows)
     assert text.count("cache on / off") == 2 * len(engine_scaling.CACHE_PATTERNS)
+
+
+def test_floor_section_times_the_backward_and_both_read_floors():
+    from tgattn.engine import fused
+
+    if not fused.available():
+        pytest.skip("no C++ toolchain here")
+    rows = engine_scaling.backward_floor(64, heads=1, dim=4, rounds=1)
+    assert {(r["pattern"], r["note"]) for r in rows} == {
+        (p, note) for p in engine_scaling.RATIO_PATTERNS
+        for note in ("fused backward", "floor caller layout", "floor head-major")}
+    assert engine_scaling.summary(rows).count("fused backward / floor") == 2 * len(engine_scaling.RATIO_PATTERNS)

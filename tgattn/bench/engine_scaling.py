@@ -12,6 +12,10 @@ Sections (``--sections``, default all but ``million``):
 * ``auto``: every backend that runs a (pattern, n) as itself (``dense``, ``tile``, ``fused``,
   ``csr``) and ``auto``, for every pattern of the benchmark at n = 1024, 4096, 16384 (full and
   causal up to 4096), one thread: auto's time / the best backend's time;
+* ``floor``: the fused backward (``torch.ops.tgattn_fused.backward``: deltas, key pass, dq
+  copy) against its read floor, the rows it moves and nothing else (four rows per edge and head,
+  as :class:`tgattn.engine.fused.ReadsOnly`'s backward), read from the caller's ``[N, H, d]``
+  layout and from head-major copies (the best case), at n = 4096, one thread;
 * ``cache``: the fused kernels' buffer cache on and off (limit 0), interleaved, for every
   sparse pattern of the benchmark at n = 4096, forward and forward+backward, one thread;
 * ``million``: window 64 over n = 1,048,576, forward and forward+backward, each in a subprocess
@@ -49,7 +53,7 @@ from .report import write_csv
 
 FIELDS = ("section", "pattern", "n", "edges", "heads", "dim", "backend", "mode", "threads", "ms", "cpu_ms",
           "sys_ms", "faults", "ns_per_edge_head", "peak_gb", "note")
-SECTIONS = ("ratios", "scaling", "threads", "memory", "auto", "cache", "million")
+SECTIONS = ("ratios", "scaling", "threads", "memory", "auto", "floor", "cache", "million")
 RATIO_PATTERNS = ("window64", "random0.01", "topk0.01")
 
 
@@ -190,6 +194,40 @@ def threads(sizes: Sequence[int], heads: int, dim: int, rounds: int) -> List[dic
             row["cpu_ms"] = row["sys_ms"] = row["faults"] = None
             row["note"] = f"auto runs {_plan(row['pattern'], n)}"
         rows += part
+    return rows
+
+
+def backward_floor(n: int, heads: int, dim: int, rounds: int) -> List[dict]:
+    """Thread CPU time of the fused backward and of its read floors, interleaved, one thread."""
+    from .. import engine
+    from ..engine import fused
+    from ..engine.csr import transpose_pattern
+
+    if not fused.available():
+        return []
+    ops, rows = torch.ops.tgattn_fused, []
+    for pattern in RATIO_PATTERNS:
+        edge_index = patterns()[pattern].make(n)
+        s = engine.structure_of(edge_index, n, n)
+        g = torch.Generator().manual_seed(0)
+        q, k, v, go = (torch.randn(n, heads, dim, generator=g) for _ in range(4))
+        packed = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v, go)]  # head-major
+        out, lse, _ = ops.forward(q, k, v, s.rowptr, s.src, None, dim**-0.5, 0.0, 0, False)
+        colptr, row_t, perm_t = fused.backward_pattern(s, False)
+        key_ptr, key_rows, _ = transpose_pattern(s)
+
+        def reads(q, k, v, go):
+            ops.gather_rows(v, k, s.rowptr, s.src)  # by query
+            ops.gather_rows(q, go, key_ptr, key_rows)  # by key
+
+        fns = {"fused backward": lambda: ops.backward(go, q, k, v, out, lse, None, None, None, s.rowptr, colptr, row_t,
+                                                      perm_t, dim**-0.5, 0.0, 0, False),
+               "floor caller layout": lambda: reads(q, k, v, go), "floor head-major": lambda: reads(*packed)}
+        _, cpu, _ = interleaved(fns, rounds, {key: 1 for key in fns})
+        for name, seconds in cpu.items():
+            rows.append(dict(section="floor", pattern=pattern, n=n, edges=s.num_edges, heads=heads, dim=dim,
+                             backend="fused", mode="bwd", threads=1, cpu_ms=round(seconds * 1e3, 3),
+                             ns_per_edge_head=round(seconds * 1e9 / (s.num_edges * heads), 3), note=name))
     return rows
 
 
@@ -381,6 +419,7 @@ def main(argv=None) -> int:
         "threads": lambda: threads((4096, 16384), args.heads, args.dim, args.rounds),
         "memory": lambda: memory(args.heads, args.dim),
         "auto": lambda: auto_vs_best([n for n in AUTO_SIZES if n <= args.largest], args.heads, args.dim, args.rounds),
+        "floor": lambda: backward_floor(4096, args.heads, args.dim, args.rounds),
         "cache": lambda: cache_on_off(4096, args.heads, args.dim, args.rounds),
         "million": lambda: memory(args.heads, args.dim, ((2**20, "fwd"), (2**20, "fwd+bwd")), warm=True)
         + memory(4, 16, ((2**20, "train"),), model=True),  # D = 64: the model's activations at D = 512 need > 24 GB
@@ -423,6 +462,10 @@ def summary(rows: List[dict]) -> str:
     for r in rows:
         if r["section"] == "auto" and r["backend"] == "auto":
             lines.append(f"{r['pattern']:<11} n={r['n']:<6} {r['mode']:<7} {r['note']}")
+    floors = {(r["pattern"], r["n"], r["note"]): r["cpu_ms"] for r in rows if r["section"] == "floor"}
+    for (pattern, n, note), ms in floors.items():
+        if note != "fused backward":
+            lines.append(f"{pattern:<11} n={n} fused backward / {note} {floors[(pattern, n, 'fused backward')] / ms:.2f}")
     on = {(r["pattern"], r["mode"]): r for r in rows if r["section"] == "cache" and r["note"] == "cache on"}
     for r in rows:
         if r["section"] == "cache" and r["note"] == "cache off":
