@@ -110,6 +110,8 @@ def test_an_output_from_the_cache_behaves_like_any_tensor():
     before = out.clone()
     out.resize_(3000, 4, 64)  # a storage that grows, as torch's own do
     assert torch.equal(out[:1100], before)
+    out.share_memory_()  # moved to shared memory for torch.multiprocessing; the block goes back
+    assert out.is_shared() and torch.equal(out[:1100], before)
     with torch.inference_mode():
         assert graph_attention(q, k, v, random_edges(1100, 1000, 0.01, seed=0), backend="fused").is_inference()
 
