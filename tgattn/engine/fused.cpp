@@ -400,6 +400,8 @@ class BufferCache final : public c10::Allocator {
     limit_ = pages > 0 && page > 0 ? size_t(pages) * size_t(page) / 2 : size_t(8) << 30;
   }
   Block* take(size_t bytes) {
+    const size_t size = (bytes + 4095) / 4096 * 4096;
+    size_t offset = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto it = free_.lower_bound(bytes);
@@ -411,15 +413,13 @@ class BufferCache final : public c10::Allocator {
         peak_ = std::max(peak_, live_ += b->size);
         return b;
       }
-      ++misses_;
-      peak_ = std::max(peak_, live_ += (bytes + 4095) / 4096 * 4096);
+      // New blocks start at different offsets into their pages (0 to 63 cache lines): rows of
+      // the same number in page-aligned blocks (a key pass reads q, dO and dq row i together)
+      // share their L1 sets and their low address bits, which stalled loads behind unrelated
+      // stores (random 1 %, n = 4096: the backward 1.09-1.13x slower than with glibc's blocks).
+      offset = 64 * ((7 * misses_++) % 64);
+      peak_ = std::max(peak_, live_ += size);
     }
-    const size_t size = (bytes + 4095) / 4096 * 4096;
-    // Blocks start at different offsets into their pages (0 to 63 cache lines): rows of the
-    // same number in page-aligned blocks (a key pass reads q, dO and dq row i together) share
-    // their L1 sets and their low address bits, which stalled loads behind unrelated stores
-    // (random 1 %, n = 4096: the backward 1.09-1.13x slower than with glibc's blocks).
-    const size_t offset = 64 * ((7 * misses()) % 64);
     void* p = std::aligned_alloc(4096, size + 4096);
     if (!p) {  // the cache's free blocks may be what is missing
       { std::lock_guard<std::mutex> lock(mutex_); drop_all(); }
@@ -455,10 +455,6 @@ class BufferCache final : public c10::Allocator {
     for (auto& [size, b] : free_) drop(b);
     free_.clear();
     held_ = 0;
-  }
-  int64_t misses() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return misses_;
   }
   static void drop(Block* b) {
     std::free(b->base);
