@@ -122,7 +122,16 @@ def test_cache_limit_from_env(raw, expected):
     assert fused.cache_limit_from_env(raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "lots", "8T", "nan", "G"])
+@pytest.mark.parametrize("raw", ["-1", "lots", "8T", "nan", "inf", "G"])
 def test_a_bad_cache_limit_names_the_value(raw):
     with pytest.raises(ValueError, match=f"TGATTN_CPU_CACHE='{raw}'"):
         fused.cache_limit_from_env(raw)
+
+
+def test_a_bad_cache_limit_raises_on_every_first_use(monkeypatch):
+    monkeypatch.setenv("TGATTN_CPU_CACHE", "lots")
+    monkeypatch.setitem(fused._state, "tried", False)
+    for _ in range(2):  # not once and then silently ignored
+        with pytest.raises(ValueError, match="TGATTN_CPU_CACHE='lots'"):
+            fused.available()
+    assert fused._state["tried"] is False

@@ -20,10 +20,10 @@
 // reads cheaper.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
-#include <c10/core/CPUAllocator.h>
 #include <ATen/Parallel.h>
-#include <unistd.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
+#include <unistd.h>
 
 #include <algorithm>
 #if defined(__AVX__)
@@ -978,7 +978,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
   TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn fused: col must be int64");
   const at::Tensor b = checked_bias(bias, q, E);
-  // Every row of out and lse is written by the kernel (first touched there, in parallel).
+  // Every row of out and lse is written by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
   at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, q);
   at::Tensor w = weights ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
@@ -1055,7 +1055,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                   (!gw.defined() || (same(gw, {H, E}) && w.defined() && same(w, {H, E}))),
               "tgattn fused: grad_out and out [n_q, H, dv], lse [H, n_q], weights and grad_weights [H, E] must match q");
   const int64_t blocks = std::min(key_blocks(H, E, n_q), std::max<int64_t>(n_k, 1));
-  // Written in full by the kernel (first touched there, in parallel): no zero-filling pass.
+  // Written in full by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
   at::Tensor dq = cache.empty({n_q, H, dk}, q);
   if (n_k == 0) dq.zero_();

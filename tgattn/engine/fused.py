@@ -25,6 +25,7 @@ step's worth), nor to more than half of the machine's memory or ``TGATTN_CPU_CAC
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Optional, Tuple
@@ -49,6 +50,7 @@ def available() -> bool:
         True
     """
     if not _state["tried"]:
+        limit = cache_limit_from_env(os.environ.get("TGATTN_CPU_CACHE"))  # a bad value raises on every call
         _state["tried"] = True
         if os.environ.get("TGATTN_NO_FUSED", "") not in ("", "0"):
             return False
@@ -59,7 +61,6 @@ def available() -> bool:
             ldflags=["-fopenmp"],
             fallback="the CSR backend",
         )
-        limit = cache_limit_from_env(os.environ.get("TGATTN_CPU_CACHE"))
         if _state["ok"] and limit is not None:
             torch.ops.tgattn_fused.cache_limit(limit)
     return _state["ok"]
@@ -82,7 +83,7 @@ def cache_limit_from_env(raw: Optional[str]) -> Optional[int]:
         value = float(number)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value != value:
+    if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"TGATTN_CPU_CACHE={raw!r}: expected a number of bytes >= 0, such as 0, 512M or 8G")
     return int(value * 1024**power)
 
