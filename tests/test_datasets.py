@@ -1,9 +1,14 @@
-"""Data location rules: explicit root, TGATTN_DATA, clear errors; a checked, atomic download."""
+"""Data location rules: explicit root, TGATTN_DATA, clear errors; checked files, atomic downloads."""
 import email.message
+import hashlib
 import io
+import pickle
+import shutil
 import urllib.request
 
 import pytest
+import torch
+from torch_geometric.datasets import Planetoid
 
 from tgattn import datasets
 
@@ -76,7 +81,7 @@ def test_a_download_cut_midway_saves_nothing(home, monkeypatch):
 
 def test_a_short_download_is_refused(home, monkeypatch):
     serve(monkeypatch, b"First Citizen:\n" * 1000)  # the server closed early, without an error
-    with pytest.raises(ValueError, match=r"not the expected file \(15,000 bytes instead of 1,115,394\); nothing was saved"):
+    with pytest.raises(ValueError, match=r"not the expected file \(15,000 bytes, SHA-256 [0-9a-f]{64}; expected 1,115,394 bytes, SHA-256 86c4e6aa9db7\w+\); nothing was saved"):
         datasets.load_tiny_shakespeare()
     assert list(home.iterdir()) == []
 
@@ -99,3 +104,94 @@ def test_a_truncated_cached_corpus_is_named_with_the_fix(home):
     (home / "input.txt").write_bytes(corrupt)
     with pytest.raises(ValueError, match="SHA-256"):
         datasets.load_tiny_shakespeare()
+
+
+class Plant:
+    """A pickle that creates ``marker`` when it is loaded: any code could run in its place."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.fixture
+def cora_copy(data_root, tmp_path):
+    """A data folder holding a copy of the shared Cora raw files."""
+    root = tmp_path / "data"
+    shutil.copytree(data_root / "planetoid" / "Cora" / "raw", root / "planetoid" / "Cora" / "raw")
+    return root
+
+
+def test_a_planted_planetoid_pickle_is_refused_before_it_runs(cora_copy, tmp_path):
+    x = cora_copy / "planetoid" / "Cora" / "raw" / "ind.cora.x"
+    x.write_bytes(pickle.dumps(Plant(tmp_path / "marker")))
+    with pytest.raises(ValueError, match="ind.cora.x is not Planetoid's ind.cora.x") as info:
+        datasets.load_planetoid("Cora", cora_copy)
+    assert not (tmp_path / "marker").exists()
+    message = str(info.value)
+    assert str(x) in message and hashlib.sha256(x.read_bytes()).hexdigest() in message
+    assert datasets.PLANETOID_FILES["ind.cora.x"][1] in message and "TGATTN_DATA" in message
+
+
+def test_untouched_planetoid_files_load_and_a_truncated_or_missing_one_is_named(cora_copy):
+    data = datasets.load_planetoid("Cora", cora_copy)
+    assert data.num_nodes == 2708 and data.edge_index.shape[1] == 10556
+    tx = cora_copy / "planetoid" / "Cora" / "raw" / "ind.cora.tx"
+    full = tx.read_bytes()
+    tx.write_bytes(full[:1000])
+    with pytest.raises(ValueError, match=r"ind.cora.tx \(1,000 bytes, SHA-256 [0-9a-f]{64}; expected 148,025 bytes"):
+        datasets.load_planetoid("Cora", cora_copy)
+    tx.write_bytes(full)
+    graph = tx.with_name("ind.cora.graph")
+    graph.unlink()
+    with pytest.raises(FileNotFoundError, match=f"{graph} not found"):
+        datasets.load_planetoid("Cora", cora_copy)
+
+
+def test_known_planetoid_files_are_the_shared_ones(data_root):
+    for name in ("Cora", "CiteSeer"):
+        for path in (data_root / "planetoid" / name / "raw").iterdir():
+            data = path.read_bytes()
+            assert datasets.PLANETOID_FILES[path.name] == (len(data), hashlib.sha256(data).hexdigest())
+    assert sum(f.startswith("ind.pubmed.") for f in datasets.PLANETOID_FILES) == 8
+
+
+@pytest.fixture
+def planetoid_cache(tmp_path, monkeypatch):
+    """An empty home folder and no TGATTN_DATA: Planetoid's cache, where the download goes."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TGATTN_DATA", raising=False)
+    return tmp_path / ".cache" / "tgattn" / "planetoid" / "Cora"
+
+
+def test_a_planted_processed_file_in_the_cache_is_never_read(planetoid_cache, data_root, tmp_path, monkeypatch):
+    shutil.copytree(data_root / "planetoid" / "Cora" / "raw", planetoid_cache / "raw")
+    (planetoid_cache / "processed").mkdir()
+    torch.save(Plant(tmp_path / "marker"), planetoid_cache / "processed" / "data.pt")  # PyG loads it if it is used
+    urls = serve(monkeypatch, b"")
+    assert datasets.load_planetoid("Cora").num_nodes == 2708
+    assert not (tmp_path / "marker").exists() and urls == []  # the cached raw files were used, checked
+
+
+def test_the_planetoid_download_is_checked_file_by_file(planetoid_cache, data_root, tmp_path, monkeypatch):
+    raw = data_root / "planetoid" / "Cora" / "raw"
+    urls = []
+    served = {"ind.cora.tx": pickle.dumps(Plant(tmp_path / "marker"))}  # one file replaced on the way
+
+    def urlopen(url, *args, **kwargs):
+        urls.append(url)
+        name = url.rsplit("/", 1)[1]
+        return FakeResponse(served.get(name) or (raw / name).read_bytes())
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    with pytest.raises(ValueError, match=f"the download from {Planetoid.url}/ind.cora.tx is not the expected file"):
+        datasets.load_planetoid("Cora")
+    assert not (tmp_path / "marker").exists() and sorted(p.name for p in (planetoid_cache / "raw").iterdir()) == ["ind.cora.x"]
+    served.clear()
+    assert datasets.load_planetoid("Cora").num_nodes == 2708
+    files = [f for f in datasets.PLANETOID_FILES if f.startswith("ind.cora.")]
+    assert urls == [f"{Planetoid.url}/{f}" for f in files[:2] + files[1:]]  # x once, tx twice, then the rest
+    assert [p.name for p in planetoid_cache.iterdir()] == ["raw"]  # nothing processed is kept
+    assert datasets.load_planetoid("Cora").num_nodes == 2708 and len(urls) == 9  # read from the cache

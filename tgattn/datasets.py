@@ -1,8 +1,10 @@
-"""Where tgattn finds data: an explicit path, else ``TGATTN_DATA``, else PyG's download.
+"""Where tgattn finds data: an explicit path, else ``TGATTN_DATA``, else a checked download.
 
 tgattn never copies data into the project. Tests, benchmarks and notebooks read the public
 data sets from a folder laid out like ``../shared/data`` (``planetoid/<Name>/raw``,
 ``tinyshakespeare/input.txt``).
+
+Every file that PyG would unpickle is checked first: pickled data can run code when loaded.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -18,6 +21,37 @@ PathLike = Union[str, os.PathLike]
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_BYTES = 1_115_394  # ASCII: as many characters
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+# Size and SHA-256 of each raw file of PyG's Planetoid (public split), computed from the
+# repository PyG downloads from (github.com/kimiyoung/planetoid, data/; Cora's and CiteSeer's
+# match ../shared/data). ind.pubmed.allx (7.6 MB, absent from the copy read) is the exception:
+# from the Git LFS pointer of D61-IA/FisherGCN's copy, whose other seven PubMed files match.
+PLANETOID_FILES = {
+    "ind.cora.x": (22_119, "23cfa55d91c6f624233f5eb7b6e3f141f1bd2b2ae39608a63cf5d084bb27baab"),
+    "ind.cora.tx": (148_025, "b9afbaa4a400df991f6f02ef677e1e44da55ffc04801fd02f9e673987829226a"),
+    "ind.cora.allx": (257_305, "9419ba2f26f5c35243db64aba110e0f35a04851609e0dc5433450676ca6b8543"),
+    "ind.cora.y": (4_054, "94465c14eb53e04ca262198dcbb2521ee8af60fb3f3d546cd6ca24a511b0e7d1"),
+    "ind.cora.ty": (28_135, "41f5ac76596a1699cc33f53084a2419e92961c42bb75f36fc38e616d348532ad"),
+    "ind.cora.ally": (47_959, "2b998f5cc7fedc86e7f97ca2498f47a1ffc1462c29e2d578b23bf3f62b6e7d71"),
+    "ind.cora.graph": (59_847, "58f13302f39dde8852dad6fe6d15b89b077b6d7f837626bce671ef80344b383d"),
+    "ind.cora.test.index": (5_000, "297ce89af2b51a6a194181c7dbe1796c6a1cf9cd9349a88383b1b1e227867875"),
+    "ind.citeseer.x": (31_087, "d20de19150741e555de0ed037195630fc194114ebc7fd72ced62810148aa22f6"),
+    "ind.citeseer.tx": (260_321, "539a8906a2da97628d212f2fdd668c109a8b3f0d36574b59e5d3fd5b5303da21"),
+    "ind.citeseer.allx": (595_021, "2ac30345d95c9ec933a817ee0bdd6a5f077f8c184a20e696910192d534414668"),
+    "ind.citeseer.y": (3_014, "8ba87e515d8e3ee3cf52f6d2c5b86aa73f11ecad825a808455209ec26cd54924"),
+    "ind.citeseer.ty": (24_135, "55e5bd1ba1e733a04598753ad1a8d57957f4b8f89e74519f41f4f4938767e4ce"),
+    "ind.citeseer.ally": (55_623, "f704b2d986dde6c2669934de1f3ae5696a6cf9455c0f6b2646a2d135ea0a1c95"),
+    "ind.citeseer.graph": (61_987, "d79a4ef9d3e7169aee8946145f6b7306e35bc79bffad26346cfb94e10e9912a7"),
+    "ind.citeseer.test.index": (5_000, "2af990671580b6b2df5d158d1038f8292e30c9cd821b5453f399659b25b723d4"),
+    "ind.pubmed.x": (23_172, "fbe9cb5c47200d1b7769a26e579be3b7130b556831f9d850e77c4c74f2599b33"),
+    "ind.pubmed.tx": (405_505, "4eb5f5d0f30f26497eb0ac6ac9719d09c67e284f1ed0385c93f3ef27a671da3d"),
+    "ind.pubmed.allx": (7_578_385, "508e538e2abdccdd54c4d3e9f49d638b4af7107d85845f66ddea5a5152658b7e"),
+    "ind.pubmed.y": (854, "e6c807633307a07ed659249006536a147c7999c797f11a2560752990181b41b3"),
+    "ind.pubmed.ty": (12_135, "ee2e0d4819d9fbcc403689c3bf2e49face401b605932f093bc58ab6461130fdd"),
+    "ind.pubmed.ally": (224_739, "0c37bbe3b5014ec365e9d393cf4791925e5ed94fb194305d74f064a8d7b50f0e"),
+    "ind.pubmed.graph": (471_808, "5b89f0036ca22909471f1e6558eb42fa06e0c730a577bde5b058b40638f81dc9"),
+    "ind.pubmed.test.index": (6_000, "b101d421688bbaecbd82e8a18f1e282378d6830f3a37666f28ebc47f844341b5"),
+}
 
 
 def data_dir(root: Optional[PathLike] = None) -> Optional[Path]:
@@ -39,13 +73,31 @@ def data_dir(root: Optional[PathLike] = None) -> Optional[Path]:
 def load_planetoid(name: str, root: Optional[PathLike] = None):
     """A Planetoid citation graph (``"Cora"``, ``"CiteSeer"``, ``"PubMed"``), public split.
 
-    With a data folder (``root`` or ``TGATTN_DATA``) holding ``planetoid/<name>/raw``, the raw
-    files are copied to a temporary folder (the shared one may be read-only) and processed
-    there, offline. Without one, PyG downloads the data into ``~/.cache/tgattn``.
+    The raw files come from the data folder (``root`` or ``TGATTN_DATA``), which must hold
+    ``planetoid/<name>/raw``; without one, from ``~/.cache/tgattn/planetoid/<name>/raw``, where
+    missing files are downloaded from the Planetoid repository (each one checked before it
+    takes its name). PyG unpickles these files, and a pickle can run code, so each file's size
+    and SHA-256 are checked against ``PLANETOID_FILES`` first, on every load, and only the
+    bytes checked reach PyG: they are written to a temporary folder, which PyG processes
+    offline. Processed files (also pickles) are never kept or read again.
+
+    ``load_planetoid("Cora")`` with ``TGATTN_DATA`` set gives Cora's ``Data`` (2,708 nodes);
+    a file that is not the original is refused before anything unpickles it:
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     raw = Path(root, "planetoid", "Cora", "raw")
+    ...     raw.mkdir(parents=True)
+    ...     _ = (raw / "ind.cora.x").write_bytes(b"not the features")
+    ...     load_planetoid("Cora", root)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: .../ind.cora.x is not Planetoid's ind.cora.x (16 bytes, SHA-256 ...; expected 22,119 bytes, ...
 
     Raises:
-        ValueError: for an unknown name.
-        FileNotFoundError: when the data folder lacks ``planetoid/<name>/raw``.
+        ValueError: for an unknown name, or a raw file that is not the original (named, with its
+            size and SHA-256 and the expected ones).
+        FileNotFoundError: when the data folder lacks ``planetoid/<name>/raw`` or one of its files.
+        OSError: when a download fails (nothing is saved).
     """
     from torch_geometric.datasets import Planetoid
 
@@ -53,14 +105,32 @@ def load_planetoid(name: str, root: Optional[PathLike] = None):
     if name.lower() not in known:
         raise ValueError(f"unknown Planetoid dataset {name!r}; choose one of {sorted(known.values())}")
     name = known[name.lower()]
+    files = [f for f in PLANETOID_FILES if f.startswith(f"ind.{name.lower()}.")]
     base = data_dir(root)
     if base is None:
-        return Planetoid(str(Path.home() / ".cache" / "tgattn" / "planetoid"), name)[0]
-    raw = base / "planetoid" / name / "raw"
-    if not raw.is_dir():
-        raise FileNotFoundError(f"{raw} not found: the data folder {base} has no Planetoid {name} raw files")
+        raw = Path.home() / ".cache" / "tgattn" / "planetoid" / name / "raw"
+        for file in files:
+            if not (raw / file).exists():
+                size, sha256 = PLANETOID_FILES[file]
+                _download(f"{Planetoid.url}/{file}", raw / file, check=partial(_mismatch, size=size, sha256=sha256))
+        fix = f"delete {raw} to download the files again, or pass a data folder (root or TGATTN_DATA)"
+    else:
+        raw = base / "planetoid" / name / "raw"
+        if not raw.is_dir():
+            raise FileNotFoundError(f"{raw} not found: the data folder {base} has no Planetoid {name} raw files")
+        fix = f"put the files from {Planetoid.url} in {raw}, or point root / TGATTN_DATA at a folder that has them"
     with tempfile.TemporaryDirectory(prefix="tgattn-planetoid-") as tmp:
-        shutil.copytree(raw, Path(tmp) / name / "raw")
+        copy = Path(tmp) / name / "raw"
+        copy.mkdir(parents=True)
+        for file in files:
+            if not (raw / file).is_file():
+                raise FileNotFoundError(f"{raw / file} not found: the Planetoid {name} raw files are {files}")
+            data = (raw / file).read_bytes()  # checked in memory, so the bytes PyG reads are these
+            problem = _mismatch(data, *PLANETOID_FILES[file])
+            if problem:
+                raise ValueError(f"{raw / file} is not Planetoid's {file} ({problem}): refused, since PyG "
+                                 f"would unpickle it and a pickle can run code; {fix}")
+            (copy / file).write_bytes(data)
         return Planetoid(tmp, name)[0]
 
 
@@ -98,12 +168,15 @@ def load_tiny_shakespeare(root: Optional[PathLike] = None) -> str:
 
 def _is_tiny_shakespeare(data: bytes) -> str:
     """What is wrong with ``data`` as the Tiny Shakespeare corpus; ``""`` when it is the corpus."""
-    if len(data) != TINY_SHAKESPEARE_BYTES:
-        return f"{len(data):,} bytes instead of {TINY_SHAKESPEARE_BYTES:,}"
+    return _mismatch(data, TINY_SHAKESPEARE_BYTES, TINY_SHAKESPEARE_SHA256)
+
+
+def _mismatch(data: bytes, size: int, sha256: str) -> str:
+    """How ``data`` differs from the file of ``size`` bytes and SHA-256 ``sha256``; ``""`` when it is that file."""
     digest = hashlib.sha256(data).hexdigest()
-    if digest != TINY_SHAKESPEARE_SHA256:
-        return f"SHA-256 {digest[:12]}... instead of {TINY_SHAKESPEARE_SHA256[:12]}..."
-    return ""
+    if len(data) == size and digest == sha256:
+        return ""
+    return f"{len(data):,} bytes, SHA-256 {digest}; expected {size:,} bytes, SHA-256 {sha256}"
 
 
 def _download(url: str, path: PathLike, *, check: Callable[[bytes], str], timeout: float = 60.0) -> None:
