@@ -9,7 +9,9 @@ would make the host wait for the device on every call.
 """
 from __future__ import annotations
 
+import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
@@ -203,14 +205,21 @@ class TensorKeyed:
     """Values kept per (tensor identity, key): an entry dies with its tensor, past ``capacity``
     entries the oldest goes, and a value is handed out only while its tensor still holds what it
     held when stored: checked by :func:`device_stamp` on a GPU, by ``same(tensor, value)`` (a
-    comparison of contents) where the stamp is ``None``."""
+    comparison of contents) where the stamp is ``None``.
+
+    Safe under threads: the entries change only under ``lock``, the callback that drops a dead
+    tensor's entry included. The lock is reentrant because that callback can fire inside a locked
+    section of its own thread (a value dropped there, or a garbage collection, frees a tensor).
+    """
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity
-        self.entries: Dict[Tuple[int, Hashable], Tuple[weakref.ref, object]] = {}
+        self.entries: "OrderedDict[Tuple[int, Hashable], Tuple[weakref.ref, object]]" = OrderedDict()
+        self.lock = threading.RLock()
 
     def lookup(self, tensor: Tensor, key: Hashable, same: Callable[[Tensor, Any], bool]) -> Optional[object]:
-        entry = self.entries.get((id(tensor), key))
+        with self.lock:
+            entry = self.entries.get((id(tensor), key))
         if entry is None or entry[0]() is not tensor:
             return None
         stamp, value = entry[1]
@@ -218,16 +227,25 @@ class TensorKeyed:
         return value if held else None
 
     def store(self, tensor: Tensor, key: Hashable, value: object) -> None:
-        if len(self.entries) >= self.capacity:
-            self.entries.pop(next(iter(self.entries)))
         slot = (id(tensor), key)
-        ref = weakref.ref(tensor, lambda _, slot=slot: self.entries.pop(slot, None))
-        self.entries[slot] = (ref, (device_stamp(tensor), value))
+        ref = weakref.ref(tensor, lambda _, slot=slot: self._forget(slot))
+        stamped = (device_stamp(tensor), value)
+        with self.lock:
+            self.entries[slot] = (ref, stamped)
+            # popitem, not a walk over the keys: a callback that fires meanwhile in this thread
+            # cannot break it, nor empty the entries (the tensor stored here is alive).
+            while len(self.entries) > self.capacity:
+                self.entries.popitem(last=False)
+
+    def _forget(self, slot: Tuple[int, Hashable]) -> None:
+        with self.lock:
+            self.entries.pop(slot, None)
 
 
 class _Cache(TensorKeyed):
     """Structures keyed on (tensor identity, sizes), checked on every hit (against the tensor's
-    contents, or its :func:`device_stamp` on a GPU); entries die with the tensor."""
+    contents, or its :func:`device_stamp` on a GPU); entries die with the tensor. ``hits`` and
+    ``misses`` count the calls of :meth:`get` that found a structure or not."""
 
     def __init__(self, capacity: int = 64):
         super().__init__(capacity)
@@ -236,16 +254,20 @@ class _Cache(TensorKeyed):
 
     def get(self, edge_index: Tensor, n_q: int, n_k: int) -> Optional[Structure]:
         s = self.lookup(edge_index, (n_q, n_k), same_edges)
-        if s is not None:
-            self.hits += 1
+        with self.lock:
+            if s is None:
+                self.misses += 1
+            else:
+                self.hits += 1
         return s
 
     def put(self, edge_index: Tensor, n_q: int, n_k: int, s: Structure) -> None:
         self.store(edge_index, (n_q, n_k), s)
 
     def clear(self) -> None:
-        self.entries.clear()
-        self.hits = self.misses = 0
+        with self.lock:
+            self.entries.clear()
+            self.hits = self.misses = 0
 
 
 CACHE = _Cache()
@@ -271,7 +293,6 @@ def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     s = CACHE.get(edge_index, n_q, n_k)
     if s is not None:
         return s
-    CACHE.misses += 1
     checked = check_edge_index(edge_index, n_k, n_q)
     with torch.no_grad():
         s = analyse(checked, n_q, n_k)
