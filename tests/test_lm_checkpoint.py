@@ -5,7 +5,8 @@ import zipfile
 import pytest
 import torch
 
-from tgattn.lm import CheckpointError, load_checkpoint, save_checkpoint, state_digest
+from tgattn.lm import CheckpointError, checkpoint_config, load_checkpoint, model_from_checkpoint, save_checkpoint, state_digest
+from tgattn.models import GPT, GPTConfig
 
 
 def state():
@@ -84,3 +85,41 @@ def test_not_a_gpt_checkpoint_and_an_unverified_one(tmp_path):
         assert load_checkpoint(path)["iter"] == 7
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def gpt_state():
+    config = GPTConfig(block_size=4, vocab_size=3, n_layer=1, n_head=1, n_embd=4)
+    return {"model": GPT(config).state_dict(), "config": dict(config.__dict__), "vocab": "abc"}
+
+
+def test_checkpoint_config_accepts_a_matching_checkpoint_and_old_configs(ckpt):
+    state = gpt_state()
+    assert checkpoint_config(state) == GPTConfig(**state["config"])
+    del state["config"]["pattern_seed"]  # written before a field existed: the default
+    assert checkpoint_config(state).pattern_seed == 0 and model_from_checkpoint(state).config.n_embd == 4
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s["model"].update(extra=torch.zeros(1)), "weights the config has no place for: 'extra'"),
+        (lambda s: s["model"].update({"lm_head.weight": [0.0]}), "not a tensor: 'lm_head.weight'"),
+        (lambda s: s["model"].pop("transformer.ln_f.weight"), "no weights for 'transformer.ln_f.weight'"),
+        (lambda s: s["config"].update(block_size=8), "'transformer.wpe.weight' is [4, 4], the config needs [8, 4]"),
+        (lambda s: s["config"].update(bias=1), "has config bias = 1 (an int), not a bool"),
+        (lambda s: s["config"].update(dropout=2.0), "has an invalid config: dropout must be in [0, 1) (got 2.0)"),
+        (lambda s: s.update(config=[1]), "has a config that is a list, not a dict"),
+        (lambda s: s.update(vocab=["a", "b", "c"]), "has a vocabulary that is a list, not a str"),
+        (lambda s: s.update(model=None), "has weights that are a NoneType, not a state dict"),
+    ],
+    ids=["extra", "not-a-tensor", "missing", "shape", "type", "range", "config", "vocab", "weights"],
+)
+def test_a_checkpoint_whose_parts_do_not_fit_is_named(tmp_path, change, message):
+    state = gpt_state()
+    change(state)
+    with pytest.raises(CheckpointError) as without_path:
+        model_from_checkpoint(state)
+    with pytest.raises(CheckpointError) as with_path:
+        checkpoint_config(state, tmp_path / "x.pt")
+    for err, name in ((without_path, "the checkpoint"), (with_path, f"checkpoint {tmp_path / 'x.pt'}")):
+        assert str(err.value).startswith(name + " has ") and str(err.value).endswith(message)

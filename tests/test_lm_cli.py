@@ -35,6 +35,65 @@ def test_train_resume_eval_sample(tmp_path, capsys):
     assert text.startswith("First") and len(text) == len("First") + 12 + 1  # prompt + new characters + newline
 
 
+def _tiny_run(tmp_path, max_iters: int, out: str = "out") -> list:
+    """The corpus in ``tmp_path/data``, a tiny model trained for ``max_iters`` into ``tmp_path/out``; its train flags."""
+    if not (tmp_path / "data").exists():
+        (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)
+        (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text(TEXT)
+    common = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / out), *TINY, "--lr-decay-iters", "8"]
+    assert main(["train", *common, "--max-iters", str(max_iters)]) == 0
+    return common
+
+
+def test_resume_never_goes_back(tmp_path, cli):
+    # issue #31: --max-iters 2 --resume after 4 steps relabelled the step-4 weights as iteration 2,
+    # and a later --max-iters 6 --resume ran steps 2-5 again (8 optimizer steps)
+    common, ckpt = _tiny_run(tmp_path, 4), tmp_path / "out" / "ckpt.pt"
+    saved = ckpt.read_bytes()
+    status, err = cli(main, ["train", *common, "--max-iters", "2", "--resume"])
+    assert status == 2 and one_line_error(err, "python -m tgattn.lm train") == (
+        f"checkpoint {ckpt} is already at iteration 4, past --max-iters 2: resuming cannot take it back "
+        "(pass --max-iters 4 or more to continue it, or train a new model into another --out)")
+    assert ckpt.read_bytes() == saved
+    status, err = cli(main, ["train", *common, "--max-iters", "4", "--resume"])
+    assert status == 0 and err == f"checkpoint {ckpt} is already at iteration 4 (--max-iters 4): nothing to do\n"
+    assert ckpt.read_bytes() == saved
+    assert main(["train", *common, "--max-iters", "6", "--resume", "--log", str(tmp_path / "log")]) == 0
+    assert [row.split(",")[0] for row in (tmp_path / "log.steps.csv").read_text().splitlines()[1:]] == ["4", "5"]  # 2 steps
+    state = torch.load(ckpt, weights_only=True)
+    assert state["iter"] == 6 and {float(s["step"]) for s in state["optimizer"]["state"].values()} == {6.0}
+    _tiny_run(tmp_path, 6, out="whole")  # the same 6 steps without a stop
+    whole = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    torch.testing.assert_close(state["model"], whole["model"], rtol=0, atol=0)
+
+
+def test_resume_refuses_model_flags_that_contradict_the_checkpoint(tmp_path, cli):
+    common, ckpt = _tiny_run(tmp_path, 2), tmp_path / "out" / "ckpt.pt"  # n_embd 16, n_layer 1
+    saved = ckpt.read_bytes()
+    for flags in (["--n-embd", "32", "--n-layer", "2"], ["--n-emb", "32", "--n-lay", "2"]):  # abbreviations too
+        status, err = cli(main, ["train", *common, *flags, "--max-iters", "4", "--resume"])
+        assert status == 2 and one_line_error(err, "python -m tgattn.lm train") == (
+            f"checkpoint {ckpt} holds a model with --n-layer 1, --n-embd 16; --resume cannot change it to "
+            "--n-layer 2, --n-embd 32 (leave those flags out to resume it, or train a new model into another --out)")
+    status, err = cli(main, ["train", *common, "--bias", "true", "--max-iters", "4", "--resume"])
+    assert status == 2 and "holds a model with --bias false; --resume cannot change it to --bias true" in err
+    assert ckpt.read_bytes() == saved
+    # flags left out are not contradictions: --block-size's default is 64, the checkpoint's 8
+    short = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--eval-iters", "2", "--no-progress"]
+    status, err = cli(main, ["train", *short, "--n-embd", "16", "--max-iters", "4", "--resume"])
+    state = torch.load(ckpt, weights_only=True)
+    assert status == 0 and state["iter"] == 4 and state["config"]["block_size"] == 8 and state["config"]["n_embd"] == 16
+
+
+def test_resume_needs_training_state(tmp_path, cli, checkpoint):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(checkpoint.read_bytes())  # a model saved without train()
+    status, err = cli(main, ["train", "--out", str(tmp_path / "out"), "--resume", "--max-iters", "1"])
+    assert status == 2 and one_line_error(err, "python -m tgattn.lm train") == (
+        f"checkpoint {tmp_path / 'out' / 'ckpt.pt'} cannot be resumed: it has no training state "
+        "(keys ['optimizer', 'best_val', 'rng'] are missing)")
+
+
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--max-iters", "1"]) == 2
     err = capsys.readouterr().err
@@ -92,6 +151,30 @@ def test_a_damaged_checkpoint_is_a_one_line_error(cli, checkpoint, tmp_path):
         status, err = cli(main, [*command, "--checkpoint", str(cut)])
         assert status == 2 and f"checkpoint {cut} (1,000 bytes) is truncated or corrupted" in one_line_error(
             err, f"python -m tgattn.lm {command[0]}")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"n_embd": 16}, "has weights that do not match its config (n_layer 1, n_embd 16, vocab_size 3, block_size 8, bias False): "
+                         "'transformer.wte.weight' is [3, 8], the config needs [3, 16] (and 11 more)"),
+        ({"n_layer": 2}, "has weights that do not match its config (n_layer 2, n_embd 8, vocab_size 3, block_size 8, bias False): "
+                         "no weights for 'transformer.h.1.ln_1.weight' (and 7 more)"),
+        ({"bias": True}, "has weights that do not match its config (n_layer 1, n_embd 8, vocab_size 3, block_size 8, bias True): "
+                         "no weights for 'transformer.h.0.ln_1.bias' (and 8 more)"),
+        ({"rope": True, "flash": 1}, "has config keys unknown to GPTConfig: 'flash', 'rope'"),
+        ({"vocab_size": 4}, "has config vocab_size 4, but its vocabulary holds 3 characters"),
+        ({"n_head": 3}, "has an invalid config: n_embd must be divisible by n_head (got n_embd=8, n_head=3)"),
+        ({"n_embd": "8"}, "has config n_embd = '8' (a str), not an int"),
+    ],
+)
+def test_a_config_that_does_not_fit_its_checkpoint_is_a_one_line_error(cli, checkpoint, tmp_path, change, message):
+    state = torch.load(checkpoint, weights_only=True)
+    bad = tmp_path / "bad.pt"
+    save_checkpoint(bad, {**state, "config": {**state["config"], **change}})
+    for command in (["sample"], ["eval", "--data", str(tmp_path)]):
+        status, err = cli(main, [*command, "--checkpoint", str(bad)])
+        assert status == 2 and one_line_error(err, f"python -m tgattn.lm {command[0]}") == f"checkpoint {bad} {message}"
 
 
 def test_a_corpus_too_short_to_validate_is_refused_before_training(cli, tmp_path):

@@ -1,8 +1,12 @@
 """Training loop: schedule, checkpoints loadable with weights_only=True, and exact resume."""
+import re
+from dataclasses import replace
+
 import pytest
 import torch
 
-from tgattn.lm import CharTokenizer, TrainConfig, load_checkpoint, lr_at, model_from_checkpoint, split, train
+from tgattn.lm import (CharTokenizer, CheckpointError, TrainConfig, load_checkpoint, lr_at, model_from_checkpoint,
+                       save_checkpoint, split, train)
 from tgattn.lm.data import get_batch, load_corpus
 from tgattn.models import GPTConfig
 
@@ -20,10 +24,10 @@ def corpus():
     return (*split(tok.encode(TEXT)), tok)
 
 
-def run(tmp_path, **kw):
+def run(tmp_path, cfg=CFG, **kw):
     train_ids, val_ids, tok = corpus()
     config = GPTConfig(**{**MODEL.__dict__, "vocab_size": len(tok)})
-    return train(config, CFG, train_ids, val_ids, tok.vocab, checkpoint=tmp_path / "ckpt.pt", progress=False, **kw)
+    return train(config, cfg, train_ids, val_ids, tok.vocab, checkpoint=tmp_path / "ckpt.pt", progress=False, **kw)
 
 
 def test_resume_after_a_kill_continues_the_same_run(tmp_path):
@@ -42,6 +46,29 @@ def test_resume_after_a_kill_continues_the_same_run(tmp_path):
     for (name, p), q in zip(whole["model"].named_parameters(), resumed["model"].parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
     assert resumed["evals"][-1] == whole["evals"][-1]
+
+
+def test_resume_never_takes_a_run_back(tmp_path):
+    steps = []
+    run(tmp_path)  # 6 steps
+    ckpt = tmp_path / "ckpt.pt"
+    saved = ckpt.read_bytes()
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint {ckpt} is at iteration 6, past max_iters 4: resuming")):
+        run(tmp_path, replace(CFG, max_iters=4), resume=True, on_step=lambda it, loss: steps.append(it))
+    done = run(tmp_path, resume=True, on_step=lambda it, loss: steps.append(it))  # already at max_iters: nothing to do
+    assert steps == [] and done["steps"] == [] and [e["iter"] for e in done["evals"]] == [6]
+    assert ckpt.read_bytes() == saved  # neither relabelled nor written again
+
+
+def test_resume_checks_the_checkpoint_first(tmp_path):
+    run(tmp_path)
+    state = load_checkpoint(tmp_path / "ckpt.pt")
+    save_checkpoint(tmp_path / "ckpt.pt", {**state, "config": {**state["config"], "n_layer": 2}})
+    with pytest.raises(CheckpointError, match="has weights that do not match its config .*: no weights for 'transformer.h.1"):
+        run(tmp_path, resume=True)
+    save_checkpoint(tmp_path / "ckpt.pt", {key: state[key] for key in ("model", "config", "vocab")})
+    with pytest.raises(CheckpointError, match=r"cannot be resumed: it has no training state \(keys \['iter', 'optimizer'"):
+        run(tmp_path, resume=True)
 
 
 def test_checkpoint_holds_plain_types_and_rebuilds_the_model(tmp_path):

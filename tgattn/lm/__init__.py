@@ -5,6 +5,7 @@ __all__ = [
     "CharTokenizer",
     "CheckpointError",
     "TrainConfig",
+    "checkpoint_config",
     "evaluate",
     "get_batch",
     "load_checkpoint",
@@ -20,7 +21,10 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        **dict.fromkeys(["CheckpointError", "load_checkpoint", "model_from_checkpoint", "save_checkpoint", "state_digest"], "checkpoint"),
+        **dict.fromkeys(
+            ["CheckpointError", "checkpoint_config", "load_checkpoint", "model_from_checkpoint", "save_checkpoint", "state_digest"],
+            "checkpoint",
+        ),
         **dict.fromkeys(["CharTokenizer", "get_batch", "load_corpus", "split"], "data"),
         "TrainConfig": "config",
         **dict.fromkeys(["evaluate", "lr_at", "train"], "training"),

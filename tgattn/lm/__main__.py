@@ -22,14 +22,28 @@ CHOICES = {"attention": ATTENTIONS, "pattern": PATTERNS}
 THREADS = dict(type=non_negative_int, default=0, help="torch threads (default: torch's choice)")
 
 
+class _Given(argparse.Action):
+    """Stores a flag's value and adds its name to ``namespace.given``: the flags typed, not defaulted."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}  # a new set: the default is shared
+
+
 def _add_fields(parser: argparse.ArgumentParser, cls, skip=()) -> None:
     """One flag per field of the dataclass ``cls``; its values are checked when ``cls`` is built."""
+    parser.set_defaults(given=frozenset())
     for f in fields(cls):
         if f.name in skip:
             continue
         kind = {"int": int, "float": float, "str": str, "bool": boolean}[f.type if isinstance(f.type, str) else f.type.__name__]
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, choices=CHOICES.get(f.name),
-                            help=f"(default: {f.default})")
+                            action=_Given, help=f"(default: {f.default})")
+
+
+def _flag(name: str, value) -> str:
+    """``n_embd, 16`` -> ``--n-embd 16``."""
+    return f"--{name.replace('_', '-')} {str(value).lower() if isinstance(value, bool) else value}"
 
 
 def _as_flags(message: str) -> str:
@@ -51,17 +65,49 @@ def _corpus(args):
     return tok, train_ids, val_ids
 
 
+def _check_resume(args, ckpt: Path) -> bool:
+    """Whether ``--resume`` has steps to take; an error when the checkpoint contradicts the command line.
+
+    Refused: model flags typed on the command line that differ from the checkpoint's model
+    (flags left out take the checkpoint's values) and a checkpoint already past
+    ``--max-iters`` (resuming never takes a run back, nor relabels its checkpoint).
+    """
+    from .checkpoint import checkpoint_config, load_checkpoint
+    from .training import resume_point
+
+    state = load_checkpoint(ckpt)
+    config = checkpoint_config(state, ckpt)
+    clash = [f.name for f in fields(GPTConfig) if f.name in args.given and getattr(args, f.name) != getattr(config, f.name)]
+    if clash:
+        raise ValueError(
+            f"checkpoint {ckpt} holds a model with {', '.join(_flag(n, getattr(config, n)) for n in clash)}; "
+            f"--resume cannot change it to {', '.join(_flag(n, getattr(args, n)) for n in clash)} "
+            "(leave those flags out to resume it, or train a new model into another --out)"
+        )
+    it, target = resume_point(state, ckpt), args.train_config.max_iters
+    if it > target:
+        raise ValueError(
+            f"checkpoint {ckpt} is already at iteration {it}, past --max-iters {target}: resuming cannot take it back "
+            f"(pass --max-iters {it} or more to continue it, or train a new model into another --out)"
+        )
+    if it == target:
+        print(f"checkpoint {ckpt} is already at iteration {it} (--max-iters {target}): nothing to do", file=sys.stderr)
+    return it < target
+
+
 def cmd_train(args) -> int:
     import torch
 
     from .training import train
 
+    ckpt = Path(args.out) / "ckpt.pt"
+    if args.resume and not _check_resume(args, ckpt):
+        return 0
     tok, train_ids, val_ids = _corpus(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     model_config = replace(args.model_config, vocab_size=len(tok))
     cfg = args.train_config
-    ckpt = Path(args.out) / "ckpt.pt"
     history = train(
         model_config, cfg, train_ids, val_ids, tok.vocab, checkpoint=ckpt, resume=args.resume, progress=not args.no_progress
     )
@@ -101,12 +147,12 @@ def cmd_eval(args) -> int:
     from .training import evaluate
 
     state = load_checkpoint(args.checkpoint)
-    model = model_from_checkpoint(state)
+    model = model_from_checkpoint(state, args.checkpoint)
     text = load_corpus(args.data)
     tok = CharTokenizer(state["vocab"])
     train_ids, val_ids = split(tok.encode(text))
     kw = dict(batch_size=args.batch_size, iters=args.eval_iters, seed=args.seed)
-    out = {"iter": state["iter"], "train": evaluate(model, train_ids, **kw), "val": evaluate(model, val_ids, **kw)}
+    out = {"iter": state.get("iter"), "train": evaluate(model, train_ids, **kw), "val": evaluate(model, val_ids, **kw)}
     print(json.dumps(out))
     return 0
 
@@ -119,10 +165,10 @@ def cmd_sample(args) -> int:
     from .data import CharTokenizer
 
     state = load_checkpoint(args.checkpoint)
+    model = model_from_checkpoint(state, args.checkpoint)
     unknown = sorted(set(args.prompt) - set(state["vocab"]))
     if unknown:
         raise ValueError(f"--prompt holds characters that {args.checkpoint} has no token for: {''.join(unknown)!r}")
-    model = model_from_checkpoint(state)
     tok = CharTokenizer(state["vocab"])
     prompt = tok.encode(args.prompt).unsqueeze(0)
     g = torch.Generator().manual_seed(args.seed)

@@ -119,10 +119,76 @@ def load_checkpoint(path: Union[str, Path]) -> dict:
     return state
 
 
-def model_from_checkpoint(state: dict):
-    """The :class:`tgattn.models.GPT` stored in a checkpoint, with its weights, in eval mode."""
+def _a(noun: str) -> str:
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def checkpoint_config(state: dict, path: Union[str, Path, None] = None):
+    """The :class:`tgattn.models.GPTConfig` of a loaded checkpoint, checked against its vocabulary and weights.
+
+    ``path`` names the file in the errors. Checked: ``"config"`` holds only fields of
+    ``GPTConfig``, of their types and within their ranges (fields it lacks take their
+    defaults); its ``vocab_size`` is the length of ``"vocab"``; ``"model"`` holds exactly
+    the tensors of that model, of its shapes (compared on the meta device: nothing is
+    allocated). So :func:`model_from_checkpoint` and a resumed :func:`tgattn.lm.train` load
+    the weights without a size-mismatch error from ``load_state_dict``.
+
+    Raises:
+        CheckpointError: naming the file and the first mismatch (one line).
+    """
+    from dataclasses import fields
+
     from ..models import GPT, GPTConfig
 
-    model = GPT(GPTConfig(**state["config"]))
+    where = f"checkpoint {path}" if path is not None else "the checkpoint"
+    config, vocab, weights = state["config"], state["vocab"], state["model"]
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{where} has a config that is {_a(type(config).__name__)}, not a dict")
+    kinds = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in fields(GPTConfig)}
+    unknown = sorted((key for key in config if key not in kinds), key=repr)
+    if unknown:
+        raise CheckpointError(f"{where} has config keys unknown to GPTConfig: {', '.join(map(repr, unknown))}")
+    accepted = {"int": int, "float": (int, float), "str": str, "bool": bool}
+    for key, value in config.items():
+        kind = kinds[key]
+        if not isinstance(value, accepted[kind]) or (kind != "bool" and isinstance(value, bool)):
+            raise CheckpointError(f"{where} has config {key} = {value!r} ({_a(type(value).__name__)}), not {_a(kind)}")
+    try:
+        config = GPTConfig(**config)
+    except ValueError as err:
+        raise CheckpointError(f"{where} has an invalid config: {err}") from None
+    if not isinstance(vocab, str):
+        raise CheckpointError(f"{where} has a vocabulary that is {_a(type(vocab).__name__)}, not a str")
+    if config.vocab_size != len(vocab):
+        raise CheckpointError(f"{where} has config vocab_size {config.vocab_size}, but its vocabulary holds {len(vocab)} characters")
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{where} has weights that are {_a(type(weights).__name__)}, not a state dict")
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    shapes = {name: tuple(t.shape) for name, t in weights.items() if isinstance(t, torch.Tensor)}
+    problems = [
+        ("no weights for {}", [repr(name) for name in expected if name not in weights]),
+        ("weights the config has no place for: {}", [repr(name) for name in weights if name not in expected]),
+        ("not a tensor: {}", [repr(name) for name in expected if name in weights and name not in shapes]),
+        ("{}", [f"{name!r} is {list(shapes[name])}, the config needs {list(shape)}"
+                for name, shape in expected.items() if name in shapes and shapes[name] != shape]),
+    ]
+    problems = [text.format(items[0]) + (f" (and {len(items) - 1} more)" if len(items) > 1 else "")
+                for text, items in problems if items]
+    if problems:
+        sizes = ", ".join(f"{key} {getattr(config, key)}" for key in ("n_layer", "n_embd", "vocab_size", "block_size", "bias"))
+        raise CheckpointError(f"{where} has weights that do not match its config ({sizes}): {'; '.join(problems)}")
+    return config
+
+
+def model_from_checkpoint(state: dict, path: Union[str, Path, None] = None):
+    """The :class:`tgattn.models.GPT` stored in a checkpoint, with its weights, in eval mode.
+
+    The config is checked against the weights first (:func:`checkpoint_config`, whose
+    :class:`CheckpointError` names ``path``).
+    """
+    from ..models import GPT
+
+    model = GPT(checkpoint_config(state, path))
     model.load_state_dict(state["model"])
     return model.eval()

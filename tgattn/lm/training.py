@@ -19,9 +19,27 @@ import torch
 from torch import Tensor
 
 from ..models import GPT, GPTConfig
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, checkpoint_config, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import get_batch
+
+
+RESUME_KEYS = ("iter", "optimizer", "best_val", "rng")  # what train() adds to a checkpoint, beyond the model
+
+
+def resume_point(state: dict, checkpoint) -> int:
+    """The iteration a loaded checkpoint resumes from.
+
+    Raises:
+        CheckpointError: naming ``checkpoint``, when it holds no training state (a model saved
+            by :func:`tgattn.lm.save_checkpoint` alone) or its ``iter`` is not an integer >= 0.
+    """
+    missing = [key for key in RESUME_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {checkpoint} cannot be resumed: it has no training state (keys {missing} are missing)")
+    if not isinstance(state["iter"], int) or isinstance(state["iter"], bool) or state["iter"] < 0:
+        raise CheckpointError(f"checkpoint {checkpoint} cannot be resumed: its iter is {state['iter']!r}, not an integer >= 0")
+    return state["iter"]
 
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
@@ -72,7 +90,8 @@ def train(
         vocab: the tokenizer's characters in id order (stored in the checkpoint).
         checkpoint: where to write checkpoints (every ``cfg.checkpoint_interval`` steps and
             at the end); ``None`` writes none.
-        resume: continue from ``checkpoint``.
+        resume: continue from ``checkpoint`` up to ``cfg.max_iters``. A checkpoint already at
+            ``max_iters`` takes no step and is not written again; one past it is refused.
         progress: show a tqdm bar with the loss and tokens/s.
         on_step: called as ``on_step(iter, loss)`` after each optimizer step.
 
@@ -81,14 +100,21 @@ def train(
 
     Raises:
         ValueError: before the first step, when a split has no more tokens than ``block_size``
-            (validation would fail after training) or the checkpoint's vocabulary differs.
-        CheckpointError: when resuming from a damaged checkpoint.
+            (validation would fail after training), the checkpoint's vocabulary differs or the
+            checkpoint is past ``cfg.max_iters`` (resuming never takes a run back).
+        CheckpointError: when resuming from a damaged checkpoint, one whose config does not
+            match its weights, or one without training state.
     """
     torch.manual_seed(cfg.seed)
     batches = torch.Generator().manual_seed(cfg.seed)
     state = load_checkpoint(checkpoint) if resume else None
     if state is not None:
-        model_config = GPTConfig(**state["config"])
+        model_config = checkpoint_config(state, checkpoint)
+        if resume_point(state, checkpoint) > cfg.max_iters:
+            raise ValueError(
+                f"checkpoint {checkpoint} is at iteration {state['iter']}, past max_iters {cfg.max_iters}: "
+                "resuming cannot take it back"
+            )
     for name, ids in (("training", train_ids), ("validation", val_ids)):  # refused now, not at the first validation
         if len(ids) <= model_config.block_size:
             raise ValueError(
@@ -100,8 +126,8 @@ def train(
     start, best_val = 0, float("inf")
     if state is not None:
         if state["vocab"] != vocab:
-            raise ValueError("the checkpoint was trained with another vocabulary")
-        model.load_state_dict(state["model"])
+            raise ValueError(f"checkpoint {checkpoint} was trained with another vocabulary")
+        model.load_state_dict(state["model"])  # its names and shapes checked by checkpoint_config
         optimizer.load_state_dict(state["optimizer"])
         start, best_val = state["iter"], state["best_val"]
         batches.set_state(state["rng"]["batches"])
@@ -158,7 +184,7 @@ def train(
             on_step(it, loss.item())
     if start < cfg.max_iters or not history["evals"]:
         validate(cfg.max_iters)
-    if checkpoint is not None:
+    if checkpoint is not None and (state is None or start < cfg.max_iters):  # resumed with no step to take: left as it was
         save_checkpoint(checkpoint, snapshot(cfg.max_iters))
     if bar is not None:
         bar.close()
