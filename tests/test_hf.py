@@ -332,3 +332,53 @@ def test_errors_name_the_problem():
         th.attention_forward(None, q, kv, kv, edge_mask(1, 4, 4))
     with pytest.raises(ValueError, match="multiple"):
         th.attention_forward(None, torch.randn(1, 3, 3, 8), kv, kv, edge_mask(1, 3, 3))
+
+
+OFF_INTERFACE = {  # models whose attention tgattn cannot run: (config, model class)
+    "Bloom": lambda: (transformers.BloomConfig(vocab_size=VOCAB, hidden_size=16, n_layer=1, n_head=2),
+                      transformers.BloomForCausalLM),
+    "GPTJ": lambda: (transformers.GPTJConfig(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, rotary_dim=4,
+                                             n_positions=32), transformers.GPTJForCausalLM),
+    "Falcon": lambda: (transformers.FalconConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
+                                                 num_attention_heads=2), transformers.FalconForCausalLM),
+    "CodeGen": lambda: (transformers.CodeGenConfig(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, rotary_dim=4,
+                                                   n_positions=32), transformers.CodeGenForCausalLM),
+    "MPNet": lambda: (transformers.MPNetConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=32,
+                                               max_position_embeddings=32), transformers.MPNetModel),
+    "RoFormer": lambda: (transformers.RoFormerConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=32,
+                                                     max_position_embeddings=32), transformers.RoFormerModel),
+    "Mpt": lambda: (transformers.MptConfig(vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=2, max_seq_len=32),
+                    transformers.MptForCausalLM),
+    "XGLM": lambda: (transformers.XGLMConfig(vocab_size=VOCAB, d_model=16, num_layers=1, attention_heads=2,
+                                             ffn_dim=32, max_position_embeddings=32), transformers.XGLMForCausalLM),
+    # Doge's attention goes through the interface, but it first turns the mask into a dense bias of its own.
+    "Doge": lambda: (transformers.DogeConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                             max_position_embeddings=32), transformers.DogeForCausalLM),
+}
+
+
+@pytest.mark.parametrize("name", ["Bloom", "GPTJ", "Falcon", "Doge"])
+def test_use_pattern_refuses_a_model_it_cannot_switch(name):
+    config, cls = OFF_INTERFACE[name]()
+    model = cls(config).eval()
+    before = model.config._attn_implementation
+    with pytest.raises(ValueError, match=f"{cls.__name__} cannot run on attn_implementation='tgattn'"):
+        th.use_pattern(model, window=2)  # set_attn_implementation alone only logs a warning and keeps eager
+    with pytest.raises(ValueError, match=cls.__name__):
+        th.attention_graph(model, [1, 2, 3])
+    assert model.config._attn_implementation == before
+
+
+@pytest.mark.parametrize("name", ["Bloom", "CodeGen", "MPNet", "RoFormer", "Mpt", "XGLM", "Doge"])
+def test_selecting_tgattn_on_a_model_off_the_interface_raises_naming_it(name):
+    # transformers offers no per-model hook for a registered name: the model is built, and the
+    # first forward is refused by the mask builder before any attention reads the edge set
+    # (which raised TypeError / AttributeError inside the model's own attention before).
+    config, cls = OFF_INTERFACE[name]()
+    model = cls._from_config(config, attn_implementation="tgattn").eval()
+    ids, mask = batch("left", b=2, t=6)
+    with pytest.raises(ValueError, match=rf"{name}\w*Model cannot run on attn_implementation='tgattn'"):
+        model(input_ids=ids, attention_mask=mask)

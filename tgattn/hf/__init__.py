@@ -14,7 +14,11 @@
   forward, in ``O(E)`` memory, shared by all layers; the attention function
   (:func:`tgattn.hf.attention.attention_forward`) runs each layer on it, with grouped-query
   attention reading key / value heads in place.
-* :func:`use_pattern` swaps the model's pattern for any :mod:`tgattn.builders` builder.
+* :func:`use_pattern` swaps the model's self-attention pattern for any :mod:`tgattn.builders`
+  builder; cross attention keeps the model's own mask.
+* Models whose attention does not go through the interface with the mask they were given
+  (BLOOM, GPT-J, Falcon, CodeGen, MPNet, RoFormer, MPT, XGLM, Doge, ...) are refused with a
+  ``ValueError`` naming their class (:mod:`tgattn.hf.support`).
 * :func:`attention_graph` and :func:`show` read a model's attention as graphs for
   :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
 

@@ -9,6 +9,7 @@ import torch
 from ..analysis.influence import Influencers
 from ..analysis.show import rank, show_figure
 from .attention import Layer, attention_forward, recording
+from .support import select
 
 
 def attention_graph(model, input_ids, *, name: str = "tgattn") -> List[Layer]:
@@ -21,7 +22,8 @@ def attention_graph(model, input_ids, *, name: str = "tgattn") -> List[Layer]:
     :func:`~tgattn.analysis.top_influencers` take.
 
     Args:
-        model: a transformers model whose attention goes through ``AttentionInterface``.
+        model: a transformers model whose attention goes through ``AttentionInterface``
+            (others raise ``ValueError`` naming their class).
         input_ids: token ids ``[T]`` or ``[1, T]``.
         name: the implementation to run with (registered when needed; default: ``"tgattn"``).
 
@@ -43,7 +45,7 @@ def attention_graph(model, input_ids, *, name: str = "tgattn") -> List[Layer]:
     previous = model.config._attn_implementation
     switch = AttentionInterface().get(previous) is not attention_forward
     if switch:
-        model.set_attn_implementation(register(name))
+        select(model, register(name))
     try:
         with torch.no_grad(), recording() as layers:
             model(input_ids=ids.to(model.device))

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..builders._common import sort_unique
 from .patterns import pattern_edges, pattern_of
+from .support import check_class, mask_request
 
 # Mask cells one block of the exact fallback (custom mask functions) may hold at once.
 BLOCK_CELLS = 1 << 24
@@ -194,10 +195,18 @@ def edge_mask(
     * custom rules (``use_vmap=True``, e.g. ``or_mask_function`` overlays of vision tokens):
       transformers' own mask, evaluated in row blocks (``O(Tq Tk)`` time, bounded memory).
     * a pattern set by :func:`tgattn.hf.use_pattern` on this model's ``config`` replaces the
-      model's rule (see there).
+      model's rule in self-attention (see there).
 
-    Padded query slots get no edge when the model has no cross attention (else the mask may
-    describe another sequence's keys and query slots are kept, as in transformers).
+    Cross attention is told from the call (:func:`tgattn.hf.support.mask_request`: transformers'
+    mask function was given ``encoder_hidden_states``), not from config flags, which a
+    decoder's own sub-config does not carry. There the padding mask is the encoder's: it drops
+    keys only, query slot ``i`` (a decoder token) keeps its edges, and no pattern applies.
+    In self-attention, where query ``i`` is key position ``q_offset + i`` of its own row,
+    padded query slots get no edge.
+
+    Raises ``ValueError`` naming the model when the forward that asks for the mask belongs to
+    a model that cannot run on tgattn (:func:`tgattn.hf.support.unsupported`), before any
+    attention runs.
 
     Args:
         batch_size, q_length, kv_length: the sizes of the attention call.
@@ -205,7 +214,7 @@ def edge_mask(
         mask_function: ``rule(b, h, q_idx, kv_idx) -> bool`` (default: causal).
         attention_mask: 2-D padding mask ``[B, >= kv_offset + kv_length]``, ``None``, or an
             :class:`EdgeMask` this function made earlier (returned as it is).
-        config: the model's config (reads its pattern and whether it has cross attention).
+        config: the model's config (reads its pattern).
         use_vmap: transformers' flag for custom rules that are not index based.
         device: where to build the edges.
 
@@ -221,10 +230,13 @@ def edge_mask(
     """
     if isinstance(attention_mask, EdgeMask):  # prepared before the forward (static caches)
         return attention_mask
+    request = mask_request()
+    if request.model is not None:
+        check_class(type(request.model), request.model.config._attn_implementation)
     q_offset, kv_offset = int(q_offset), int(kv_offset)
     end = kv_offset + kv_length
     pad = padding_of(attention_mask, end, device)
-    pattern = pattern_of(config)
+    pattern = None if request.cross else pattern_of(config)
     if pattern is not None:
         edge_index = pattern_edges(pattern, mask_function, batch_size, q_length, kv_length, q_offset, kv_offset, pad)
     elif use_vmap:
@@ -238,8 +250,7 @@ def edge_mask(
         if pad is not None:
             src = edge_index[0]
             edge_index = _drop(edge_index, pad[src // kv_length, src % kv_length + kv_offset])
-    cross = config is not None and (getattr(config, "is_encoder_decoder", False) or getattr(config, "add_cross_attention", False))
-    if pad is not None and not cross and q_offset + q_length <= end:
+    if pad is not None and not request.cross and q_offset + q_length <= end:
         dst = edge_index[1]
         edge_index = _drop(edge_index, pad[dst // q_length, dst % q_length + q_offset])
     return EdgeMask(edge_index, batch_size, q_length, kv_length)

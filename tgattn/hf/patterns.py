@@ -41,9 +41,11 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
                 causal: Optional[bool] = None, name: str = "tgattn"):
     """Run ``model``'s attention on another pattern, built for each batch from its lengths.
 
-    The pattern is applied to every document of the batch: each row's real tokens (padding
-    removed), split where transformers' own mask keeps a token from seeing its predecessor
-    (packed sequences; for a chunked-attention model also its chunk borders). The builder
+    The pattern replaces the model's self-attention pattern only: cross attention (a decoder's
+    queries on the encoder's keys) keeps the model's own mask. It is applied to every document
+    of the batch: each row's real tokens (padding removed), split where transformers' own mask
+    keeps a token from seeing its predecessor (packed sequences; for a chunked-attention model
+    also its chunk borders). The builder
     gets the list of document lengths and returns the packed batch's edges, like every
     :mod:`tgattn.builders` function; key j / query i are the real tokens in order. During
     ``generate()`` each step keeps the rows of the new queries (the builder runs over whole
@@ -68,6 +70,11 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
     Returns:
         ``model``.
 
+    Raises:
+        ValueError: naming the class, for a model whose attention tgattn cannot run
+            (:func:`tgattn.hf.support.unsupported`: BLOOM, GPT-J, Falcon, ...), which
+            ``set_attn_implementation`` alone would leave on its own attention.
+
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -79,6 +86,7 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         torch.Size([1, 5, 32])
     """
     from . import register
+    from .support import select
 
     if builder is not None and window is not None:
         raise ValueError(f"give builder or window, not both (got builder={builder!r}, window={window!r})")
@@ -91,7 +99,7 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
     else:
         pattern = partial(_builder, builder=builder)
     register(name)
-    model.set_attn_implementation(name)
+    select(model, name)
     configs = {id(c): c for c in (model.config, model.config.get_text_config())}
     for key, config in configs.items():
         if pattern is None:

@@ -1,0 +1,152 @@
+"""tgattn.hf on encoder-decoders: cross attention over a padded encoder, and patterns on self-attention only.
+
+The reference is a dense float64 oracle registered with transformers under its own name:
+transformers' own boolean mask (``sdpa_mask``, never skipped) and
+:func:`tgattn.reference.dense_attention` on it. (transformers' eager attention runs its softmax
+in float32 and gives NaN on left padding in float64, so it cannot be the float64 reference.)
+"""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+masking = pytest.importorskip("transformers.masking_utils")
+
+import tgattn.hf as th  # noqa: E402
+from tgattn.reference import dense_attention  # noqa: E402
+
+th.register()
+VOCAB = 64
+TOL = dict(atol=1e-10, rtol=1e-10)
+
+
+def oracle_mask(**kw):
+    """transformers' boolean mask [B, 1, Tq, Tk], always built (no ``None`` for plain masks)."""
+    return masking.sdpa_mask(**{**kw, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+
+
+def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
+    """transformers' attention call by the dense oracle, one row of the batch at a time.
+
+    A module with an ``oracle_window = w`` attribute also keeps only keys with ``|i - j| <= w``
+    (the tests pad only at the ends of a row, so positions differ as the real tokens' ranks do).
+    """
+    batch_size, heads, q_length, _ = query.shape
+    kv_length = key.shape[2]
+    groups = heads // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # [B, H, Tk, d]
+    if attention_mask is None:  # a model that builds no mask: causal (aligned to the last key) or full, as sdpa
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        keep = torch.ones(q_length, kv_length, dtype=torch.bool)
+        attention_mask = (keep.tril(kv_length - q_length) if causal else keep).expand(batch_size, 1, -1, -1)
+    keep = attention_mask[:, 0]  # [B, Tq, Tk]
+    window = getattr(module, "oracle_window", None)
+    if window is not None:
+        i, j = torch.arange(q_length).view(-1, 1), torch.arange(kv_length).view(1, -1)
+        keep = keep & ((i - j).abs() <= window)
+    rows = [dense_attention(query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1), keep[b],
+                            scale=scaling) for b in range(batch_size)]  # each [Tq, H, d]
+    return torch.stack(rows), None
+
+
+transformers.AttentionInterface.register("dense_oracle", oracle_attention)
+masking.AttentionMaskInterface.register("dense_oracle", oracle_mask)
+
+
+def padded(side, b=3, t=8):
+    """Encoder ids and padding mask: rows with 0, 2 and 5 pads on ``side``."""
+    ids = torch.randint(3, VOCAB, (b, t))
+    mask = torch.ones_like(ids)
+    for row, pads in enumerate([0, 2, 5][:b]):
+        if side == "left":
+            mask[row, :pads] = 0
+        else:
+            mask[row, t - pads:] = 0
+    return ids, mask
+
+
+def t5gemma():
+    def stack():
+        return transformers.T5GemmaModuleConfig(
+            vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8, sliding_window=3, max_position_embeddings=64,
+            attn_logit_softcapping=None, final_logit_softcapping=None)  # layers: one sliding, one full
+
+    config = transformers.T5GemmaConfig(encoder=stack(), decoder=stack(), vocab_size=VOCAB)
+    return transformers.T5GemmaForConditionalGeneration(config).eval().double()
+
+
+def bart():
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=64)
+    return transformers.BartForConditionalGeneration(config).eval().double()
+
+
+def logits(model, impl, **inputs):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+def seq2seq_inputs(side, decoder_length=5):
+    ids, mask = padded(side)
+    return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.randint(3, VOCAB, (3, decoder_length)))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("make", [t5gemma, bart])
+def test_seq2seq_with_padded_encoder_equals_oracle(make, side):
+    # T5Gemma's decoder sub-config has no is_encoder_decoder / add_cross_attention flag: the
+    # encoder's padding was read as the decoder's (query i lost its cross attention where
+    # encoder position i is a pad). Decoder length 8 = encoder length: shapes alone cannot tell.
+    model = make()
+    for decoder_length in (5, 8):
+        inputs = seq2seq_inputs(side, decoder_length)
+        torch.testing.assert_close(logits(model, "tgattn", **inputs), logits(model, "dense_oracle", **inputs), **TOL)
+
+
+def test_seq2seq_generate_with_left_padded_encoder_equals_oracle():
+    model = t5gemma()
+    ids, mask = padded("left")
+    results = {}
+    for impl in ("dense_oracle", "tgattn"):
+        model.set_attn_implementation(impl)
+        results[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                                       output_logits=True, return_dict_in_generate=True)
+    assert torch.equal(results["tgattn"].sequences, results["dense_oracle"].sequences)
+    for ours, theirs in zip(results["tgattn"].logits, results["dense_oracle"].logits):
+        torch.testing.assert_close(ours, theirs, **TOL)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_musicgen_decoder_with_padded_encoder_equals_oracle(side):
+    config = transformers.MusicgenDecoderConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, ffn_dim=32,
+                                                num_attention_heads=2, num_codebooks=2, max_position_embeddings=64,
+                                                pad_token_id=VOCAB, bos_token_id=VOCAB)
+    model = transformers.MusicgenForCausalLM(config).eval().double()
+    _, mask = padded(side)
+    inputs = dict(input_ids=torch.randint(0, VOCAB, (3 * 2, 6)),  # [B * codebooks, T]
+                  encoder_hidden_states=torch.randn(3, 8, 16, dtype=torch.float64), encoder_attention_mask=mask)
+    torch.testing.assert_close(logits(model, "tgattn", **inputs), logits(model, "dense_oracle", **inputs), **TOL)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_use_pattern_wider_than_every_sequence_changes_nothing(side):
+    model = bart()
+    inputs = seq2seq_inputs(side, decoder_length=8)
+    before = logits(model, "tgattn", **inputs)
+    th.use_pattern(model, window=1000)  # a pattern on self-attention: cross attention keeps its own mask
+    torch.testing.assert_close(logits(model, "tgattn", **inputs), before, **TOL)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_use_pattern_window_changes_self_attention_only(side):
+    model = bart()
+    inputs = seq2seq_inputs(side, decoder_length=8)
+    own = logits(model, "tgattn", **inputs)
+    th.use_pattern(model, window=1)
+    windowed = logits(model, "tgattn", **inputs)
+    for layer in (*model.model.encoder.layers, *model.model.decoder.layers):
+        layer.self_attn.oracle_window = 1  # not layer.encoder_attn: cross attention stays whole
+    torch.testing.assert_close(windowed, logits(model, "dense_oracle", **inputs), **TOL)
+    assert (windowed - own).abs().max() > 1e-3  # the window did change the model
