@@ -1,62 +1,19 @@
 import sys
-import types
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pytest
 import torch
-from torch import nn
 
-from tgattn import GraphAttention, builders
+from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from conftest import one_line_error
 from tgattn.analysis import show
 from tgattn.analysis.show import checkpoint_attention, random_attention
 from tgattn.lm import save_checkpoint
+from tgattn.models import GPT, GPTConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@dataclass
-class FakeConfig:
-    vocab_size: int = 3
-    n_embd: int = 8
-    n_head: int = 2
-    n_layer: int = 2
-
-
-class FakeGPT(nn.Module):
-    """Stands in for tgattn.models.GPT with the checkpoint contract of the tiny-GPT issue."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.embed = nn.Embedding(config.vocab_size, config.n_embd)
-        self.blocks = nn.ModuleList(GraphAttention(config.n_embd, config.n_head) for _ in range(config.n_layer))
-
-    def forward(self, idx, *, return_attention=False):
-        x, edge_index, attention = self.embed(idx[0]), builders.causal(idx.shape[1]), []
-        for block in self.blocks:
-            out, weights = block(x, edge_index, return_attention_weights=True)
-            x = x + out
-            attention.append(weights)
-        logits = (x @ self.embed.weight.t()).unsqueeze(0)  # [1, T, V]
-        return (logits, attention) if return_attention else logits
-
-
-class FakeGPTWithLoss(FakeGPT):
-    """The gpt branch's variant: ``(logits, loss, attention)`` with ``return_attention=True``."""
-
-    def forward(self, idx, *, return_attention=False):
-        logits, attention = super().forward(idx, return_attention=True)
-        return (logits, None, attention) if return_attention else (logits, None)
-
-
-@pytest.fixture(params=[FakeGPT, FakeGPTWithLoss])
-def fake_models(monkeypatch, request):
-    module = types.ModuleType("tgattn.models")
-    module.GPT, module.GPTConfig = request.param, FakeConfig
-    monkeypatch.setitem(sys.modules, "tgattn.models", module)
-    return request.param
 
 
 @pytest.mark.slow
@@ -71,19 +28,20 @@ def test_show_with_random_projections(tmp_path, capsys):
     assert f"flow into 'blue': {expected}\n" in capsys.readouterr().out
 
 
-def save_fake_checkpoint(path, gpt=FakeGPT, vocab="abc"):
+def save_gpt_checkpoint(path, vocab="abc"):
     torch.manual_seed(3)
-    config = FakeConfig(vocab_size=len(vocab))
-    model = gpt(config)
+    config = GPTConfig(block_size=8, vocab_size=len(vocab), n_layer=2, n_head=2, n_embd=8)
+    model = GPT(config).eval()
     save_checkpoint(path, {"model": model.state_dict(), "config": asdict(config), "vocab": vocab})
     return model
 
 
-def test_checkpoint_attention_follows_the_contract(tmp_path, fake_models):
+def test_checkpoint_attention_is_the_models_own(tmp_path):
     path = tmp_path / "gpt.pt"
-    model = save_fake_checkpoint(path, fake_models)
+    model = save_gpt_checkpoint(path)
     tokens, attention = checkpoint_attention(str(path), "abca")
-    expected = model(torch.tensor([[0, 1, 2, 0]]), return_attention=True)[-1]
+    with torch.no_grad():
+        expected = model(torch.tensor([[0, 1, 2, 0]]), return_attention=True)[-1]
     assert tokens == ["a", "b", "c", "a"] and len(attention) == 2
     for (ei, alpha), (ei_ref, alpha_ref) in zip(attention, expected):
         assert torch.equal(ei, ei_ref)
@@ -93,18 +51,12 @@ def test_checkpoint_attention_follows_the_contract(tmp_path, fake_models):
 
 
 @pytest.mark.slow
-def test_show_with_checkpoint(tmp_path, fake_models, capsys):
+def test_show_with_checkpoint(tmp_path, capsys):
     path = tmp_path / "gpt.pt"
-    save_fake_checkpoint(path, fake_models)
+    save_gpt_checkpoint(path)
     out = tmp_path / "gpt.png"
     assert main(["show", "--text", "abca", "--checkpoint", str(path), "--query", "2", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == PNG and "rollout into 'c'" in capsys.readouterr().out
-
-
-def test_show_errors(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tgattn.models", None)  # as if tgattn.models did not exist
-    with pytest.raises(RuntimeError, match="tgattn.models"):
-        checkpoint_attention(str(tmp_path / "none.pt"), "abc")
 
 
 @pytest.mark.parametrize(
@@ -132,10 +84,19 @@ def test_bad_options_are_one_line_errors_before_any_work(cli, tmp_path, monkeypa
 
 def test_a_damaged_checkpoint_is_a_one_line_error(cli, tmp_path):
     path = tmp_path / "gpt.pt"
-    save_fake_checkpoint(path)
+    save_gpt_checkpoint(path)
     path.write_bytes(path.read_bytes()[:-100])
     status, err = cli(main, ["show", "--text", "abc", "--checkpoint", str(path), "--out", str(tmp_path / "x.png")])
     assert status == 2 and "is truncated or corrupted" in one_line_error(err, "python -m tgattn show")
+
+
+def test_a_checkpoint_whose_config_does_not_fit_its_weights_is_a_one_line_error(cli, tmp_path):
+    path = tmp_path / "gpt.pt"
+    model = save_gpt_checkpoint(path)
+    config = asdict(model.config) | {"n_embd": 16}
+    save_checkpoint(path, {"model": model.state_dict(), "config": config, "vocab": "abc"})
+    status, err = cli(main, ["show", "--text", "abc", "--checkpoint", str(path), "--out", str(tmp_path / "x.png")])
+    assert status == 2 and "weights that do not match its config" in one_line_error(err, "python -m tgattn show")
 
 
 def test_without_matplotlib_show_names_the_extra_up_front(cli, tmp_path, monkeypatch):
@@ -146,9 +107,9 @@ def test_without_matplotlib_show_names_the_extra_up_front(cli, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_show_draws_spaces_of_a_character_model_visibly(tmp_path, fake_models, capsys):
+def test_show_draws_spaces_of_a_character_model_visibly(tmp_path, capsys):
     path = tmp_path / "gpt.pt"
-    save_fake_checkpoint(path, fake_models, vocab=" ab")
+    save_gpt_checkpoint(path, vocab=" ab")
     out = tmp_path / "gpt.png"
     assert main(["show", "--text", "a b", "--checkpoint", str(path), "--query", "1", "--out", str(out)]) == 0
     assert "rollout into '\u2423'" in capsys.readouterr().out

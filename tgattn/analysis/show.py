@@ -80,23 +80,14 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
     attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits, attention)``
     in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
     """
-    try:
-        from ..models import GPT, GPTConfig
-    except ImportError as error:
-        raise RuntimeError(
-            "--checkpoint needs the tiny GPT of tgattn.models, which this installation lacks "
-            f"({error}); run without --checkpoint to use random projections"
-        ) from None
-    from ..lm.checkpoint import load_checkpoint
+    from ..lm.checkpoint import load_checkpoint, model_from_checkpoint
 
     checkpoint = load_checkpoint(path)
     vocab = checkpoint["vocab"]
     unknown = sorted(set(text) - set(vocab))
     if unknown:
         raise ValueError(f"characters {unknown} of --text are not in the checkpoint's vocabulary")
-    model = GPT(GPTConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["model"])
-    model.eval()
+    model = model_from_checkpoint(checkpoint, path)  # its config checked against the weights
     idx = torch.tensor([[vocab.index(c) for c in text]], dtype=torch.long)  # [1, T]
     with torch.no_grad():
         attention = model(idx, return_attention=True)[-1]
