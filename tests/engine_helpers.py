@@ -44,9 +44,9 @@ def dense_twin(edge_index, n_q, n_k, heads, bias=None, dtype=torch.float64):
     return mask, dense_bias
 
 
-def oracle(q, k, v, edge_index, bias=None):
+def oracle(q, k, v, edge_index, bias=None, scale=None):
     mask, dense_bias = dense_twin(edge_index, q.shape[0], k.shape[0], q.shape[1], bias, q.dtype)
-    return dense_attention(q, k, v, mask, bias=dense_bias)
+    return dense_attention(q, k, v, mask, bias=dense_bias, scale=scale)
 
 
 def max_err(a, b):

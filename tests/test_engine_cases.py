@@ -11,11 +11,11 @@ from engine_helpers import inputs, max_err, oracle
 FAST = ["dense", "tile", "fused", "csr"]
 
 
-def _check(edge_index, n_q, n_k, backend, *, heads=2, dk=6, dv=None, bias=None, tol=1e-10):
+def _check(edge_index, n_q, n_k, backend, *, heads=2, dk=6, dv=None, bias=None, scale=None, tol=1e-10):
     q, k, v, grad_out = inputs(n_q, n_k, heads=heads, dk=dk, dv=dv)
     leaves = (q, k, v) if bias is None else (q, k, v, bias)
-    out = graph_attention(q, k, v, edge_index, bias=bias, backend=backend)
-    ref = oracle(q, k, v, edge_index, bias)
+    out = graph_attention(q, k, v, edge_index, bias=bias, scale=scale, backend=backend)
+    ref = oracle(q, k, v, edge_index, bias, scale=scale)
     assert out.shape == ref.shape
     assert max_err(out, ref) <= tol
     grads = torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
@@ -41,6 +41,49 @@ def test_duplicates_with_bias(backend):
     ei = torch.cat([ei, ei[:, ::2]], dim=1)
     bias = torch.randn(ei.shape[1], 2, dtype=torch.float64, requires_grad=True)
     _check(ei, 12, 12, backend, bias=bias)
+
+
+SCALE_SETS = {
+    "causal": (8, lambda: builders.causal(8)),
+    "packed-causal": (9, lambda: builders.causal([4, 5])),
+    "packed-causal-equal": (8, lambda: builders.causal([4, 4])),
+    "full": (6, lambda: builders.full(6)),
+    "window": (12, lambda: builders.window(12, 2)),
+}
+
+
+@pytest.mark.parametrize("backend", ["auto", "gather"] + FAST)
+@pytest.mark.parametrize("scale", [0.0, -0.0, -0.7])
+@pytest.mark.parametrize("name", list(SCALE_SETS))
+def test_any_finite_scale(name, scale, backend):
+    """Scale 0 (uniform weights over each row) and negative scales, on sets that reach SDPA too:
+    its CPU kernels multiply their causal mask by the scale (0 * -inf = NaN) when left alone."""
+    n, make = SCALE_SETS[name]
+    _check(make(), n, n, backend, scale=scale)
+    bias = torch.randn(make().shape[1], 2, dtype=torch.float64, requires_grad=True)
+    _check(make(), n, n, backend, bias=bias, scale=scale)
+
+
+@pytest.mark.parametrize("backend", ["auto", "gather"] + FAST)
+@pytest.mark.parametrize("edges", ["causal", "window", "random"])
+def test_inputs_with_any_strides(backend, edges):
+    """q, k, v as views with any strides: a transposed (non-contiguous) last dimension, heads
+    expanded from one (stride 0), every other row of a larger tensor."""
+    n = 40
+    ei = {"causal": builders.causal(n), "window": builders.window(n, 3), "random": random_edges(n, n, 0.2, seed=5)}[edges]
+    g = torch.Generator().manual_seed(4)
+    q_base = torch.randn(n, 6, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    k_base = torch.randn(n, 1, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    v_base = torch.randn(2 * n, 5, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    q, k, v = q_base.transpose(1, 2), k_base.expand(n, 2, 6), v_base[::2].transpose(1, 2)  # [n, 2, 6 | 6 | 5]
+    assert q.stride(-1) != 1 and k.stride(1) == 0 and v.stride(-1) != 1
+    grad_out = torch.randn(n, 2, 5, generator=g, dtype=torch.float64)
+    out = graph_attention(q, k, v, ei, backend=backend)
+    ref = oracle(q, k, v, ei)
+    assert max_err(out, ref) <= 1e-10
+    leaves = (q_base, k_base, v_base)
+    for a, b in zip(torch.autograd.grad(out, leaves, grad_out), torch.autograd.grad(ref, leaves, grad_out)):
+        assert max_err(a, b) <= 1e-10
 
 
 @pytest.mark.parametrize("backend", FAST)

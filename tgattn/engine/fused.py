@@ -239,6 +239,8 @@ def fused_attention(
 ):
     """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
 
+    ``q``, ``k``, ``v`` may have any strides (a feature dimension that is not contiguous is copied).
+
     The dropout seed comes from ``generator`` (default: torch's global generator), so
     ``torch.manual_seed`` reproduces the dropped edges.
     """
@@ -249,6 +251,8 @@ def fused_attention(
         _state["fakes"] = True
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     bias = None if bias is None else bias.to(q.dtype)
+    # The kernels read rows through any row and head strides, but a row's features must be contiguous.
+    q, k, v = (t if t.shape[2] <= 1 or t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
     out, weights = FusedAttention.apply(q, k, v, bias, s, scale, dropout_p, seed, return_weights)
     return out, (weights.T if return_weights else None)
 
