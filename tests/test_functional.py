@@ -170,3 +170,48 @@ def test_bad_bias_dropout_and_backend():
         graph_attention(q, k, v, ei, dropout_p=1.5)
     with pytest.raises(ValueError, match="backend must be one of"):
         graph_attention(q, k, v, ei, backend="nope")
+
+
+@pytest.mark.parametrize("backend", ["auto", "gather", "dense", "tile", "fused", "csr"])
+@pytest.mark.parametrize("edges", ["causal", "window"])
+def test_bias_dtype_follows_sdpa_float_mask(edges, backend):
+    """A bias of another dtype than q's: accepted exactly where scaled_dot_product_attention
+    accepts such a float attn_mask (q's dtype or float32), one ValueError naming both dtypes
+    elsewhere, on every backend. An accepted bias gives the oracle's values and gets its
+    gradient in its own dtype."""
+    import torch.nn.functional as F
+
+    floats = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+    ei = builders.causal(6) if edges == "causal" else builders.window(10, 2)
+    n = int(ei.max()) + 1
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    bias64 = torch.randn(ei.shape[1], 2, generator=g, dtype=torch.float64)
+    for q_dtype in floats:
+        for b_dtype in floats:
+            q, k, v = (t.to(q_dtype, copy=True).requires_grad_() for t in base)
+            bias = bias64.to(b_dtype, copy=True).requires_grad_()
+            probe = torch.zeros(1, 1, 3, 4, dtype=q_dtype)  # [B, H, L, d]
+            try:
+                F.scaled_dot_product_attention(probe, probe, probe, attn_mask=torch.zeros(3, 3, dtype=b_dtype))
+                sdpa_accepts = True
+            except RuntimeError:
+                sdpa_accepts = False
+            if not sdpa_accepts:
+                with pytest.raises(ValueError) as err:
+                    graph_attention(q, k, v, ei, bias=bias, backend=backend)
+                assert str(b_dtype) in str(err.value) and str(q_dtype) in str(err.value)
+                continue
+            out = graph_attention(q, k, v, ei, bias=bias, backend=backend)
+            leaves = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+            dense = torch.full((2, n, n), float("-inf"), dtype=torch.float64)
+            dense[:, ei[1], ei[0]] = leaves[3].T
+            ref = dense_attention(*leaves[:3], builders.to_mask(ei, n, n), bias=dense)
+            tol = lambda *dtypes: max({torch.float64: 1e-10, torch.float32: 1e-5}.get(d, 2e-2) for d in dtypes)  # noqa: E731
+            assert out.dtype == q_dtype
+            torch.testing.assert_close(out.double(), ref, rtol=tol(q_dtype), atol=tol(q_dtype))
+            out.double().sum().backward()
+            ref.sum().backward()
+            assert bias.grad.dtype == b_dtype
+            for t, leaf in zip((q, k, v, bias), leaves):
+                torch.testing.assert_close(t.grad.double(), leaf.grad, rtol=tol(q_dtype, t.dtype), atol=tol(q_dtype, t.dtype))

@@ -196,9 +196,9 @@ def run(
         bias = None if bias is None else bias[s.perm]
         edge_scale = None if edge_scale is None else edge_scale[s.perm]
     work = dtype if chosen == "triton" else compute_dtype(dtype)  # Triton accumulates in float32 itself
+    bias = None if bias is None else bias.to(work)  # q's dtype or float32 (a float32 bias with float64 q)
     if work != dtype:
         q, k, v = q.to(work), k.to(work), v.to(work)
-        bias = None if bias is None else bias.to(work)
         edge_scale = None if edge_scale is None else edge_scale.to(work)
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
