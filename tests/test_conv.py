@@ -55,16 +55,16 @@ def test_bipartite_equals_transformer_conv():
 
 
 @pytest.mark.parametrize("concat", [True, False])
-def test_edge_features_equal_dense_attention_with_bias(concat):
+def test_edge_bias_dim_equals_dense_attention_with_bias(concat):
     n, h, c = 8, 2, 3
     x = torch.randn(n, 5, dtype=torch.float64)
     ei = random_graph(n, n, 25, seed=2)
     e = torch.randn(ei.shape[1], 4, dtype=torch.float64)
-    conv = GraphAttentionConv(5, c, h, concat=concat, edge_dim=4).double()
+    conv = GraphAttentionConv(5, c, h, concat=concat, edge_bias_dim=4).double()
     out = conv(x, ei, e)
     q, k, v = (lin(x).view(n, h, c) for lin in (conv.lin_query, conv.lin_key, conv.lin_value))
     bias = torch.zeros(h, n, n, dtype=torch.float64)
-    bias[:, ei[1], ei[0]] = conv.lin_edge(e).T  # [H, E] placed at (i, j)
+    bias[:, ei[1], ei[0]] = conv.lin_edge_bias(e).T  # [H, E] placed at (i, j)
     ref = dense_attention(q, k, v, builders.to_mask(ei, n, n), bias=bias)  # [N, H, C]
     ref = ref.reshape(n, h * c) if concat else ref.mean(1)
     torch.testing.assert_close(out, ref + conv.lin_skip(x), **TOL)
@@ -182,11 +182,11 @@ def test_edge_bias_adds_to_edge_feature_bias_on_the_dense_backend(bias_heads):
     extra = torch.randn(ei.shape[1], bias_heads, dtype=torch.float64)
     extra[ei[1] == 3] = float("-inf")  # node 3 attends to nothing: root term only
     extra.requires_grad_()
-    conv = GraphAttentionConv(5, c, h, edge_dim=1).double()
+    conv = GraphAttentionConv(5, c, h, edge_bias_dim=1).double()
     out = conv(x, ei, e, edge_bias=extra.squeeze(1) if bias_heads == 1 else extra)
     q, k, v = (lin(x).view(n, h, c) for lin in (conv.lin_query, conv.lin_key, conv.lin_value))
     bias = torch.zeros(h, n, n, dtype=torch.float64)
-    bias[:, ei[1], ei[0]] = (conv.lin_edge(e) + extra).T  # [H, E] placed at (i, j)
+    bias[:, ei[1], ei[0]] = (conv.lin_edge_bias(e) + extra).T  # [H, E] placed at (i, j)
     ref = dense_attention(q, k, v, builders.to_mask(ei, n, n), bias=bias).reshape(n, h * c) + conv.lin_skip(x)
     torch.testing.assert_close(out, ref, **TOL)
     torch.testing.assert_close(out[3], conv.lin_skip(x[3]), **TOL)

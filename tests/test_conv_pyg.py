@@ -2,9 +2,9 @@
 
 Written after the cases of PyG's ``test/nn/conv/test_transformer_conv.py``,
 ``test/nn/test_compile_conv.py`` and ``test/explain/algorithm/test_{attention,gnn}_explainer.py``
-(PyG 2.8), on :class:`AdaptedTransformerConv`: ``GraphAttentionConv`` behind
-``TransformerConv``'s constructor. Where the math coincides (no ``edge_dim``, ``beta=False``),
-results are compared with PyG's ``TransformerConv`` holding the same weights.
+(PyG 2.8), on ``GraphAttentionConv``, which takes ``TransformerConv``'s constructor; results are
+compared with PyG's ``TransformerConv`` holding the same weights (every option combination:
+tests/test_conv_transformer.py).
 """
 import pytest
 import torch
@@ -26,24 +26,10 @@ from tgattn import GraphAttentionConv
 from tgattn.reference import dense_attention
 
 
-class AdaptedTransformerConv(GraphAttentionConv):
-    """``TransformerConv``'s constructor mapped onto ``GraphAttentionConv``.
-
-    The one difference: ``beta=True`` (TransformerConv's gated root term) has no equivalent.
-    """
-
-    def __init__(self, in_channels, out_channels, heads=1, concat=True, beta=False, dropout=0.0, edge_dim=None,
-                 bias=True, root_weight=True, **kwargs):
-        if beta and root_weight:
-            raise ValueError("beta=True (TransformerConv's gated root term) has no GraphAttentionConv equivalent")
-        super().__init__(in_channels, out_channels, heads, concat=concat, dropout=dropout, edge_dim=edge_dim,
-                         bias=bias, root_weight=root_weight, **kwargs)
-
-
 def twin(conv: GraphAttentionConv) -> TransformerConv:
-    """PyG's TransformerConv with the weights of ``conv`` (no edge_dim: the same function)."""
-    ref = TransformerConv(conv.in_channels, conv.out_channels, heads=conv.heads, concat=conv.concat,
-                          root_weight=conv.root_weight)
+    """PyG's TransformerConv with the weights of ``conv``."""
+    ref = TransformerConv(conv.in_channels, conv.out_channels, conv.heads, conv.concat, conv.beta, conv.dropout,
+                          conv.edge_dim, conv.lin_query.bias is not None, conv.root_weight)
     ref.load_state_dict(conv.state_dict())
     return ref.to(conv.lin_query.weight.dtype)
 
@@ -69,13 +55,12 @@ EI = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])
 def test_transformer_conv_cases(edge_dim, concat):
     edge_attr = None if edge_dim is None else torch.randn(4, edge_dim)
     adj1 = to_torch_csc_tensor(EI, size=(4, 4))
-    conv = AdaptedTransformerConv(8, 32, heads=2, edge_dim=edge_dim, concat=concat)
-    assert str(conv) == "AdaptedTransformerConv(8, 32, heads=2)"
+    conv = GraphAttentionConv(8, 32, heads=2, edge_dim=edge_dim, concat=concat)
+    assert str(conv) == "GraphAttentionConv(8, 32, heads=2)"
     out = conv(X1, EI, edge_attr)
     assert out.size() == (4, 64 if concat else 32)
     torch.testing.assert_close(conv(X1, adj1.t(), edge_attr), out, rtol=0, atol=1e-6)
-    if edge_dim is None:  # the math of TransformerConv
-        torch.testing.assert_close(twin(conv)(X1, EI), out, rtol=0, atol=1e-6)
+    torch.testing.assert_close(twin(conv)(X1, EI, edge_attr), out, rtol=0, atol=1e-6)
 
     out_w, (ei, alpha) = conv(X1, EI, edge_attr, return_attention_weights=True)
     torch.testing.assert_close(out_w, out)
@@ -84,19 +69,12 @@ def test_transformer_conv_cases(edge_dim, concat):
 
     # bipartite
     adj1 = to_torch_csc_tensor(EI, size=(4, 2))
-    conv = AdaptedTransformerConv((8, 16), 32, heads=2, edge_dim=edge_dim, concat=concat)
-    assert str(conv) == "AdaptedTransformerConv((8, 16), 32, heads=2)"
+    conv = GraphAttentionConv((8, 16), 32, heads=2, edge_dim=edge_dim, concat=concat)
+    assert str(conv) == "GraphAttentionConv((8, 16), 32, heads=2)"
     out = conv((X1, X2), EI, edge_attr)
     assert out.size() == (2, 64 if concat else 32)
     torch.testing.assert_close(conv((X1, X2), adj1.t(), edge_attr), out, rtol=0, atol=1e-6)
-    if edge_dim is None:
-        torch.testing.assert_close(twin(conv)((X1, X2), EI), out, rtol=0, atol=1e-6)
-
-
-def test_beta_is_the_documented_difference():
-    with pytest.raises(ValueError, match="beta=True"):
-        AdaptedTransformerConv(8, 32, beta=True)
-    assert AdaptedTransformerConv(8, 32, beta=True, root_weight=False).lin_skip is None  # beta needs a root term
+    torch.testing.assert_close(twin(conv)((X1, X2), EI, edge_attr), out, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc])
@@ -144,7 +122,7 @@ def test_sparse_tensor_adjacency():
     from torch_geometric.typing import SparseTensor
 
     edge_attr = torch.randn(4, 8)
-    conv = AdaptedTransformerConv(8, 32, heads=2, edge_dim=8)
+    conv = GraphAttentionConv(8, 32, heads=2, edge_dim=8)
     out = conv(X1, EI, edge_attr)
     adj2 = SparseTensor.from_edge_index(EI, edge_attr, sparse_sizes=(4, 4))
     torch.testing.assert_close(conv(X1, adj2.t()), out, rtol=0, atol=1e-6)
@@ -152,7 +130,7 @@ def test_sparse_tensor_adjacency():
     torch.testing.assert_close(result[0], out, rtol=0, atol=1e-6)
     assert result[1].sizes() == [4, 4, 2] and result[1].nnz() == 4
     adj3 = SparseTensor.from_edge_index(EI, sparse_sizes=(4, 2))
-    conv = AdaptedTransformerConv((8, 16), 32, heads=2)
+    conv = GraphAttentionConv((8, 16), 32, heads=2)
     torch.testing.assert_close(conv((X1, X2), adj3.t()), conv((X1, X2), EI), rtol=0, atol=1e-6)
 
 
@@ -195,8 +173,8 @@ def test_missing_target_features():
 
 def test_lazy_in_channels_equal_transformer_conv():
     for in_channels, x, target_size in ((-1, X1, 8), ((-1, -1), (X1, X2), 16)):
-        conv, ref = AdaptedTransformerConv(in_channels, 32, heads=2), TransformerConv(in_channels, 32, heads=2)
-        assert str(conv) == f"AdaptedTransformerConv({in_channels}, 32, heads=2)"
+        conv, ref = GraphAttentionConv(in_channels, 32, heads=2), TransformerConv(in_channels, 32, heads=2)
+        assert str(conv) == f"GraphAttentionConv({in_channels}, 32, heads=2)"
         out = conv(x, EI)  # materializes the weights
         assert conv.lin_key.weight.shape == (64, 8) and conv.lin_query.weight.shape == (64, target_size)
         ref(x, EI)
@@ -250,7 +228,7 @@ def hetero_twins():
     """A to_hetero model of lazy GraphAttentionConv, and one of TransformerConv with its weights."""
     x, edges = hetero_data()
     metadata = (list(x), list(edges))
-    ours, theirs = HeteroNet(AdaptedTransformerConv, metadata), HeteroNet(TransformerConv, metadata)
+    ours, theirs = HeteroNet(GraphAttentionConv, metadata), HeteroNet(TransformerConv, metadata)
     with torch.no_grad():
         ours(x, edges), theirs(x, edges)  # materialize the lazy sizes
     theirs.load_state_dict(ours.state_dict())
@@ -277,7 +255,7 @@ class AttentionGNN(nn.Module):
         super().__init__()
         self.conv1 = GATConv(3, 16, heads=4)
         self.conv2 = GATv2Conv(4 * 16, 16, heads=2)
-        self.conv3 = AdaptedTransformerConv(2 * 16, 7, heads=1)
+        self.conv3 = GraphAttentionConv(2 * 16, 7, heads=1)
 
     def forward(self, x, edge_index):
         return self.conv3(self.conv2(self.conv1(x, edge_index).relu(), edge_index).relu(), edge_index)
@@ -322,8 +300,8 @@ class Net(nn.Module):
 
 def net_twins(**kw):
     """Net of GraphAttentionConv, the same through message passing, and Net of TransformerConv."""
-    ours, theirs = Net(AdaptedTransformerConv, **kw), Net(TransformerConv, **kw)
-    mp = Net(AdaptedTransformerConv, **kw, backend="message_passing")
+    ours, theirs = Net(GraphAttentionConv, **kw), Net(TransformerConv, **kw)
+    mp = Net(GraphAttentionConv, **kw, backend="message_passing")
     mp.load_state_dict(ours.state_dict())
     theirs.load_state_dict(ours.state_dict())
     return ours, mp, theirs

@@ -12,7 +12,8 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from . import engine
+from . import _edge_terms, engine
+from ._edge_terms import EdgeTerm
 from .engine.analysis import on_host
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
@@ -54,8 +55,11 @@ def _check_edge_tensor(name: str, t: Tensor, num_edges: int, num_heads: int) -> 
     return t
 
 
-def _check_bias(bias: Tensor, num_edges: int, num_heads: int) -> Tensor:
-    bias = _check_edge_tensor("bias", bias, num_edges, num_heads)
+def _check_bias(bias: Tensor, num_edges: int, q: Tensor) -> Tensor:
+    bias = _check_edge_tensor("bias", bias, num_edges, q.shape[1])
+    # scaled_dot_product_attention's rule for a float attn_mask: q's dtype or float32.
+    if bias.dtype not in (q.dtype, torch.float32):
+        raise ValueError(f"bias must have q's dtype or float32 (got bias {bias.dtype} with q {q.dtype})")
     # On a GPU the check would make the host wait for the device: there +inf gives NaN instead.
     if on_host(bias) and torch.isposinf(bias).any():
         raise ValueError("bias holds +inf, which has no softmax; use -inf to remove an edge")
@@ -74,15 +78,19 @@ def graph_attention(
     return_weights: bool = False,
     backend: str = "auto",
     edge_scale: Optional[Tensor] = None,
+    edge_key: Optional[EdgeTerm] = None,
+    edge_value: Optional[EdgeTerm] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Scaled-dot-product attention restricted to an edge set.
 
     For query i with in-neighbourhood :math:`N(i) = \{j : (j, i) \in E\}` and each head:
 
     .. math::
-        s_{ij} = \text{scale}\,\langle q_i, k_j\rangle + b_{ij}, \quad
+        s_{ij} = \text{scale}\,\langle q_i, k_j + k^e_{ij}\rangle + b_{ij}, \quad
         a_{ij} = \operatorname{softmax}_{j \in N(i)}(s_{ij}), \quad
-        o_i = \sum_{j \in N(i)} a_{ij} v_j
+        o_i = \sum_{j \in N(i)} a_{ij} (v_j + v^e_{ij})
+
+    (:math:`k^e`, :math:`v^e`: the optional per-edge terms ``edge_key`` / ``edge_value``, 0 without them.)
 
     Equal to :func:`tgattn.reference.dense_attention` with ``mask = builders.to_mask(edge_index)``.
 
@@ -108,7 +116,10 @@ def graph_attention(
         k: keys ``[Nk, H, dk]``.
         v: values ``[Nk, H, dv]``.
         edge_index: ``LongTensor[2, E]``; row 0 = key j, row 1 = query i.
-        bias: additive edge scores ``[E]`` (shared by heads) or ``[E, H]``.
+        bias: additive edge scores ``[E]`` (shared by heads) or ``[E, H]``, of ``q``'s dtype
+            or float32 (the rule of :func:`~torch.nn.functional.scaled_dot_product_attention`
+            for a float ``attn_mask``; another dtype is a ``ValueError``). It is added in the
+            dtype the scores are computed in, and its gradient comes back in its own dtype.
         scale: score scale (default: ``1 / sqrt(dk)``); must be finite.
         dropout_p: dropout probability on the attention weights (apply only in training).
         return_weights: also return the weights ``[E, H]`` (before dropout), in the order
@@ -124,6 +135,21 @@ def graph_attention(
         edge_scale: a factor ``[E]`` or ``[E, H]`` on each edge's weight after the softmax
             (``o_i = sum_j m_ij a_ij v_j``), differentiable: what PyG's explainers apply as
             their edge mask (default: None).
+        edge_key: a per-edge key term :math:`k^e_{ij}` (``TransformerConv``'s edge features in
+            the keys): the vectors ``[E, H, dk]``, or ``(features [E, F], weight [H * dk, F])``
+            for :math:`k^e_{ij} = W^h e_{ij}` (``lin_edge.weight``), in the order of
+            ``edge_index`` (default: None).
+        edge_value: a per-edge value term :math:`v^e_{ij}`, ``[E, H, dv]`` or
+            ``(features [E, F], weight [H * dv, F])`` (default: None).
+
+    Edge terms run on every backend, exactly: the key term is added to the score bias as
+    ``scale * <q_i, ek_ij>``, the value term is ``sum_j a_ij ev_ij`` over the weights the backend
+    returns (with an ``edge_scale`` and dropout applied to both terms alike: the dropout mask
+    is drawn once and handed to the backend as an edge scale, so the call runs on ``csr``).
+    Memory: vectors handed in are ``[E, H, d]`` by definition; a ``(features, weight)`` pair
+    with fewer features than head channels (F < d) is applied in its factored form
+    (:math:`\langle W^{h\top} q_i, e_{ij}\rangle`, :math:`W^h \sum_j a_{ij} e_{ij}`), which holds
+    ``[E, H, F]`` and nothing of size ``[E, H, d]``.
 
     Returns:
         ``out [Nq, H, dv]``, or ``(out, weights [E, H])`` with ``return_weights=True``.
@@ -134,6 +160,11 @@ def graph_attention(
         >>> out = graph_attention(q, k, v, builders.causal(5))
         >>> out.shape
         torch.Size([5, 2, 4])
+        >>> e, w = torch.randn(15, 3), torch.randn(2 * 4, 3)  # 3 edge features, H * d = 8
+        >>> with_edges = graph_attention(q, k, v, builders.causal(5), edge_key=(e, w), edge_value=(e, w))
+        >>> ek = (e @ w.T).view(15, 2, 4)  # the same terms as vectors [E, H, d]
+        >>> torch.allclose(with_edges, graph_attention(q, k, v, builders.causal(5), edge_key=ek, edge_value=ek))
+        True
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1) (got {dropout_p})")
@@ -141,13 +172,61 @@ def graph_attention(
         raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number (got {scale})")
+    if edge_key is not None or edge_value is not None:
+        out, weights = attention_with_edge_terms(
+            q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, edge_key, edge_value
+        )
+    else:
+        out, weights = _attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend)
+    return (out, weights) if return_weights else out
+
+
+def _attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None):
+    """``(out, weights or None)``: the custom op under ``torch.compile``, else :func:`eager_graph_attention`."""
     if torch.compiler.is_compiling():
         from .custom_op import compiled_graph_attention
 
-        out, weights = compiled_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend)
-    else:
-        out, weights = eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend)
-    return (out, weights) if return_weights else out
+        return compiled_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend)
+    return eager_graph_attention(
+        q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=generator
+    )
+
+
+def attention_with_edge_terms(
+    q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, edge_key, edge_value,
+    generator=None,
+):
+    """:func:`graph_attention` with ``edge_key`` / ``edge_value`` (see there): ``(out, weights or None)``.
+
+    ``generator`` draws the dropout mask that both value terms share.
+    """
+    _check_qkv(q, k, v)
+    compiling = torch.compiler.is_compiling()
+    # Under torch.compile the op validates the edges; reading them here would break the graph.
+    ei = edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0])
+    num_edges, heads, dst = ei.shape[1], q.shape[1], ei[1].long()
+    work = engine.dispatch.compute_dtype(q.dtype)  # half precision: the terms in float32, as the kernels
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if edge_scale is not None:
+        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, heads)
+    if edge_key is not None:
+        key = _edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
+        key_bias = _edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
+        if bias is not None:  # checked before the sum, which would promote its dtype
+            bias = _check_edge_tensor("bias", bias, num_edges, heads) if compiling else _check_bias(bias, num_edges, q)
+        bias = key_bias if bias is None else key_bias + bias
+    if edge_value is None:
+        return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator)
+    value = _edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
+    mult = edge_scale
+    if dropout_p > 0:
+        # One mask for a_ij v_j and a_ij ev_ij: drawn here, applied by the backend as an edge scale.
+        dropped = engine.recompute.dropout_factor(num_edges, heads, dropout_p, q.new_empty(0, dtype=work), generator)
+        mult = dropped if mult is None else mult.to(work) * dropped  # [E, H]
+    out, weights = _attention(q, k, v, ei, bias, mult, scale, 0.0, True, backend, generator)
+    used = weights.to(work) if mult is None else weights.to(work) * mult.to(work)  # [E, H]
+    out = (out.to(work) + _edge_terms.value_sum(used, dst, value, q.shape[0])).to(q.dtype)  # [Nq, H, dv]
+    return out, weights if return_weights else None
 
 
 def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None):
@@ -161,7 +240,7 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
         check_edge_index(edge_index, k.shape[0], q.shape[0])  # raises, naming what is wrong
     num_edges = edge_index.shape[1]
     if bias is not None:
-        bias = _check_bias(bias, num_edges, q.shape[1])
+        bias = _check_bias(bias, num_edges, q)
     if edge_scale is not None:
         edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q.shape[1])
     if scale is None:

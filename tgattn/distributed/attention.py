@@ -36,6 +36,8 @@ def graph_attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     backend: str = "auto",
+    edge_key=None,
+    edge_value=None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """:func:`tgattn.functional.graph_attention` over this rank's part of a partitioned edge set.
 
@@ -49,8 +51,8 @@ def graph_attention(
             in the order of ``plan.nodes``.
         plan: this rank's :class:`~tgattn.distributed.plan.HaloPlan`.
         bias: edge scores ``[E_r]`` or ``[E_r, H]`` in the order of ``plan.edge_index``.
-        scale, dropout_p, return_weights, backend: as in
-            :func:`tgattn.functional.graph_attention` (weights ``[E_r, H]`` in local edge order).
+        scale, dropout_p, return_weights, backend, edge_key, edge_value: as in
+            :func:`tgattn.functional.graph_attention` (weights and edge terms in local edge order).
 
     Returns:
         ``out [N_r, H, dv]`` (and the weights with ``return_weights=True``).
@@ -67,4 +69,5 @@ def graph_attention(
         raise ValueError(f"q has {q.shape[0]} rows, but rank {plan.rank} owns {plan.num_queries} queries")
     k_table, v_table = exchange_keys_values(k, v, plan)
     return functional.graph_attention(q, k_table, v_table, plan.edge_index, bias=bias, scale=scale,
-                                      dropout_p=dropout_p, return_weights=return_weights, backend=backend)
+                                      dropout_p=dropout_p, return_weights=return_weights, backend=backend,
+                                      edge_key=edge_key, edge_value=edge_value)

@@ -101,27 +101,20 @@ class DistributedGraphAttentionConv(GraphAttentionConv):
         its edge order. Other arguments as in :meth:`DistributedGraphAttention.forward`."""
         x = _local_input(x, plan)
         H, C = self.heads, self.out_channels
-        num_edges = plan.edge_index.shape[1]
-        if (edge_attr is None) != (self.edge_dim is None):
-            raise ValueError(f"edge_attr must be given exactly when edge_dim is set (edge_dim={self.edge_dim})")
-        bias = None
-        if edge_attr is not None:
-            edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
-            if edge_attr.shape != (num_edges, self.edge_dim):
-                raise ValueError(f"edge_attr must have shape [E_r, edge_dim] = [{num_edges}, {self.edge_dim}] "
-                                 f"(got {list(edge_attr.shape)})")
-            bias = self.lin_edge(edge_attr)  # [E_r, H]
-        if edge_bias is not None:
-            bias = edge_bias if bias is None else bias + (edge_bias.view(-1, 1) if edge_bias.dim() == 1 else edge_bias)
+        if (edge_attr is None) != (self.edge_dim is None and self.edge_bias_dim is None):
+            raise ValueError("edge_attr must be given exactly when edge_dim or edge_bias_dim is set "
+                             f"(edge_dim={self.edge_dim}, edge_bias_dim={self.edge_bias_dim})")
+        edge_attr = self._check_edge_attr(edge_attr, plan.edge_index.shape[1])  # [E_r, F] or None
+        bias = self._score_bias(edge_attr, edge_bias)  # [E_r, H], [E_r] or None
+        term = None if self.lin_edge is None else (edge_attr, self.lin_edge.weight)  # W_E e_ij in keys and values
         q = self.lin_query(x).view(-1, H, C)  # [N_r, H, C]
         k, v = (q, q) if self.shared_projection else (self.lin_key(x).view(-1, H, C), self.lin_value(x).view(-1, H, C))
         p = self.dropout if self.training else 0.0
         out = graph_attention(q, k, v, plan, bias=bias, dropout_p=p, return_weights=return_attention_weights,
-                              backend=backend)
+                              backend=backend, edge_key=term, edge_value=term)
         out, alpha = out if return_attention_weights else (out, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)  # [N_r, H*C] or [N_r, C]
-        if self.lin_skip is not None:
-            out = out + self.lin_skip(x)
+        out = self._with_root(out, None if self.lin_skip is None else self.lin_skip(x))
         return (out, (plan.global_edges(), alpha)) if return_attention_weights else out
 
     @classmethod
@@ -131,8 +124,8 @@ class DistributedGraphAttentionConv(GraphAttentionConv):
             raise ValueError(f"{conv} adds self-loops; add them to the graph before partitioning and build "
                              "the conv with add_self_loops=False")
         w = conv.lin_query.weight
-        new = cls(conv.in_channels, conv.out_channels, conv.heads, concat=conv.concat, dropout=conv.dropout,
-                  edge_dim=conv.edge_dim, bias=conv.lin_query.bias is not None, root_weight=conv.root_weight,
+        new = cls(conv.in_channels, conv.out_channels, conv.heads, conv.concat, conv.beta, conv.dropout, conv.edge_dim,
+                  conv.lin_query.bias is not None, conv.root_weight, edge_bias_dim=conv.edge_bias_dim,
                   shared_projection=conv.shared_projection).to(device=w.device, dtype=w.dtype)
         new.load_state_dict(conv.state_dict())
         return new

@@ -1,0 +1,95 @@
+"""Per-edge key and value terms of graph attention (``edge_key=`` / ``edge_value=``).
+
+For query i, key j and head h (``ek``, ``ev``: the terms of edge (j, i)):
+
+    s_ij = scale * <q_i, k_j + ek_ij> + b_ij,      o_i = sum_j a_ij (v_j + ev_ij)
+
+The engine attends over per-node keys and values, so the terms enter around it: the key term
+is one more score bias, ``scale * <q_i, ek_ij>`` ``[E, H]``, and the value term is
+``sum_j a_ij ev_ij``, a scatter of the weights the engine returns (both differentiable).
+
+A term may come as vectors ``[E, H, d]`` or as a linear map of edge features,
+``ek_ij = W^h e_ij`` (``(features [E, F], weight [H * d, F])``, ``TransformerConv``'s
+``lin_edge``). With fewer features than head channels (F < d) the map is applied in its
+factored form, ``<q_i, W^h e_ij> = <W^h^T q_i, e_ij>`` and
+``sum_j a_ij W^h e_ij = W^h sum_j a_ij e_ij``, which holds ``[E, H, F]`` instead of
+``[E, H, d]``. Per-edge vectors handed in are ``[E, H, d]`` by definition.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+# What a caller passes: the vectors [E, H, d], or (features [E, F], weight [H * d, F]).
+EdgeTerm = Union[Tensor, Tuple[Tensor, Tensor]]
+
+
+class Term(NamedTuple):
+    """A checked term: ``vectors [E, H, d]`` and no weight, or ``features [E, F]`` and ``weight [H, d, F]``."""
+
+    values: Tensor
+    weight: Optional[Tensor]
+
+    def factored(self) -> bool:
+        """Whether the map is cheaper applied to the features (F < d) than to the edges."""
+        return self.weight is not None and self.weight.shape[2] < self.weight.shape[1]
+
+    def vectors(self) -> Tensor:
+        """``[E, H, d]``."""
+        if self.weight is None:
+            return self.values
+        heads, dim, num_features = self.weight.shape
+        return (self.values @ self.weight.reshape(heads * dim, num_features).T).view(-1, heads, dim)
+
+
+def read(name: str, term: EdgeTerm, num_edges: int, heads: int, dim: int, dtype: torch.dtype) -> Term:
+    """Check a caller's term against ``[E, H, d]`` and ``q``'s dtype; raise naming what is wrong."""
+    if isinstance(term, (tuple, list)):
+        if len(term) != 2 or not all(isinstance(t, Tensor) for t in term):
+            raise TypeError(f"{name} must be a tensor [E, H, d] or a pair of tensors (features, weight)")
+        features, weight = term
+        _check_dtype(name, features, dtype)
+        _check_dtype(name, weight, dtype)
+        if features.dim() != 2 or features.shape[0] != num_edges:
+            raise ValueError(f"{name} features must have shape [E, F] with E = {num_edges} (got {list(features.shape)})")
+        if weight.shape != (heads * dim, features.shape[1]):
+            raise ValueError(
+                f"{name} weight must have shape [H * d, F] = [{heads * dim}, {features.shape[1]}] "
+                f"(got {list(weight.shape)})"
+            )
+        return Term(features, weight.view(heads, dim, features.shape[1]))
+    if not isinstance(term, Tensor):
+        raise TypeError(f"{name} must be a tensor [E, H, d] or a pair of tensors (features, weight) "
+                        f"(got {type(term).__name__})")
+    _check_dtype(name, term, dtype)
+    if term.shape != (num_edges, heads, dim):
+        raise ValueError(f"{name} must have shape [E, H, d] = [{num_edges}, {heads}, {dim}] (got {list(term.shape)})")
+    return Term(term, None)
+
+
+def _check_dtype(name: str, t: Tensor, dtype: torch.dtype) -> None:
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must have q's dtype {dtype} (got {t.dtype})")
+
+
+def key_scores(q: Tensor, dst: Tensor, term: Term, scale: float) -> Tensor:
+    """``scale * <q_i, ek_ij>`` per edge and head ``[E, H]``; ``q`` is ``[Nq, H, d]``, ``dst`` the queries i."""
+    if term.factored():
+        q_features = torch.einsum("nhd,hdf->nhf", q, term.weight.to(q.dtype))  # [Nq, H, F]: W^h^T q_i
+        return (q_features[dst] * term.values.to(q.dtype).unsqueeze(1)).sum(-1) * scale  # [E, H]
+    return (q[dst] * term.vectors().to(q.dtype)).sum(-1) * scale  # [E, H]
+
+
+def value_sum(used: Tensor, dst: Tensor, term: Term, num_queries: int) -> Tensor:
+    """``sum_j used_ij ev_ij`` per query and head ``[Nq, H, d]``; ``used`` are the weights ``[E, H]``
+    as applied to the values (after dropout and an edge scale)."""
+    heads = used.shape[1]
+    if term.factored():
+        features = term.values.to(used.dtype)  # [E, F]
+        summed = used.new_zeros(num_queries, heads, features.shape[1])
+        summed.index_add_(0, dst, used.unsqueeze(-1) * features.unsqueeze(1))  # [Nq, H, F]: sum_j a_ij e_ij
+        return torch.einsum("nhf,hdf->nhd", summed, term.weight.to(used.dtype))  # [Nq, H, d]
+    vectors = term.vectors().to(used.dtype)  # [E, H, d]
+    return used.new_zeros(num_queries, heads, vectors.shape[2]).index_add_(0, dst, used.unsqueeze(-1) * vectors)
