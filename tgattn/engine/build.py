@@ -89,6 +89,8 @@ def load_extension(
     ldflags: Sequence[str] = (),
     fallback: str = "",
     wait: float = WAIT_S,
+    label: str = "",
+    expect: str = "",
 ) -> bool:
     """Load the extension built from one C++ ``source``, compiling it first if no process has.
 
@@ -99,12 +101,16 @@ def load_extension(
         fallback: what the caller does without the extension, for the warning (default: "").
         wait: seconds to wait for another live process building the same folder before
             giving up (default: :data:`WAIT_S`).
+        label, expect: what the extension is and how long its build takes, for the notice
+            (default: its name, no time).
 
     Returns:
         ``True`` once the library is loaded (its ``TORCH_LIBRARY`` ops are registered);
         ``False``, with one warning saying why, when it cannot be built or loaded.
 
-    The first build logs one line (``logging``, level WARNING) with the time it took.
+    A build logs one line (``logging``, level WARNING: shown without any logging set up)
+    before it starts, so that a long first call is not a silent one, and one after it with
+    the time it took.
     """
     try:
         folder = build_dir(name, source, cflags=cflags, ldflags=ldflags)
@@ -116,7 +122,8 @@ def load_extension(
             if _load_built(folder, library):  # built by the process we waited for
                 return True
             (folder / "lock").unlink(missing_ok=True)  # torch's lock file: stale, since we hold ours
-            logger.info("tgattn: compiling %s into %s", name, folder)
+            logger.warning("tgattn: compiling %s for this machine (once%s; cached in %s)",
+                           label or name, f", {expect}" if expect else "", folder)
             start = time.perf_counter()
             from torch.utils import cpp_extension
 

@@ -12,8 +12,8 @@ pass over the indices), so a malformed structure raises instead of reading out o
 
 The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (about
 half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
-``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false and
-the engine runs the CSR backend instead: same results, slower.
+``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false (one
+warning says why) and the engine runs the CSR backend instead: same results, slower.
 
 Outputs, gradients and scratch of 1 MB or more come from a cache of freed blocks (as PyTorch's
 CUDA caching allocator does on the GPU): a training step reuses the pages of the step before
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -53,6 +54,8 @@ def available() -> bool:
         limit = cache_limit_from_env(os.environ.get("TGATTN_CPU_CACHE"))  # a bad value raises on every call
         _state["tried"] = True
         if os.environ.get("TGATTN_NO_FUSED", "") not in ("", "0"):
+            warnings.warn(f"tgattn: TGATTN_NO_FUSED={os.environ['TGATTN_NO_FUSED']} turns the fused C++ kernel off; "
+                          "using the CSR backend (same results, slower)")
             return False
         _state["ok"] = load_extension(
             "tgattn_fused",
@@ -60,6 +63,8 @@ def available() -> bool:
             cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
             ldflags=["-fopenmp"],
             fallback="the CSR backend",
+            label="the fused C++ kernel",
+            expect="15-60 s",
         )
         if _state["ok"] and limit is not None:
             torch.ops.tgattn_fused.cache_limit(limit)

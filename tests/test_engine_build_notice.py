@@ -1,0 +1,54 @@
+"""The first call that needs the fused kernel says so before its build, and turning it off warns.
+
+A newcomer's first call sat 16-23 s on a blank terminal while the kernel compiled; the notice is
+a WARNING log record, which Python shows on stderr with no logging set up.
+"""
+import logging
+import sys
+
+import pytest
+
+from tgattn.engine import build, fused
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks: POSIX only")
+
+
+def test_the_notice_comes_before_the_compile_and_names_the_cache(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TGATTN_BUILD_DIR", str(tmp_path / "empty"))
+    source = tmp_path / "ext.cpp"
+    source.write_text('extern "C" int tgattn_notice() { return 1; }\n')
+    seen_at_compile = []
+
+    def compile_step(**kwargs):  # stands for the 16-23 s of the real kernel's build
+        seen_at_compile.extend(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+        raise OSError("no compiler here")
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", compile_step)
+    folder = build.build_dir("ext", source)
+    with caplog.at_level(logging.WARNING, logger="tgattn.engine.build"), pytest.warns(UserWarning, match="ext unavailable"):
+        assert build.load_extension("ext", source, label="the test kernel", expect="15-60 s") is False
+    assert seen_at_compile == [f"tgattn: compiling the test kernel for this machine (once, 15-60 s; cached in {folder})"]
+
+
+def test_the_fused_kernel_announces_itself_by_name(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fused, "load_extension", lambda *args, **kwargs: calls.append(kwargs) or False)
+    monkeypatch.setitem(fused._state, "tried", False)
+    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.delenv("TGATTN_NO_FUSED", raising=False)
+    assert fused.available() is False
+    assert calls[0]["label"] == "the fused C++ kernel" and calls[0]["expect"] == "15-60 s"
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_no_fused_warns_once_and_names_the_setting(monkeypatch, value):
+    monkeypatch.setitem(fused._state, "tried", False)
+    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.setenv("TGATTN_NO_FUSED", value)
+    with pytest.warns(UserWarning, match=rf"TGATTN_NO_FUSED={value} turns the fused C\+\+ kernel off; using the CSR "
+                                         r"backend \(same results, slower\)") as caught:
+        assert fused.available() is False
+        assert fused.available() is False
+    assert len(caught) == 1
