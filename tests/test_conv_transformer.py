@@ -176,3 +176,23 @@ def test_state_dict_of_other_options_is_refused_naming_them(theirs, ours, match)
     state = TransformerConv(5, C, H, **theirs).state_dict()
     with pytest.raises(RuntimeError, match=match):
         GraphAttentionConv(5, C, H, **ours).load_state_dict(state)
+
+
+def test_messagepassing_kwargs_are_refused_by_name():
+    """TransformerConv passes **kwargs to MessagePassing (aggr, flow, ...); the attention core sums."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'aggr'"):
+        GraphAttentionConv(5, C, H, aggr="mean")
+
+
+def test_return_attention_weights_false_returns_the_output_only():
+    """TransformerConv returns the weights for any bool, False included; here only for True."""
+    ei, x, _, _ = graph(7, 7, torch.float32)
+    conv = GraphAttentionConv(5, C, H)
+    assert isinstance(conv(x, ei, return_attention_weights=False), torch.Tensor)
+    assert isinstance(TransformerConv(5, C, H)(x, ei, return_attention_weights=False), tuple)
+
+
+def test_torch_jit_script_is_not_supported():
+    """TorchScript is deprecated by PyTorch; torch.compile traces the conv (tests/test_conv_pyg.py)."""
+    with pytest.raises(torch.jit.frontend.NotSupportedError):
+        torch.jit.script(GraphAttentionConv(5, C, H))

@@ -32,3 +32,24 @@ def test_cli_writes_csv_table_and_plot(tmp_path):
     assert float(rows[0]["vs_gat"]) == 1.0 and float(rows[1]["ms"]) > 0
     assert float(rows[2]["ms"]) > 0
     assert (tmp_path / "gnn.png").stat().st_size > 0 and "molecules" in (tmp_path / "gnn.md").read_text()
+
+
+def test_molecules_with_edge_features_compare_one_function():
+    """molecules_edges: tgattn's EdgeNet is TransformerConv's (same seed, same weights, same output)."""
+    import torch
+
+    nets = {}
+    for model in ("transformer", "tgattn"):
+        torch.manual_seed(0)
+        nets[model] = gnn.edge_net(model, features=8, channels=4, heads=2).double()
+    x, edge_index = torch.randn(6, 8, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    e = torch.randn(6, gnn.EDGE_FEATURES, dtype=torch.float64)
+    torch.testing.assert_close(nets["tgattn"](x, edge_index, e), nets["transformer"](x, edge_index, e),
+                               rtol=1e-10, atol=1e-10)
+    rows = gnn._molecules_edges(["gat", "transformer", "tgattn", "tgattn_shared"], 1, _NoProgress())
+    assert [r["model"] for r in rows] == ["gat", "transformer", "tgattn"] and all(r["ms"] > 0 for r in rows)
+
+
+class _NoProgress:
+    def update(self, n):
+        pass

@@ -8,6 +8,10 @@ on the workloads PyG users run every day:
 * ``molecules``: batches of 128 molecule-sized graphs (18-30 nodes, rings with chords), a
   new ``edge_index`` every step (each model gets its own copy, so that no model reuses an
   analysis another one made);
+* ``molecules_edges``: the same batches with 4 features per bond, through two layers built as
+  molecule models build them (:class:`EdgeNet`: ``TransformerConv(64, 16, 4, True, True, 0.0, 4)``
+  then the heads averaged, ``beta=True``, edge features in keys and values; ``GraphAttentionConv``
+  with the same arguments and ``TransformerConv``'s weights; ``GATConv`` with ``edge_dim=4``);
 * ``cora`` / ``citeseer``: the Planetoid graphs, full batch, self-loops as in GAT;
 * ``random100k``: a random graph with 100,000 nodes and average degree 10.
 
@@ -31,11 +35,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from torch import nn
+
 from .._cli import out_help, positive_int, runs_dir
 from .gpu import molecule_batches
 from .planetoid import MODELS, Net, build_model, prepare
 
-WORKLOADS = ("molecules", "cora", "citeseer", "random100k")
+WORKLOADS = ("molecules", "molecules_edges", "cora", "citeseer", "random100k")
+EDGE_FEATURES = 4
 FIELDS = ("workload", "mode", "threads", "model", "nodes", "edges", "ms", "vs_gat", "vs_transformer")
 
 
@@ -118,6 +125,66 @@ def _molecules(models: Iterable[str], rounds: int, progress) -> List[dict]:
     return [
         dict(workload="molecules", mode="train", model=m, nodes=x.shape[0], edges=edge_index.shape[1], ms=ms)
         for m, ms in _interleaved(candidates, rounds, progress).items()
+    ]
+
+
+class EdgeNet(nn.Module):
+    """Two attention layers over bonds with edge features: ``conv1`` (heads concatenated), ELU, ``conv2``."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module):
+        super().__init__()
+        self.conv1, self.conv2 = conv1, conv2
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv2(F.elu(self.conv1(x, edge_index, edge_attr)), edge_index, edge_attr)
+
+
+def edge_net(model: str, features: int = 64, channels: int = 16, heads: int = 4) -> EdgeNet:
+    """The :class:`EdgeNet` of ``model`` (``gat``, ``transformer`` or ``tgattn``), ``beta=True``
+    where the conv has it; ``tgattn`` takes the arguments (positional, ``TransformerConv``'s order)
+    and the weights of ``transformer`` built from the same seed.
+
+    Example:
+        >>> net = edge_net("tgattn", features=8, channels=4, heads=2)
+        >>> x, edge_index = torch.randn(5, 8), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+        >>> net(x, edge_index, torch.randn(4, EDGE_FEATURES)).shape
+        torch.Size([5, 4])
+    """
+    from torch_geometric.nn import GATConv, TransformerConv
+
+    from ..conv import GraphAttentionConv
+
+    width = heads * channels
+    if model == "gat":
+        return EdgeNet(GATConv(features, channels, heads, edge_dim=EDGE_FEATURES),
+                       GATConv(width, channels, heads, concat=False, edge_dim=EDGE_FEATURES))
+    cls = {"transformer": TransformerConv, "tgattn": GraphAttentionConv}[model]
+    return EdgeNet(cls(features, channels, heads, True, True, 0.0, EDGE_FEATURES),
+                   cls(width, channels, heads, False, True, 0.0, EDGE_FEATURES))
+
+
+def _molecules_edges(models: Iterable[str], rounds: int, progress) -> List[dict]:
+    """Train step of :class:`EdgeNet` on batches with 4 bond features and a new edge set every step."""
+    g = torch.Generator().manual_seed(1)
+    batches = [(x, ei, torch.randn(ei.shape[1], EDGE_FEATURES, generator=g), y) for x, ei, y in molecule_batches(rounds + 1)]
+    nets = {}
+    for m in (m for m in models if m in ("gat", "transformer", "tgattn")):
+        torch.manual_seed(0)  # tgattn's weights are TransformerConv's: the same seed builds the same ones
+        nets[m] = edge_net(m)
+    opts = {m: torch.optim.Adam(net.parameters(), lr=0.005) for m, net in nets.items()}
+
+    def train(m):
+        def run(r):
+            x, edge_index, edge_attr, y = batches[r]
+            opts[m].zero_grad()
+            F.cross_entropy(nets[m].train()(x, edge_index.clone(), edge_attr), y).backward()
+            opts[m].step()
+        return run
+
+    x, edge_index, _, _ = batches[0]
+    return [
+        dict(workload="molecules_edges", mode="train", model=m, nodes=x.shape[0], edges=edge_index.shape[1], ms=ms)
+        for m, ms in _interleaved({m: train(m) for m in nets}, rounds, progress).items()
     ]
 
 
@@ -232,7 +299,7 @@ def main(argv=None) -> int:
     except OSError as err:
         parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
     rounds = {w: min(args.rounds, 5) if w == "random100k" else args.rounds for w in args.workloads}  # 100k: ~1 s a step
-    per_thread = sum((1 if w == "molecules" else 2) * (rounds[w] + 1) for w in args.workloads)
+    per_thread = sum((1 if w.startswith("molecules") else 2) * (rounds[w] + 1) for w in args.workloads)
     progress = tqdm(total=per_thread * len(args.threads), disable=args.no_progress, desc="gnn bench")
     rows = []
     for threads in args.threads:
@@ -241,6 +308,8 @@ def main(argv=None) -> int:
         for workload in args.workloads:
             if workload == "molecules":
                 found += _molecules(args.models, args.rounds, progress)
+            elif workload == "molecules_edges":
+                found += _molecules_edges(args.models, args.rounds, progress)
             else:
                 found += _graph_workload(workload, args.models, args.data, rounds[workload], progress)
         found.append(new_edge_set_overhead())
