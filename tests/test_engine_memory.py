@@ -1,8 +1,13 @@
-"""The fast backends never build an ``[E, H, d]`` tensor, and edge sets are analysed once."""
+"""The fast backends never build an ``[E, H, d]`` tensor, edge sets are analysed once, and a
+few edges among many nodes cost one row pointer of the nodes, nothing else of their size."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from tgattn import GraphAttention, builders, engine
+from tgattn.engine.analysis import analyse
+from tgattn.engine.csr import unique_pattern
 from tgattn.functional import graph_attention
 
 from engine_helpers import LargestTensor, inputs
@@ -79,3 +84,44 @@ def test_cache_forgets_dead_edge_sets():
     assert len(engine.CACHE.entries) == 1
     del ei
     assert len(engine.CACHE.entries) == 0
+
+
+class NewStorages(TorchDispatchMode):
+    """Records the bytes of every storage an operator returns that none of its inputs holds
+    (an allocation: views and in-place results are not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        held = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in held:
+                self.nbytes.append(t.untyped_storage().nbytes())
+        return out
+
+
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+@pytest.mark.parametrize("duplicated", [False, True])
+def test_a_few_edges_among_many_nodes_cost_one_row_pointer(order, duplicated):
+    # 10 edges over a million nodes: of size n, the analysis (and the CSR backend's pattern
+    # without duplicates) allocates the row pointer [n + 1] and nothing else (it made seven
+    # arrays of n: counts, prefix sums, first and last keys, masks).
+    n = 2**20
+    src = torch.tensor([0, 1, 7, 8, 3, 3, n - 2, n - 1, 5, 6])
+    dst = torch.tensor([0, 0, 4, 4, 9, 9 if duplicated else 10, 11, 11, n - 1, n - 1])
+    edge_index = torch.stack([src, dst])
+    if order == "unsorted":
+        edge_index = edge_index.flip(1)
+    with NewStorages() as mode:
+        s = analyse(edge_index, n, n)
+        pointers = [s.rowptr] + ([unique_pattern(s)[0]] if duplicated else [])
+    assert sorted(b for b in mode.nbytes if b >= n) == [p.untyped_storage().nbytes() for p in pointers]
+    # the analysis itself, against the arithmetic of the edges
+    key = dst * n + src
+    assert torch.equal(s.dst * n + s.src, key.sort().values) and (s.perm is None) == (order == "sorted")
+    assert s.duplicates == duplicated and s.intervals == (not duplicated) and s.kind == "general"
+    for pointer, rows in zip(pointers, [dst, torch.unique(key) // n]):  # rows of the edges, of the distinct edges
+        assert torch.equal(pointer, torch.searchsorted(rows, torch.arange(n + 1)))

@@ -34,7 +34,7 @@ class Structure:
         perm: ``None`` when the edges already come sorted by (target, source), else the
             permutation that sorts them (``sorted = original[:, perm]``).
         src, dst: sorted keys j and queries i ``[E]``.
-        rowptr: CSR row pointer over queries ``[n_q + 1]``.
+        rowptr: CSR row pointer over queries ``[n_q + 1]`` (int64, as the fused kernel takes it).
         duplicates: whether some edge appears more than once.
         kind: ``"full"``, ``"causal"``, ``"packed_full"``, ``"packed_causal"`` or ``"general"``.
         lengths: sequence lengths of a packed (block-diagonal) kind, else ``None``.
@@ -59,17 +59,25 @@ class Structure:
         return self.num_edges / max(self.n_q * self.n_k, 1)
 
 
+# The fused extension sorts unsorted edges by counting, with an array of max(n_q, n_k) + 1
+# counts; past this many nodes per edge an argsort of the edges runs instead, O(E log E) time
+# and O(E) memory (10 edges among 10^7 nodes: no 80 MB of counts).
+COUNTING_SORT_NODES_PER_EDGE = 4
+
+
 def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     """``(perm or None, src, dst, duplicates)`` of the edges in (target, source) order.
 
     On the CPU one call of the fused extension checks the order and, if needed, sorts by two
     stable counting sorts (O(E + n)) and finds repeated edges, with no ``[E]`` temporary;
-    elsewhere a comparison pass and a stable argsort on a key ``[E]``.
+    elsewhere, and where the nodes outnumber the edges (``COUNTING_SORT_NODES_PER_EDGE``), a
+    comparison pass and a stable argsort on a key ``[E]``.
     """
     from . import fused  # fused imports this module
 
     src, dst = edge_index[0], edge_index[1]
-    if src.device.type == "cpu" and fused.available():
+    few_nodes = max(n_q, n_k) <= COUNTING_SORT_NODES_PER_EDGE * src.numel()
+    if src.device.type == "cpu" and few_nodes and fused.available():
         perm, src, dst, duplicates = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
         return (perm if perm.numel() else None), src, dst, bool(duplicates)
     key = dst * max(n_k, 1) + src  # [E]
@@ -82,18 +90,36 @@ def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     return perm, src, dst, key.numel() > 1 and bool((key[1:] == key[:-1]).any())
 
 
-def _row_bounds(src: Tensor, rowptr: Tensor, deg: Tensor) -> Tuple[Tensor, Tensor]:
-    """First and last key of each non-empty row (edges sorted by (target, source))."""
-    nonempty = deg > 0
-    lo = torch.full_like(deg, -1)
-    hi = torch.full_like(deg, -1)
-    lo[nonempty] = src[rowptr[:-1][nonempty]]
-    hi[nonempty] = src[rowptr[1:][nonempty] - 1]
-    return lo, hi
+def row_pointer(index: Tensor, n: int) -> Tensor:
+    """The CSR pointer ``[n + 1]`` (int64) of ``index [E]`` (values in ``[0, n)``): entry ``i``
+    counts the values below ``i``, so sorted positions ``ptr[i] .. ptr[i + 1]`` hold ``i``.
+
+    Counted and summed in place: one array of ``n + 1`` and O(E) work besides its fill and
+    prefix sum (``bincount`` and ``cumsum`` would each make another array of ``n``).
+
+    Example:
+        >>> row_pointer(torch.tensor([0, 0, 2]), 4).tolist()
+        [0, 2, 2, 3, 3]
+    """
+    ptr = torch.zeros(n + 1, dtype=torch.long, device=index.device)
+    ptr[1:].index_add_(0, index, torch.ones_like(index))
+    return ptr.cumsum_(0)
 
 
-def _packed_kind(lo: Tensor, hi: Tensor, deg: Tensor, n: int):
-    """Detect block-diagonal full / causal (``lo``/``hi`` are the row bounds; rows are intervals)."""
+def _row_bounds(src: Tensor, dst: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(rows, lo, hi, deg) [R]``: each query that has edges, its first and last key and its
+    degree (edges sorted by (target, source), at least one). O(E): nothing of size ``n_q``."""
+    E = dst.numel()
+    first = torch.ones(E, dtype=torch.bool, device=dst.device)
+    first[1:] = dst[1:] != dst[:-1]
+    starts = first.nonzero().flatten()  # [R] the first edge of each row
+    ends = torch.cat([starts[1:], starts.new_tensor([E])])  # exclusive
+    return dst[starts], src[starts], src[ends - 1], ends - starts
+
+
+def _packed_kind(lo: Tensor, hi: Tensor, n: int):
+    """Detect block-diagonal full / causal (``lo``/``hi`` are the bounds of every row, in order;
+    rows are intervals)."""
     rows = torch.arange(n, device=lo.device)
     starts = (lo == rows).nonzero().flatten()  # a segment starts where a row's first key is itself
     if starts.numel() == 0 or int(starts[0]) != 0:
@@ -110,7 +136,7 @@ def _packed_kind(lo: Tensor, hi: Tensor, deg: Tensor, n: int):
     return None, None
 
 
-def _classify(s: Structure, deg: Tensor) -> None:
+def _classify(s: Structure) -> None:
     n, E = s.n_q, s.num_edges
     if E == 0 or s.duplicates:
         return
@@ -118,20 +144,24 @@ def _classify(s: Structure, deg: Tensor) -> None:
         s.kind = "full"
         s.intervals = True
         return
-    lo, hi = _row_bounds(s.src, s.rowptr, deg)
-    s.intervals = bool(((deg == 0) | (hi - lo + 1 == deg)).all())
-    if not s.intervals or s.n_q != s.n_k or bool((deg == 0).any()):
+    rows, lo, hi, deg = _row_bounds(s.src, s.dst)
+    s.intervals = bool((hi - lo + 1 == deg).all())
+    if not s.intervals or s.n_q != s.n_k or rows.numel() < n:  # the dense kinds have no empty row
         return
+    # Every query has edges (n <= E): rows is 0 .. n - 1, and per-row work is O(E).
     if E == n * (n + 1) // 2 and bool((s.src <= s.dst).all()):
         s.kind = "causal"
         return
-    kind, lengths = _packed_kind(lo, hi, deg, n)
+    kind, lengths = _packed_kind(lo, hi, n)
     if kind is not None:
         s.kind, s.lengths = kind, lengths
 
 
 def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     """Analyse a validated ``LongTensor[2, E]`` edge set (uncached; see :func:`structure_of`).
+
+    O(E) time and memory besides the row pointer ``[n_q + 1]``, so that a few edges among
+    many nodes cost little more than the edges.
 
     Example:
         >>> from tgattn import builders
@@ -142,11 +172,8 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     """
     E = edge_index.shape[1]
     perm, src, dst, duplicates = _sorted_edges(edge_index, n_q, n_k)
-    deg = torch.bincount(dst, minlength=n_q)  # [n_q]
-    rowptr = torch.zeros(n_q + 1, dtype=torch.long, device=edge_index.device)
-    rowptr[1:] = torch.cumsum(deg, 0)
-    s = Structure(n_q, n_k, E, perm, src, dst, rowptr, duplicates)
-    _classify(s, deg)
+    s = Structure(n_q, n_k, E, perm, src, dst, row_pointer(dst, n_q), duplicates)
+    _classify(s)
     return s
 
 

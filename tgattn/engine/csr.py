@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .analysis import Structure
+from .analysis import Structure, row_pointer
 from .recompute import dropout_factor, gather_attention, recompute_grads
 from .softmax import edge_softmax
 
@@ -43,8 +43,7 @@ def transpose_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
             colptr, perm = torch.ops.tgattn_fused.transpose(s.src, s.n_k)
         else:
             perm = torch.argsort(s.src, stable=True)
-            colptr = torch.zeros(s.n_k + 1, dtype=torch.long, device=s.src.device)
-            colptr[1:] = torch.cumsum(torch.bincount(s.src, minlength=s.n_k), 0)
+            colptr = row_pointer(s.src, s.n_k)
         cached = s.extras["transpose"] = (colptr, s.dst[perm], perm)
     return cached
 
@@ -60,9 +59,7 @@ def unique_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
         key = s.dst * max(s.n_k, 1) + s.src  # sorted
         first = torch.ones_like(key, dtype=torch.bool)
         first[1:] = key[1:] != key[:-1]
-        rowptr = torch.zeros(s.n_q + 1, dtype=torch.long, device=key.device)
-        rowptr[1:] = torch.cumsum(torch.bincount(s.dst[first], minlength=s.n_q), 0)
-        cached = s.extras["unique"] = (rowptr, s.src[first], torch.cumsum(first, 0) - 1)
+        cached = s.extras["unique"] = (row_pointer(s.dst[first], s.n_q), s.src[first], torch.cumsum(first, 0) - 1)
     return cached
 
 
