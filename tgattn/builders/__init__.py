@@ -11,6 +11,7 @@ from .dense import causal, full
 from .expander import expander, exphormer, virtual_nodes
 from .graphs import from_networkx
 from .informer import ProbSparsePattern, probsparse
+from .learned import block_topk, indexer_topk
 from .local import block_local, dilated
 from .longformer import global_tokens
 from .mask import draw, from_mask, to_mask
@@ -27,6 +28,7 @@ __all__ = [
     "add_self_loops",
     "bigbird",
     "block_local",
+    "block_topk",
     "causal",
     "cross",
     "cross_window",
@@ -43,6 +45,7 @@ __all__ = [
     "full",
     "global_tokens",
     "head_masks",
+    "indexer_topk",
     "intersection",
     "membership",
     "prefix_lm",
