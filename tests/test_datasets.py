@@ -4,6 +4,7 @@ import hashlib
 import io
 import pickle
 import shutil
+import urllib.error
 import urllib.request
 
 import pytest
@@ -19,9 +20,29 @@ def test_tiny_shakespeare_from_shared_data(data_root):
 
 
 def test_planetoid_from_shared_data(data_root):
-    data = datasets.load_planetoid("cora", data_root)
+    data = datasets.load_planetoid("cora", data_root)[0]
     assert data.num_nodes == 2708 and data.edge_index.shape[1] == 10556
     assert int(data.train_mask.sum()) == 140 and int(data.test_mask.sum()) == 1000
+
+
+def test_planetoid_is_what_pyg_users_expect_a_dataset_of_one_graph(data_root, tmp_path):
+    from torch_geometric.data import Data, InMemoryDataset
+    from torch_geometric.loader import DataLoader
+
+    dataset = datasets.load_planetoid("CiteSeer", data_root)
+    shutil.copytree(data_root / "planetoid" / "CiteSeer" / "raw", tmp_path / "CiteSeer" / "raw")
+    pyg = Planetoid(str(tmp_path), "CiteSeer")  # PyG's own, on a copy of the same raw files
+    assert isinstance(dataset, InMemoryDataset) and repr(dataset) == repr(pyg) == "CiteSeer()"
+    assert len(dataset) == len(pyg) == 1 and isinstance(dataset[0], Data)
+    assert (dataset.num_classes, dataset.num_features) == (pyg.num_classes, pyg.num_features) == (6, 3703)
+    for key in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(dataset[0][key], pyg[0][key])
+    assert [g.num_nodes for g in dataset] == [3327]
+    batch = next(iter(DataLoader(dataset, batch_size=1)))
+    assert batch.num_graphs == 1 and torch.equal(batch.edge_index, pyg[0].edge_index)
+    # code written for the graph it returned before reads the graph through it
+    assert dataset.num_nodes == 3327 and torch.equal(dataset.edge_index, pyg[0].edge_index)
+    assert isinstance(dataset.clone(), Data) and torch.equal(dataset.clone().y, pyg[0].y)
 
 
 def test_env_variable_is_used(data_root, monkeypatch):
@@ -33,9 +54,11 @@ def test_missing_folder_and_bad_names_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv("TGATTN_DATA", str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="from TGATTN_DATA"):
         datasets.data_dir()
-    with pytest.raises(FileNotFoundError, match="no Tiny Shakespeare corpus"):
+    with pytest.raises(FileNotFoundError, match=f"Tiny Shakespeare not found: {tmp_path}/tinyshakespeare/input.txt "
+                                                f"does not exist .*put the corpus from https://"):
         datasets.load_tiny_shakespeare(tmp_path)
-    with pytest.raises(FileNotFoundError, match="no Planetoid Cora raw files"):
+    with pytest.raises(FileNotFoundError, match=f"Planetoid Cora not found: {tmp_path}/planetoid/Cora/raw/ind.cora.x "
+                                                "does not exist .*put the files from https://"):
         datasets.load_planetoid("Cora", tmp_path)
     with pytest.raises(ValueError, match="unknown Planetoid dataset 'Kora'"):
         datasets.load_planetoid("Kora", tmp_path)
@@ -74,9 +97,39 @@ def serve(monkeypatch, data: bytes, error=None):
 
 def test_a_download_cut_midway_saves_nothing(home, monkeypatch):
     serve(monkeypatch, b"First Citizen:\n" * 1000, ConnectionResetError("connection reset by peer"))
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(FileNotFoundError, match=r"download .* failed \(connection reset by peer\)") as info:
         datasets.load_tiny_shakespeare()
+    assert isinstance(info.value.__cause__, ConnectionResetError)
     assert list(home.iterdir()) == []  # neither input.txt nor a temporary file
+
+
+def _offline(monkeypatch):
+    def urlopen(url, *args, **kwargs):
+        raise urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+
+
+@pytest.mark.parametrize("load, name, inside", [
+    (datasets.load_tiny_shakespeare, "Tiny Shakespeare", "tinyshakespeare/input.txt"),
+    (lambda: datasets.load_planetoid("Cora"), "Planetoid Cora", "planetoid/Cora/raw"),
+])
+def test_offline_without_a_data_folder_one_message_names_the_set_where_and_how(home, monkeypatch, load, name, inside):
+    _offline(monkeypatch)
+    with pytest.raises(FileNotFoundError) as info:
+        load()
+    message = str(info.value)
+    assert message.startswith(f"{name} not found: TGATTN_DATA is not set, {home.parent}/")
+    assert "Temporary failure in name resolution" in message and "\n" not in message
+    assert message.endswith(f"set TGATTN_DATA to a folder holding {inside} (like ../shared/data), or connect "
+                            "to the internet and run again")
+
+
+def test_a_data_folder_that_does_not_exist_is_named_with_the_data_set(monkeypatch, tmp_path):
+    monkeypatch.setenv("TGATTN_DATA", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match=f"Planetoid CiteSeer not found: data folder '{tmp_path}/nope' "
+                                                "\\(from TGATTN_DATA\\) does not exist; point it at"):
+        datasets.load_planetoid("CiteSeer")
 
 
 def test_a_short_download_is_refused(home, monkeypatch):
@@ -146,7 +199,7 @@ def test_untouched_planetoid_files_load_and_a_truncated_or_missing_one_is_named(
     tx.write_bytes(full)
     graph = tx.with_name("ind.cora.graph")
     graph.unlink()
-    with pytest.raises(FileNotFoundError, match=f"{graph} not found"):
+    with pytest.raises(FileNotFoundError, match=f"Planetoid Cora not found: {graph} does not exist"):
         datasets.load_planetoid("Cora", cora_copy)
 
 

@@ -5,6 +5,10 @@ data sets from a folder laid out like ``../shared/data`` (``planetoid/<Name>/raw
 ``tinyshakespeare/input.txt``).
 
 Every file that PyG would unpickle is checked first: pickled data can run code when loaded.
+
+A data set that cannot be had (not in the data folder; no data folder and no download) raises
+one ``FileNotFoundError`` whose message names the data set, where it looked and how to get it,
+so that a command line can end on that one line.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import tempfile
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional, Union
+
+from torch_geometric.data import InMemoryDataset
 
 PathLike = Union[str, os.PathLike]
 
@@ -70,8 +76,45 @@ def data_dir(root: Optional[PathLike] = None) -> Optional[Path]:
     return path
 
 
-def load_planetoid(name: str, root: Optional[PathLike] = None):
-    """A Planetoid citation graph (``"Cora"``, ``"CiteSeer"``, ``"PubMed"``), public split.
+class PlanetoidDataset(InMemoryDataset):
+    """A Planetoid data set in memory, as :func:`load_planetoid` returns it: one graph.
+
+    What ``torch_geometric.datasets.Planetoid`` gives: ``dataset[0]`` is the graph (a ``Data``),
+    ``len(dataset) == 1``, and ``dataset.num_classes`` / ``dataset.num_features`` are the data
+    set's; it works with PyG's ``DataLoader``. Nothing is kept on disk (``root`` is None). An
+    attribute the dataset does not have is read from its graph, as PyG's in-memory datasets
+    read ``dataset.x``: ``dataset.num_nodes``, ``dataset.edge_index``, ``dataset.clone()``.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.data import Data
+        >>> ds = PlanetoidDataset("Tiny", Data(x=torch.ones(3, 2), y=torch.tensor([0, 1, 1]),
+        ...                                     edge_index=torch.tensor([[0, 1], [1, 2]])))
+        >>> ds, len(ds), ds[0].num_nodes, ds.num_classes, ds.num_features, ds.num_nodes
+        (Tiny(), 1, 3, 2, 2, 3)
+    """
+
+    def __init__(self, name: str, graph) -> None:
+        super().__init__(None)
+        self.name = name
+        self._data, self.slices = graph, None  # slices None: one graph, dataset[0] is a copy of it
+
+    def __getattr__(self, key: str):
+        graph = self.__dict__.get("_data")
+        if graph is None:  # while being built or unpickled
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute {key!r}")
+        return getattr(graph, key)
+
+    def __repr__(self) -> str:
+        return f"{self.name}()"  # as PyG's Planetoid: Cora()
+
+
+def load_planetoid(name: str, root: Optional[PathLike] = None) -> PlanetoidDataset:
+    """A Planetoid citation data set (``"Cora"``, ``"CiteSeer"``, ``"PubMed"``), public split.
+
+    Like PyG's ``Planetoid(root, name)``, a dataset of one graph: ``load_planetoid("Cora")[0]``
+    is the graph (:class:`PlanetoidDataset`; the dataset also reads as its graph,
+    ``load_planetoid("Cora").edge_index``).
 
     The raw files come from the data folder (``root`` or ``TGATTN_DATA``), which must hold
     ``planetoid/<name>/raw``; without one, from ``~/.cache/tgattn/planetoid/<name>/raw``, where
@@ -81,8 +124,8 @@ def load_planetoid(name: str, root: Optional[PathLike] = None):
     bytes checked reach PyG: they are written to a temporary folder, which PyG processes
     offline. Processed files (also pickles) are never kept or read again.
 
-    ``load_planetoid("Cora")`` with ``TGATTN_DATA`` set gives Cora's ``Data`` (2,708 nodes);
-    a file that is not the original is refused before anything unpickles it:
+    ``load_planetoid("Cora")[0]`` with ``TGATTN_DATA`` set is Cora's ``Data`` (2,708 nodes); a
+    file that is not the original is refused before anything unpickles it:
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as root:
@@ -96,8 +139,9 @@ def load_planetoid(name: str, root: Optional[PathLike] = None):
     Raises:
         ValueError: for an unknown name, or a raw file that is not the original (named, with its
             size and SHA-256 and the expected ones).
-        FileNotFoundError: when the data folder lacks ``planetoid/<name>/raw`` or one of its files.
-        OSError: when a download fails (nothing is saved).
+        FileNotFoundError: when the data folder lacks ``planetoid/<name>/raw`` or one of its files,
+            or a download fails (nothing is saved): one message naming the data set, where it
+            looked and how to get it.
     """
     from torch_geometric.datasets import Planetoid
 
@@ -106,32 +150,32 @@ def load_planetoid(name: str, root: Optional[PathLike] = None):
         raise ValueError(f"unknown Planetoid dataset {name!r}; choose one of {sorted(known.values())}")
     name = known[name.lower()]
     files = [f for f in PLANETOID_FILES if f.startswith(f"ind.{name.lower()}.")]
-    base = data_dir(root)
+    what, inside = f"Planetoid {name}", f"planetoid/{name}/raw"
+    base = _data_folder(root, what)
     if base is None:
         raw = Path.home() / ".cache" / "tgattn" / "planetoid" / name / "raw"
         for file in files:
             if not (raw / file).exists():
                 size, sha256 = PLANETOID_FILES[file]
-                _download(f"{Planetoid.url}/{file}", raw / file, check=partial(_mismatch, size=size, sha256=sha256))
+                _fetch(what, f"{Planetoid.url}/{file}", raw / file, inside, check=partial(_mismatch, size=size, sha256=sha256))
         fix = f"delete {raw} to download the files again, or pass a data folder (root or TGATTN_DATA)"
     else:
-        raw = base / "planetoid" / name / "raw"
-        if not raw.is_dir():
-            raise FileNotFoundError(f"{raw} not found: the data folder {base} has no Planetoid {name} raw files")
+        raw = base / inside
         fix = f"put the files from {Planetoid.url} in {raw}, or point root / TGATTN_DATA at a folder that has them"
     with tempfile.TemporaryDirectory(prefix="tgattn-planetoid-") as tmp:
         copy = Path(tmp) / name / "raw"
         copy.mkdir(parents=True)
         for file in files:
             if not (raw / file).is_file():
-                raise FileNotFoundError(f"{raw / file} not found: the Planetoid {name} raw files are {files}")
+                raise FileNotFoundError(f"{what} not found: {raw / file} does not exist (in the data folder "
+                                        f"{base}); {fix} (the raw files: {', '.join(files)})")
             data = (raw / file).read_bytes()  # checked in memory, so the bytes PyG reads are these
             problem = _mismatch(data, *PLANETOID_FILES[file])
             if problem:
                 raise ValueError(f"{raw / file} is not Planetoid's {file} ({problem}): refused, since PyG "
                                  f"would unpickle it and a pickle can run code; {fix}")
             (copy / file).write_bytes(data)
-        return Planetoid(tmp, name)[0]
+        return PlanetoidDataset(name, Planetoid(tmp, name)[0])
 
 
 def load_tiny_shakespeare(root: Optional[PathLike] = None) -> str:
@@ -143,19 +187,22 @@ def load_tiny_shakespeare(root: Optional[PathLike] = None) -> str:
     SHA-256) before it takes the final name, and checks that copy on every load.
 
     Raises:
-        FileNotFoundError: when the data folder has no corpus.
-        OSError: when the download fails (nothing is saved).
+        FileNotFoundError: when the data folder has no corpus, or the download fails (nothing is
+            saved): one message naming the data set, where it looked and how to get it.
         ValueError: when the download or the cached copy is not the corpus (truncated).
     """
-    base = data_dir(root)
+    what, inside = "Tiny Shakespeare", "tinyshakespeare/input.txt"
+    base = _data_folder(root, what)
     if base is not None:
-        path = base / "tinyshakespeare" / "input.txt"
+        path = base / inside
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: the data folder {base} has no Tiny Shakespeare corpus")
+            raise FileNotFoundError(f"{what} not found: {path} does not exist (in the data folder {base}); put the "
+                                    f"corpus from {TINY_SHAKESPEARE_URL} there, or point root / TGATTN_DATA at a "
+                                    "folder that has it")
         return path.read_text(encoding="utf-8")
     path = Path.home() / ".cache" / "tgattn" / "tinyshakespeare" / "input.txt"
     if not path.exists():
-        _download(TINY_SHAKESPEARE_URL, path, check=_is_tiny_shakespeare)
+        _fetch(what, TINY_SHAKESPEARE_URL, path, inside, check=_is_tiny_shakespeare)
     data = path.read_bytes()
     problem = _is_tiny_shakespeare(data)
     if problem:
@@ -164,6 +211,30 @@ def load_tiny_shakespeare(root: Optional[PathLike] = None) -> str:
             "delete it to download it again, or pass a data folder (root or TGATTN_DATA)"
         )
     return data.decode("utf-8")
+
+
+def _data_folder(root: Optional[PathLike], what: str) -> Optional[Path]:
+    """:func:`data_dir`, its error prefixed with the data set ``what`` it was looked up for."""
+    try:
+        return data_dir(root)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{what} not found: {err}; point it at the folder that holds the data "
+                                "(like ../shared/data), or leave TGATTN_DATA unset to download it") from None
+
+
+def _fetch(what: str, url: str, path: Path, inside: str, *, check: Callable[[bytes], str]) -> None:
+    """:func:`_download`; a failed connection is a ``FileNotFoundError`` saying how else to get ``what``."""
+    import urllib.error
+
+    try:
+        _download(url, path, check=check)
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as err:  # offline, refused, cut, too slow
+        reason = " ".join(str(getattr(err, "reason", None) or err).split()) or type(err).__name__
+        raise FileNotFoundError(
+            f"{what} not found: TGATTN_DATA is not set, {path} does not exist, and its download from {url} failed "
+            f"({reason}); set TGATTN_DATA to a folder holding {inside} (like ../shared/data), or connect to the "
+            "internet and run again"
+        ) from err
 
 
 def _is_tiny_shakespeare(data: bytes) -> str:

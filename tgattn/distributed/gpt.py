@@ -14,7 +14,9 @@ same sequence needs ``H * T^2`` scores per layer in one place::
     torchrun --nproc-per-node 4 -m tgattn.distributed.gpt --length 65536 --steps 30
 
 Writes ``<out>/gpt_cp_<world>.csv`` (one row per step: loss, seconds, exchange seconds) and
-``gpt_cp_<world>.json`` (per rank: tokens, halo rows, peak RSS; the final validation loss).
+``gpt_cp_<world>.json`` (per rank: tokens, halo rows, peak RSS; the final validation loss), and
+ends by printing the losses and the two paths. The corpus is read before any process starts:
+without it, the command ends on one line saying where it looked and how to get it (exit 2).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._cli import out_help, runs_dir
+from .._cli import out_help, run, runs_dir
 from ..models import GPT, GPTConfig
 from .launch import launch
 from .nn import distribute
@@ -100,14 +102,13 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _train(rank: int, world: int, args) -> None:
+def _train(rank: int, world: int, args, text: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..lm.data import CharTokenizer, get_batch, load_corpus, split
+    from ..lm.data import CharTokenizer, get_batch, split
 
     torch.set_num_threads(args.threads)
-    text = load_corpus(args.data)
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = split(tok.encode(text))
     torch.manual_seed(args.seed)
@@ -163,7 +164,9 @@ def _report(args, world: int, rows, ranks, val_loss: float) -> None:
                "window": args.window, "steps": args.steps, "first_loss": rows[0]["loss"],
                "last_loss": rows[-1]["loss"], "val_loss": val_loss, "ranks": ranks}
     (out / f"gpt_cp_{world}.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary))
+    print(f"{world} rank{'s' * (world > 1)}, {args.steps} steps of {args.batch} x {args.length} tokens: loss {rows[0]['loss']:.4f} -> "
+          f"{rows[-1]['loss']:.4f}, validation loss {val_loss:.4f}")
+    print(f"wrote {out / f'gpt_cp_{world}.csv'} and {out / f'gpt_cp_{world}.json'}")
 
 
 def main(argv=None) -> int:
@@ -184,7 +187,14 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
     parser.add_argument("--out", default=runs_dir("distributed"), help=out_help("distributed"))
     args = parser.parse_args(argv)
-    launch(_train, args.nproc, args, threads=args.threads)
+    return run(parser, _load_and_launch, args)
+
+
+def _load_and_launch(args) -> int:
+    from ..datasets import load_tiny_shakespeare
+
+    text = load_tiny_shakespeare(args.data)  # here, so that a missing corpus is one line
+    launch(_train, args.nproc, args, text, threads=args.threads)
     return 0
 
 
