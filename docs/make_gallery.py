@@ -29,6 +29,11 @@ def patterns(n: int = 32):
     yield "cross_window(16 q, 32 k, w=2)", builders.cross_window(n // 2, n, 2), n // 2, n
     yield "topk(3) over causal, head 0", _head(builders.topk(q, k, 3, base=builders.causal(n)), 0), n, n
     yield "probsparse(c=1), head 0", _head(builders.probsparse(q, k, 1, generator=g()), 0), n, n
+    indexer = g()  # one stream for the three inputs of the lightning indexer
+    q_index, k_index = torch.randn(n, 2, 8, generator=indexer), torch.randn(n, 8, generator=indexer)
+    weights = torch.rand(n, 2, generator=indexer)
+    yield "indexer_topk(4)", builders.indexer_topk(q_index, k_index, weights, 4), n, n
+    yield "block_topk(4, 3), head 0", _head(builders.block_topk(q, k, 4, 3), 0), n, n
 
 
 def _head(pattern, h: int):

@@ -103,7 +103,7 @@ def test_the_gallery_picture_draws_every_pattern(tmp_path):
 
     gallery = runpy.run_path(str(REPO / "docs" / "make_gallery.py"))
     items = list(gallery["patterns"]())
-    assert len(items) == 15
+    assert len(items) == 17
     full = dict((title, (e, nq, nk)) for title, e, nq, nk in items)["full"]
     assert builders.to_mask(*full).all()
     gallery["main"](tmp_path / "patterns.png")
