@@ -148,3 +148,12 @@ def test_bad_terms_are_named():
         graph_attention(q, k, v, edge_index, edge_key=(torch.randn(num_edges, 3),))
     with pytest.raises(ValueError, match="refers to key/source node 9"):
         graph_attention(q, k, v, torch.tensor([[9], [0]]), edge_key=torch.randn(1, HEADS, DK))
+
+
+def test_one_pair_for_keys_and_values_of_different_widths_is_refused():
+    """The same (features, weight) object for both terms is shared only when dk == dv."""
+    edge_index = builders.window(6, 1)
+    q, k, v = torch.randn(6, HEADS, DK), torch.randn(6, HEADS, DK), torch.randn(6, HEADS, DV)
+    term = (torch.randn(edge_index.shape[1], 9), torch.randn(HEADS * DK, 9))
+    with pytest.raises(ValueError, match=r"edge_value weight must have shape \[H \* d, F\] = \[10, 9\]"):
+        graph_attention(q, k, v, edge_index, edge_key=term, edge_value=term)

@@ -209,15 +209,18 @@ def attention_with_edge_terms(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if edge_scale is not None:
         edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, heads)
+    shared = edge_key is not None and edge_value is edge_key and v.shape[2] == q.shape[2]  # one term for both
     if edge_key is not None:
         key = _edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
+        if shared and key.weight is not None and not key.factored():
+            key = _edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)
         key_bias = _edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
         if bias is not None:  # checked before the sum, which would promote its dtype
             bias = _check_edge_tensor("bias", bias, num_edges, heads) if compiling else _check_bias(bias, num_edges, q)
         bias = key_bias if bias is None else key_bias + bias
     if edge_value is None:
         return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator)
-    value = _edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
+    value = key if shared else _edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
     mult = edge_scale
     if dropout_p > 0:
         # One mask for a_ij v_j and a_ij ev_ij: drawn here, applied by the backend as an edge scale.
