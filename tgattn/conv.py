@@ -69,7 +69,9 @@ class GraphAttentionConv(MessagePassing):
     the mask; message hooks (``AttentionExplainer``) or a replaced ``explain_message`` switch to
     the message-passing path, whose ``message()`` sees ``alpha`` as ``GATConv``'s does.
 
-    Args (``TransformerConv``'s, in its order, then this class's own, keyword-only):
+    The arguments are ``TransformerConv``'s, in its order, then this class's own, keyword-only.
+
+    Args:
         in_channels (int or tuple): size of each input sample, or ``(source, target)`` sizes for
             bipartite graphs; ``-1`` infers a size from the first input.
         out_channels (int): channels C per head.
