@@ -196,3 +196,16 @@ def test_torch_jit_script_is_not_supported():
     """TorchScript is deprecated by PyTorch; torch.compile traces the conv (tests/test_conv_pyg.py)."""
     with pytest.raises(torch.jit.frontend.NotSupportedError):
         torch.jit.script(GraphAttentionConv(5, C, H))
+
+
+def test_beta_gate_runs_lin_beta_as_a_module_under_a_hook():
+    """The gate is computed from lin_beta's weight without the [N, 3 * width] concatenation; a hook
+    on lin_beta sees the module called on that concatenation, with the same result."""
+    ei, x, _, _ = graph(7, 7, torch.float64)
+    conv = GraphAttentionConv(5, C, H, True, True).double()
+    fast = conv(x, ei)
+    seen = []
+    handle = conv.lin_beta.register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    torch.testing.assert_close(conv(x, ei), fast, **TOL[torch.float64])
+    handle.remove()
+    assert seen == [torch.Size([7, 3 * H * C])]

@@ -275,8 +275,13 @@ class GraphAttentionConv(MessagePassing):
             return out
         if self.lin_beta is None:
             return out + root
-        gate = self.lin_beta(torch.cat([out, root, out - root], dim=-1)).sigmoid()  # [Nq, 1]
-        return gate * root + (1 - gate) * out
+        if _hooked(self.lin_beta):
+            gate = self.lin_beta(torch.cat([out, root, out - root], dim=-1)).sigmoid()  # [Nq, 1]
+        else:
+            # w^T [o, r, o - r] = (w_1 + w_3)^T o + (w_2 - w_3)^T r: two products, no [Nq, 3 * width] copy.
+            w_out, w_root, w_diff = self.lin_beta.weight.view(3, -1)  # [width] each
+            gate = torch.addmv(root @ (w_root - w_diff), out, w_out + w_diff).unsqueeze(-1).sigmoid()  # [Nq, 1]
+        return torch.lerp(out, root, gate)  # gate * root + (1 - gate) * out
 
     def _project(self, x_j: Tensor, x_i: Optional[Tensor], num_queries: int):
         """``(q [Nq, H, C], k [Nk, H, C], v [Nk, H, C], root term [Nq, H*C or C] or None)``.
@@ -420,12 +425,17 @@ def _linears(x: Tensor, lins: List[Linear]) -> List[Tensor]:
     Projections that are not sized yet (``in_channels=-1``) or carry hooks run one by one,
     through their modules.
     """
-    hooked = _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
-    if len(lins) < 2 or hooked or any(lin._forward_pre_hooks or lin._forward_hooks for lin in lins):
+    if len(lins) < 2 or any(_hooked(lin) for lin in lins):
         return [lin(x) for lin in lins]
     weight = torch.cat([lin.weight for lin in lins])  # [sum of outputs, F]
     bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
     return list(F.linear(x, weight, bias).split([lin.out_channels for lin in lins], dim=-1))
+
+
+def _hooked(lin: Linear) -> bool:
+    """Whether a forward hook (global or on ``lin``) must see ``lin`` called as a module."""
+    hooked = _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
+    return bool(hooked or lin._forward_pre_hooks or lin._forward_hooks)
 
 
 def _node_counts(size, x_j: Tensor, x_i: Optional[Tensor]) -> Tuple[int, int]:
