@@ -65,6 +65,24 @@ def test_any_finite_scale(name, scale, backend):
 
 
 @pytest.mark.parametrize("backend", ["auto", "gather"] + FAST)
+@pytest.mark.parametrize("scale", [1e-50, -1e-50, 1e-300])
+@pytest.mark.parametrize("name", list(SCALE_SETS))
+def test_scale_that_rounds_to_zero_in_float32(name, scale, backend):
+    """float32 inputs with a scale below float32's range: 0 where the kernels compute (found by
+    tests/test_engine_fuzz.py: SDPA gave NaN on causal sets at scale 6e-84)."""
+    n, make = SCALE_SETS[name]
+    q, k, v, grad_out = inputs(n, n, heads=2, dk=6, dtype=torch.float32)
+    out = graph_attention(q, k, v, make(), scale=scale, backend=backend)
+    wide = [t.double() for t in (q, k, v)]
+    ref = oracle(*wide, make(), scale=scale)
+    assert max_err(out.double(), ref) <= 1e-5
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out.double())
+    for a, b in zip(grads, ref_grads):
+        assert max_err(a.double(), b.double()) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["auto", "gather"] + FAST)
 @pytest.mark.parametrize("edges", ["causal", "window", "random"])
 def test_inputs_with_any_strides(backend, edges):
     """q, k, v as views with any strides: a transposed (non-contiguous) last dimension, heads

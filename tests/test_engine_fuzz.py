@@ -4,7 +4,7 @@ Each example draws an edge set (random with empty rows and self-loops, full, cau
 window), then perhaps duplicates some edges, shuffles them, empties some queries, and hands
 ``edge_index`` over as int64 or int32, contiguous or strided; q, k, v of float64 or float32
 with any strides; a bias ``[E]`` or ``[E, H]`` (q's dtype or float32) with ``-inf`` entries
-and queries whose edges are all ``-inf``; any finite scale (0 and negative included); logits
+and queries whose edges are all ``-inf``; any finite scale (0, negative and below float32's range included); logits
 of ~1e4 (float64); returned weights. Forward, the returned weights and the gradients of q,
 k, v and the bias are compared with the oracle's: :func:`tgattn.reference.dense_attention`
 over the dense twin of the edge set (``engine_helpers.dense_twin``: m copies of an edge weigh
@@ -65,7 +65,7 @@ def cases(draw):
         edge_index=ei, n_q=n_q, n_k=n_k, dtype=dtype, heads=heads, dk=dk, dv=dv, big=big, seed=draw(st.integers(0, 2**16)),
         index_as=draw(st.sampled_from(["long", "int32", "strided", "strided-int32"])),
         strided=draw(st.sampled_from(["none", "q", "k", "v", "all"])),
-        scale=draw(st.one_of(st.sampled_from([None, 0.0, -0.0, -0.5, 1.0]), st.floats(-2.0, 2.0, allow_nan=False))),
+        scale=draw(st.one_of(st.sampled_from([None, 0.0, -0.0, -0.5, 1.0, 1e-50]), st.floats(-2.0, 2.0, allow_nan=False))),
         bias=draw(st.one_of(st.none(), st.sampled_from(["shared", "per-head"]))),
         bias_dtype=draw(st.sampled_from(["q", "float32"])),
         minus_inf=draw(st.sampled_from(["none", "edges", "rows", "both"])),

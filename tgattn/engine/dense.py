@@ -30,9 +30,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Opt
             dead = None
         else:
             mask = mask.masked_fill(dead, 0.0)  # finite rows for SDPA (no NaN, also in backward); zeroed below
-    if scale <= 0:
+    if scale < torch.finfo(torch.float32).tiny:
         # SDPA's CPU kernels scale their causal -inf with the scores (0 * -inf = NaN; a negative
-        # scale makes it +inf): give them scale 1 and queries scaled here.
+        # scale makes it +inf), in float32 for float32 inputs, where a scale of 1e-50 is 0 too:
+        # give them scale 1 and queries scaled here.
         q, scale = q * scale, 1.0
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
