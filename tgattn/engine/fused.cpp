@@ -72,12 +72,44 @@ inline void store(T* p, vec_t<T> v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// A score is recomputed in the backward (from q, k and the saved log-sum-exp) by other code than
+// the forward's: a key's edges are grouped by eight where a row's were, and the dot products are
+// inlined into other loops. It must still come out bit for bit the same: at scores near 1e4
+// (float32) an ulp of a score is 1e-3 on its weight, and a backward weight off by that from the
+// forward's no longer sums with the others to what the forward's output says (sum_e ds_e = 0
+// failed by 1e-3 * |ds|, and dq by 2e-2 to 1e-1 where it is 5e-2, on keys sharing a common
+// part). Hence one rounding sequence for every dot product and score, whichever path computes it:
+//  * lane sums in hsum8's order, a pairwise tree ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))
+//    (left to right, a row's last n % 8 dot products rounded otherwise than its groups of eight);
+//  * multiply-adds fused explicitly (madd): under -ffp-contract=fast the compiler fused some
+//    a * b + c and not others, by context (the backward's dot products were left unfused);
+//  * score = madd(dot, scale, bias or 0) (scale_max's dot * scale is the same number), then minus
+//    the log-sum-exp (dot * scale - lse in one multiply-add skipped the rounding of dot * scale
+//    that the forward's score has).
 template <typename T>
 inline T hsum(vec_t<T> v) {
-  T s = 0;
-  for (int l = 0; l < Vec<T>::L; ++l) s += v[l];
-  return s;
+  constexpr int L = Vec<T>::L;
+  T x[L];
+  for (int l = 0; l < L; ++l) x[l] = v[l];
+  for (int w = 1; w < L; w *= 2)
+    for (int l = 0; l < L; l += 2 * w) x[l] += x[l + w];
+  return x[0];
 }
+
+// a * b + c rounded once on x86 CPUs with fused multiply-adds, whatever the context (see hsum).
+// Elsewhere the compiler decides: without FMA always twice (consistent again), on other
+// instruction sets with FMA (ARM) by context, where a recomputed score may be an ulp off.
+#if defined(__FMA__) && defined(__AVX__)
+inline vec_t<float> madd(vec_t<float> a, vec_t<float> b, vec_t<float> c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec_t<double> madd(vec_t<double> a, vec_t<double> b, vec_t<double> c) { return _mm256_fmadd_pd(a, b, c); }
+inline float madd(float a, float b, float c) { return std::fma(a, b, c); }
+inline double madd(double a, double b, double c) { return std::fma(a, b, c); }
+#else
+template <typename V>
+inline V madd(V a, V b, V c) {
+  return a * b + c;
+}
+#endif
 
 // Stores the lane sums of acc[0..7] (one dot product each) into out[0..7]. On AVX a
 // transpose-and-add tree does all eight in nine instructions instead of eight serial sums.
@@ -194,11 +226,11 @@ __attribute__((always_inline)) inline void dots8(const X& x, const T* const* p, 
   vec_t<T> acc[R] = {};
   for (int64_t t = 0; t < dl; t += L) {
 #pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) acc[k] += load(x[k] + t) * load(p[k] + t);
+    for (int k = 0; k < R; ++k) acc[k] = madd(load(x[k] + t), load(p[k] + t), acc[k]);
   }
   hsum8<T>(acc, out);
   for (int64_t t = dl; t < d; ++t)
-    for (int k = 0; k < R; ++k) out[k] += x[k][t] * p[k][t];
+    for (int k = 0; k < R; ++k) out[k] = madd(x[k][t], p[k][t], out[k]);
 }
 
 // out[r] = <x, rows[r]> for n rows, eight at a time (dots8), the last n % 8 one by one.
@@ -219,9 +251,9 @@ inline void dots(const T* x, const Rs& rows, int64_t n, int64_t d, T* out) {
   for (; r < n; ++r) {
     const T* p = rows[r];
     vec_t<T> acc = {};
-    for (int64_t t = 0; t < dl; t += L) acc += load(x + t) * load(p + t);
+    for (int64_t t = 0; t < dl; t += L) acc = madd(load(x + t), load(p + t), acc);
     T s = hsum<T>(acc);
-    for (int64_t t = dl; t < d; ++t) s += x[t] * p[t];
+    for (int64_t t = dl; t < d; ++t) s = madd(x[t], p[t], s);
     out[r] = s;
   }
 }
@@ -674,7 +706,7 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, 
     dots8(Pointers<const float>{qr}, kr, d, x);
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
-    s[t] = (ivec_t{} + int32_t(t)) < degs ? load(x) * scale + load(b) : neg_inf;
+    s[t] = (ivec_t{} + int32_t(t)) < degs ? madd(load(x), vec_t<float>{} + scale, load(b)) : neg_inf;
     mx = s[t] > mx ? s[t] : mx;
   }
   // A -inf score (padding, or a -inf bias) weighs exactly 0; a row whose scores are all -inf
@@ -733,7 +765,7 @@ void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col,
     T row_max = neg_inf;
     if (bias) {
       for (int64_t r = 0; r < n; ++r)
-        row_max = std::max(row_max, x[r] = x[r] * scale + bias[re.position(r) * bias_stride]);
+        row_max = std::max(row_max, x[r] = madd(x[r], scale, bias[re.position(r) * bias_stride]));
     } else {
       row_max = scale_max(x, n, scale);
     }
@@ -802,7 +834,7 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I
     // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
-    const vec_t<float> e = exp_nonpositive(load(x) * scale + bv - load(lse));
+    const vec_t<float> e = exp_nonpositive(madd(load(x), vec_t<float>{} + scale, bv) - load(lse));
     const vec_t<float> pt = live ? e : vec_t<float>{};
     const vec_t<float> ds = pt * (load(y) * fv - load(delta));
     if (g.ds)
@@ -877,8 +909,8 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
       T *pg = p + g0, *dpg = dp + g0, *ag = a.data() + g0;
       dots(kj, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, pg);
       for (int64_t r = 0; r < m; ++r) {
-        pg[r] = pg[r] * scale - g.lse[rows[r]];
-        if (g.bias) pg[r] += g.bias[edge(ce.position(g0 + r)) * g.bias_stride];
+        const T b = g.bias ? g.bias[edge(ce.position(g0 + r)) * g.bias_stride] : T(0);
+        pg[r] = madd(pg[r], scale, b) - g.lse[rows[r]];  // the forward's score (see hsum)
       }
       exp_shifted(pg, m, T(0));
       dots(g.v + j * g.vs, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, dpg);
