@@ -35,14 +35,35 @@ def smallest(blocks: Iterable[Tuple[Tensor, Tensor]], k: int, key: Tensor, ids: 
     """The ``k`` smallest keys along the last dimension of a stream of blocks, and their ids.
 
     ``blocks`` yields ``(key [..., C], ids [C])`` with ids increasing over the stream; ``key,
-    ids [..., 0]`` start it. A stable sort of [best so far | block] keeps earlier columns first
-    among equal keys (ties go to the smaller id) and puts NaN (not a candidate) last.
+    ids [..., 0]`` start it. The best so far are kept sorted by a stable sort of [best | block],
+    so earlier columns come first among equal keys (ties go to the smaller id) and NaN (not a
+    candidate) comes last. Once ``k`` are held, only keys below the k-th enter the sort (an equal
+    one would lose the tie): most of a block is dropped before sorting.
     """
     for block_key, block_ids in blocks:
-        key, ids = torch.cat([key, block_key], -1), torch.cat([ids, block_ids.expand_as(block_key)], -1)
+        block_ids = block_ids.expand_as(block_key)
+        if key.shape[-1] == k:
+            kth = key[..., -1:]  # the k-th smallest so far (NaN: fewer than k candidates yet)
+            enter = (block_key < kth) | (kth.isnan() & ~block_key.isnan())
+            block_key, block_ids = compact(block_key, block_ids, enter)
+        key, ids = torch.cat([key, block_key], -1), torch.cat([ids, block_ids], -1)
         order = torch.sort(key, dim=-1, stable=True).indices[..., :k]
         key, ids = key.gather(-1, order), ids.gather(-1, order)
     return key, ids
+
+
+def compact(key: Tensor, ids: Tensor, enter: Tensor) -> Tuple[Tensor, Tensor]:
+    """The entries of ``key, ids [..., C]`` where ``enter``, moved to the front of their row in
+    order, rows padded with NaN to the longest: ``[..., C']``."""
+    flat = enter.reshape(-1, enter.shape[-1])  # [rows, C]
+    width = int(flat.sum(1).max()) if flat.numel() else 0
+    rows, cols = flat.nonzero(as_tuple=True)
+    slot = flat.cumsum(1)[rows, cols] - 1  # place among my row's entries
+    out_key = key.new_full((flat.shape[0], width), float("nan"))
+    out_ids = ids.new_zeros(flat.shape[0], width)
+    out_key[rows, slot] = key.reshape(flat.shape)[rows, cols]
+    out_ids[rows, slot] = ids.reshape(flat.shape)[rows, cols]
+    return out_key.view(*key.shape[:-1], width), out_ids.view(*key.shape[:-1], width)
 
 
 def not_ranked(scores: Tensor, allowed: Tensor) -> Tensor:
