@@ -8,7 +8,7 @@ from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from conftest import one_line_error
-from tgattn.analysis import show
+from tgattn.analysis import plots, show
 from tgattn.analysis.show import checkpoint_attention, random_attention
 from tgattn.lm import save_checkpoint
 from tgattn.models import GPT, GPTConfig
@@ -114,3 +114,64 @@ def test_show_draws_spaces_of_a_character_model_visibly(tmp_path, capsys):
     assert main(["show", "--text", "a b", "--checkpoint", str(path), "--query", "1", "--out", str(out)]) == 0
     assert "rollout into '\u2423'" in capsys.readouterr().out
 
+
+
+WORDS = "the sky is blue and the sea is deep while every cloud moves slowly over quiet hills where birds sing".split()
+
+
+def _drawn_texts(fig):
+    """Every piece of text the figure draws (non-empty, visible), with its box in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts], fig.bbox
+
+
+def _overlapping(boxes):
+    return [(a, b) for n, (a, box_a) in enumerate(boxes) for b, box_b in boxes[n + 1:]
+            if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > 1 and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > 1]
+
+
+@pytest.mark.parametrize("n", [4, 60, 200])
+def test_the_picture_reads_at_any_length_labels_never_overlap_and_titles_fit(n):
+    pytest.importorskip("matplotlib")
+    tokens = [WORDS[(7 * i) % len(WORDS)] + ("-internationalization" if i == n - 1 else "") for i in range(n)]
+    attention = random_attention(tokens, builders.window(n, 8, causal=True))  # flow on causal(200) takes 30 s
+    query = n - 1
+    ranked = show.rank(attention, query, 5, n)
+    title = f"{' '.join(tokens)!r} ({n} tokens): causal pattern, 2 random layers x 2 heads, seed 0"
+    fig = show.show_figure(tokens, attention, ranked, query=query, title=show.fit(title, show.TITLE_CHARS))
+    boxes, frame = _drawn_texts(fig)
+    assert not _overlapping(boxes)
+    outside = [text for text, box in boxes if box.x0 < frame.x0 or box.x1 > frame.x1 or box.y0 < frame.y0 or box.y1 > frame.y1]
+    assert not outside
+    # the graph panel draws the query's neighbourhood only: the query, its top keys and influencers
+    (graph,) = [ax for ax in fig.axes if " around " in ax.get_title()]
+    drawn = sorted(int(label.get_text().rsplit("#", 1)[1]) for label in graph.texts)
+    assert drawn == show.neighbourhood(attention, ranked, query, n) and len(drawn) <= 1 + 2 + 5 + 5
+    assert query in drawn and set(ranked["rollout"].index.tolist()) <= set(drawn)
+    # every token of the heatmap's labels is a real one, at its index
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    if n == 4:
+        assert labels == tokens[:3] + [plots.short(tokens[3])]
+    else:  # every k-th token, with its index
+        assert len(labels) >= 3
+        for label in labels:
+            index, token = label.split(" ", 1)
+            assert token == plots.short(tokens[int(index)])
+
+
+def test_a_checkpoints_title_names_the_file_not_its_folder(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "deep" / "temporary" / "gpt.pt"
+    path.parent.mkdir(parents=True)
+    save_gpt_checkpoint(path)
+    titles = []
+    draw = show.show_figure
+    monkeypatch.setattr(show, "show_figure", lambda *a, **k: titles.append(k["title"]) or draw(*a, **k))
+    assert main(["show", "--text", "abca", "--checkpoint", str(path), "--out", str(tmp_path / "x.png")]) == 0
+    assert titles == ["'abca' (4 tokens): tiny GPT gpt.pt, 2 layers x 2 heads"]

@@ -1,9 +1,12 @@
-"""Pictures of attention: pattern, heatmap, graph and top influencers.
+"""Pictures of attention: pattern, heatmap, graph, one token's neighbourhood and top influencers.
 
 Each function draws on ``ax`` when given, otherwise on a new figure, and returns the
 :class:`matplotlib.figure.Figure`; nothing is shown or saved (call ``fig.savefig``).
 matplotlib is imported inside the functions, so tgattn does not depend on it.
-Rows of every matrix picture are queries i, columns are keys j.
+Rows of every matrix picture are queries i, columns are keys j. Token labels are cut to
+:data:`LABEL_CHARS` characters, and a matrix labels as many tokens as its axes have room
+for at draw time (every token, else every 2nd, 5th, 10th, ... with its index), so that
+labels never overlap, at 4 tokens as at 200.
 """
 from __future__ import annotations
 
@@ -17,7 +20,18 @@ from .graph import to_networkx
 from .influence import Influencers
 from .weights import Head, count_nodes, layer_matrix
 
-MAX_TICKS = 48  # label every token up to this many, otherwise let matplotlib choose
+LABEL_CHARS = 12  # longer tokens are cut, with an ellipsis
+NEIGHBOURHOOD_FONT = 9  # points: the largest size of a neighbourhood's labels
+
+
+def short(token: str, limit: int = LABEL_CHARS) -> str:
+    """``token`` cut to ``limit`` characters, its last one an ellipsis.
+
+    Example:
+        >>> short("tokenization"), short("internationalization")
+        ('tokenization', 'internation…')
+    """
+    return token if len(token) <= limit else token[: limit - 1] + "…"
 
 
 def _axes(ax, figsize):
@@ -31,9 +45,31 @@ def _axes(ax, figsize):
 def _label(ax, n_q: int, n_k: int, tokens: Optional[Sequence[str]]) -> None:
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
-    if tokens is not None and max(n_q, n_k) <= MAX_TICKS:
-        ax.set_xticks(range(n_k), tokens[:n_k], rotation=90)
-        ax.set_yticks(range(n_q), tokens[:n_q])
+    if tokens is None:
+        return
+    _token_ticks(ax.xaxis, tokens[:n_k])
+    _token_ticks(ax.yaxis, tokens[:n_q])
+    ax.tick_params(axis="x", labelrotation=90)
+
+
+def _token_ticks(axis, tokens: Sequence[str]) -> None:
+    """Label ``axis`` with every token, or every 2nd, 5th, 10th, ... one and its index: as many
+    as the axis has room for when it is drawn (its tick space), none outside the tokens."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    class EveryKth(MaxNLocator):
+        step = 1
+
+        def tick_values(self, vmin, vmax):
+            ticks = [int(v) for v in super().tick_values(vmin, vmax) if 0 <= v < len(tokens)]
+            self.step = ticks[1] - ticks[0] if len(ticks) > 1 else 1
+            return ticks
+
+    locator = EveryKth(nbins="auto", integer=True, steps=[1, 2, 5, 10])
+    axis.set_major_locator(locator)
+    axis.set_major_formatter(FuncFormatter(
+        lambda value, _: short(tokens[int(value)]) if locator.step == 1 else f"{int(value)} {short(tokens[int(value)])}"
+    ))
 
 
 def plot_pattern(
@@ -69,10 +105,13 @@ def plot_attention(
     tokens: Optional[Sequence[str]] = None,
     head: Head = "mean",
     num_nodes: Optional[int] = None,
+    query: Optional[int] = None,
     title: Optional[str] = None,
     ax=None,
 ):
     """Attention heatmap: weight of key j for query i; cells outside the edge set stay blank.
+
+    ``query`` (default: none) outlines that token's row in red.
 
     Example:
         >>> from tgattn import builders
@@ -92,6 +131,10 @@ def plot_attention(
     image = ax.imshow(shown.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
     ax.figure.colorbar(image, ax=ax, label="weight")
     _label(ax, n, n, tokens)
+    if query is not None:
+        from matplotlib.patches import Rectangle
+
+        ax.add_patch(Rectangle((-0.5, query % n - 0.5), n, 1, fill=False, edgecolor="red", linewidth=1.2))
     which = "mean over heads" if head in (None, "mean") else f"head {head}"
     ax.set_title(title or f"attention ({which})")
     return ax.figure
@@ -172,7 +215,7 @@ def plot_influencers(
         (2, 'flow', 'top influencers of token 2')
     """
     index, score = influencers.index.tolist(), influencers.score.tolist()
-    names = [f"{tokens[j]}\n#{j}" if tokens is not None else f"#{j}" for j in index]
+    names = [f"{short(tokens[j])}\n#{j}" if tokens is not None else f"#{j}" for j in index]
     ax = _axes(ax, (max(3, 0.6 * len(index) + 1), 3))
     ax.bar(range(len(index)), score, color="#ff7f0e")
     ax.set_xticks(range(len(index)), names)
@@ -181,6 +224,72 @@ def plot_influencers(
     if title is None:
         title = "top influencers" if query is None else f"top influencers of token {query}"
         if query is not None and tokens is not None:
-            title += f" {tokens[query]!r}"
+            title += f" {short(tokens[query])!r}"
     ax.set_title(title)
+    return ax.figure
+
+
+def plot_neighbourhood(
+    edge_index: Tensor,
+    alpha: Tensor,
+    query: int,
+    nodes: Sequence[int],
+    *,
+    tokens: Optional[Sequence[str]] = None,
+    head: Head = "mean",
+    top_k: int = 2,
+    num_nodes: Optional[int] = None,
+    title: Optional[str] = None,
+    ax=None,
+):
+    """One token's neighbourhood in a layer's attention graph, readable at any length of text.
+
+    Only ``nodes`` (the ``query`` and the tokens around it that matter, e.g. its top keys and
+    top influencers) are drawn, evenly spaced in text order with ``query`` in orange; an arc
+    goes from key j to query i for the ``top_k`` strongest edges into each drawn token from
+    other drawn tokens, width ∝ weight. Each label (token and index) gets its own slot: turned
+    upright and made smaller when the slots are narrow, so labels never overlap.
+
+    Example:
+        >>> from tgattn import builders
+        >>> ei = builders.causal(3)
+        >>> fig = plot_neighbourhood(ei, torch.tensor([1.0, 0.5, 0.5, 0.2, 0.3, 0.5]), 2, [0, 2], tokens=["a", "b", "c"])
+        >>> [t.get_text() for t in fig.axes[0].texts], len(fig.axes[0].patches)  # one arc: 0 -> 2
+        (['a\\n#0', 'c\\n#2'], 1)
+    """
+    from matplotlib.patches import FancyArrowPatch
+
+    n = count_nodes([(edge_index, alpha)], num_nodes if num_nodes is not None else (len(tokens) if tokens else None))
+    query %= n
+    nodes = sorted(set(int(i) % n for i in nodes) | {query})
+    index = torch.tensor(nodes)
+    block = layer_matrix(edge_index, alpha, n, head=head, residual=False).index_select(0, index).to_dense()[:, index]
+    block.fill_diagonal_(0.0)  # [m, m]: weights among the drawn tokens, self-attention left out
+    arcs = [(a, b, float(block[b, a])) for b in range(len(nodes))
+            for a in block[b].argsort(descending=True)[:top_k].tolist() if block[b, a] > 0]
+    heaviest = max((w for _, _, w in arcs), default=1.0)
+    ax = _axes(ax, (max(4, 0.7 * len(nodes)), 3))
+    names = [tokens[i] if tokens is not None else "" for i in nodes]
+    labels = [f"{short(s)}\n#{i}" if tokens is not None else f"#{i}" for s, i in zip(names, nodes)]
+    # the slot of one label, in points, from the axes' share of the figure
+    slot = ax.get_position().width * ax.figure.get_figwidth() * 72 / len(nodes)
+    size = NEIGHBOURHOOD_FONT
+    wide = 0.62 * size * max(len(line) for label in labels for line in label.split("\n"))
+    upright = wide > 0.9 * slot
+    if upright:  # one line, turned: the slot must hold one line's height
+        labels = [label.replace("\n", " ") for label in labels]
+        size = min(size, 0.7 * slot)
+    ax.scatter(range(len(nodes)), [0] * len(nodes), s=120, zorder=3,
+               color=["#ff7f0e" if i == query else "#9ecae1" for i in nodes])
+    for x, label in enumerate(labels):
+        ax.text(x, -0.12, label, ha="center", va="top", fontsize=size, rotation=90 if upright else 0)
+    for a, b, w in arcs:
+        bend = -0.3 if a < b else 0.3  # arcs above the line, either way
+        ax.add_patch(FancyArrowPatch((a, 0), (b, 0), connectionstyle=f"arc3,rad={bend}", arrowstyle="-|>",
+                                     mutation_scale=10, linewidth=0.5 + 3.5 * w / heaviest, color="#1f77b4",
+                                     shrinkA=6, shrinkB=6, zorder=2))
+    ax.set_xlim(-0.6, len(nodes) - 0.4)
+    ax.set_ylim(-1.0, 0.15 * max(len(nodes) - 1, 1) + 0.3)
+    ax.set_axis_off()
+    ax.set_title(title or f"around {short(names[nodes.index(query)])!r} (#{query}): top {top_k} keys per token")
     return ax.figure
