@@ -19,9 +19,12 @@ from ..analysis import Structure
 from ..csr import transpose_pattern
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Elements of one gathered [BLOCK_M, BLOCK_N, d] chunk: 64 registers a thread at 4 warps.
-CHUNK_ELEMENTS = 8192
-BLOCK_N = 16  # edge slots per row and chunk
+# Elements of one gathered [BLOCK_M, BLOCK_N, d] chunk of float32 (half as many of float64): 16
+# a thread at Triton's 4 warps. Compiled for sm_90 (tgattn.engine.triton.aot), 8192 spilled up to
+# 3 KB a thread (dq, float64, d = 32) and 4096 up to 408 bytes (dk / dv, float32, d = 16); 2048
+# spills nothing on sm_80 or sm_90 (data/gpu/compiled.md).
+CHUNK_ELEMENTS = 2048
+BLOCK_N = 16  # edge slots per row and chunk (fewer when one row's chunk would exceed the budget)
 
 
 def available() -> bool:
@@ -85,15 +88,18 @@ def kernels_module():
     return kernels
 
 
-def blocks_for(dk: int, dv: int) -> Tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: rows per program and edge slots per chunk for head dims ``dk, dv``.
+def blocks_for(dk: int, dv: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: rows per program and edge slots per chunk for head dims ``dk, dv``
+    and inputs of ``dtype`` (float64 accumulates in float64: half the elements).
 
     Example:
-        >>> blocks_for(64, 64)
-        (8, 16)
+        >>> blocks_for(64, 64), blocks_for(16, 16), blocks_for(128, 128, torch.float64)
+        ((2, 16), (8, 16), (1, 8))
     """
     d = 1 << (max(dk, dv, 1) - 1).bit_length()  # next power of two
-    return max(1, min(16, CHUNK_ELEMENTS // (BLOCK_N * d))), BLOCK_N
+    chunk = CHUNK_ELEMENTS // (2 if dtype == torch.float64 else 1)
+    block_n = max(1, min(BLOCK_N, chunk // d))
+    return max(1, min(16, chunk // (block_n * d))), block_n
 
 
 def walks(s: Structure):
@@ -197,6 +203,6 @@ def triton_attention(
     Accumulates in float32 (float64 for float64 inputs); dropout draws its seed from torch's
     CPU generator (:func:`dropout_keep` regenerates the mask).
     """
-    blocks = blocks or blocks_for(q.shape[2], v.shape[2])
+    blocks = blocks or blocks_for(q.shape[2], v.shape[2], q.dtype)
     out, w = TritonAttention.apply(q, k, v, bias, s, scale, dropout_p, return_weights, blocks)
     return out, (w if return_weights else None)

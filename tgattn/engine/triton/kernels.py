@@ -26,7 +26,11 @@ block have about the same number of edges and few slots idle.
   would replace by read-modify-writes of the same size.)
 * Dropout keeps edge ``e`` of head ``h`` where ``tl.rand(seed, e * H + h) >= p`` (Philox,
   counter based): the backward and :func:`keep_kernel` regenerate the same mask.
+  The seed is not specialised (``do_not_specialize``): Triton would otherwise compile each
+  kernel again for the one seed in 16 that is divisible by 16, and for seed 1.
 """
+
+from typing import NamedTuple, Tuple
 
 import torch
 import triton
@@ -75,7 +79,7 @@ def _scores(x, ys, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS: tl.constexpr, 
     return tl.where(edge, s, float("-inf"))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def forward_kernel(
     Q, K, V, BIAS, OUT, LSE, W, ROWPTR, SRC, ORDER,
     n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
@@ -122,7 +126,7 @@ def forward_kernel(
             tl.store(W + e * heads + h, tl.exp(s - lse[:, None]).to(W.dtype.element_ty), mask=edge)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def dq_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DQ, DB, ROWPTR, SRC, ORDER,
     n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
@@ -158,7 +162,7 @@ def dq_kernel(
              mask=live[:, None] & (od < dk)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def dkdv_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DK, DV, COLPTR, ROW_T, PERM_T, ORDER,
     n_k, n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
@@ -202,12 +206,31 @@ def dkdv_kernel(
              mask=mask & (ov < dv)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def keep_kernel(KEEP, num, heads, p_drop, seed, BLOCK: tl.constexpr):
     """``KEEP [E * H]``: the dropout mask the attention kernels draw (tests build oracles from it)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = offs < num
     tl.store(KEEP + offs, _keep(seed, offs // heads, offs % heads, heads, p_drop).to(tl.int8), mask=live)
+
+
+class Launch(NamedTuple):
+    """One kernel launch, ``kernel[grid](*args, **meta)``: the launchers below build it, and
+    :mod:`tgattn.engine.triton.aot` compiles the very same arguments for GPUs that are not here."""
+
+    kernel: object
+    grid: Tuple[int, ...]
+    args: tuple
+    meta: dict
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.meta)
+
+
+# ptxas's own cap on registers: without it, ptxas spills a few values (4-16 bytes at 96-168
+# registers, in 7 of the 98 heaviest configurations) to fit more blocks per SM; with it, none
+# spills and each still keeps at least 8 warps per SM (tgattn.engine.triton.aot).
+MAX_REGISTERS = 255
 
 
 def _meta(q, v, blocks) -> dict:
@@ -218,6 +241,7 @@ def _meta(q, v, blocks) -> dict:
         BLOCK_N=block_n,
         BLOCK_DK=triton.next_power_of_2(q.shape[2]),
         BLOCK_DV=triton.next_power_of_2(v.shape[2]),
+        maxnreg=MAX_REGISTERS,
     )
 
 
@@ -226,59 +250,86 @@ def _strides(q, k, v, bias):
     return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)) + bias_strides
 
 
-def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks):
-    """Launch :func:`forward_kernel`: ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``.
+def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks):
+    """The :func:`forward_kernel` launch and its outputs ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``.
 
-    ``q, k, v`` have unit stride in their last dim; ``bias`` is ``[E, 1 or H]`` or ``None``.
+    ``q, k, v`` have unit stride in their last dim; ``bias`` is ``[E, 1 or H]`` or ``None``;
+    ``blocks = (BLOCK_M, BLOCK_N)``.
     """
     n_q, heads, dk = q.shape
-    meta = _meta(q, v, blocks)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty(n_q, heads, v.shape[2])
     lse = torch.empty(heads, n_q, dtype=acc, device=q.device)
     w = q.new_empty(src.numel() if weights else 0, heads)
-    grid = (triton.cdiv(n_q, blocks[0]), heads)
-    forward_kernel[grid](
+    strides = _strides(q, k, v, bias)
+    launch = Launch(forward_kernel, (triton.cdiv(n_q, blocks[0]), heads), (
         q, k, v, q if bias is None else bias, out, lse, w, rowptr, src, order,
         n_q, heads, dk, v.shape[2], scale, p_drop, 1.0 / (1.0 - p_drop), seed,
-        *_strides(q, k, v, bias)[:6], out.stride(0), out.stride(1), *_strides(q, k, v, bias)[6:],
-        HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, **meta,
-    )
-    return out, lse, w
+        *strides[:6], out.stride(0), out.stride(1), *strides[6:],
+    ), dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, **_meta(q, v, blocks)))
+    return launch, (out, lse, w)
 
 
-def backward(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks):
-    """Launch :func:`dq_kernel` and :func:`dkdv_kernel`: ``(dq, dk, dv, d_scores [E, H] or None)``.
+def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks):
+    """Launch :func:`forward_kernel`: ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``."""
+    launch, outputs = forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks)
+    launch()
+    return outputs
+
+
+def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks):
+    """The :func:`dq_kernel` and :func:`dkdv_kernel` launches and their outputs
+    ``(dq, dk, dv, d_scores [E, H] or None)``.
 
     ``rows = (rowptr, src, order)`` and ``cols = (colptr, row_t, perm_t, order)`` are the two
     CSR walks; ``delta [H, n_q]`` holds ``<dO_i, O_i>`` (plus the returned weights' share).
     """
     n_q, heads, dk = q.shape
     n_k, dv = k.shape[0], v.shape[2]
-    meta = _meta(q, v, blocks)
     common = (scale, p_drop, 1.0 / (1.0 - p_drop), seed)
     strides = _strides(q, k, v, bias)
     strides = strides[:6] + (grad_out.stride(0), grad_out.stride(1)) + strides[6:]
-    flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, **meta)
+    flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, **_meta(q, v, blocks))
     b = q if bias is None else bias
     gw = lse if grad_w is None else grad_w
     dq = q.new_empty(n_q, heads, dk)
     d_scores = torch.empty(rows[1].numel(), heads, dtype=lse.dtype, device=q.device) if bias_grad else None
-    dq_kernel[(triton.cdiv(n_q, blocks[0]), heads)](
-        q, k, v, b, grad_out, lse, delta, gw, dq, lse if d_scores is None else d_scores, *rows,
-        n_q, heads, dk, dv, *common, *strides, BIAS_GRAD=bias_grad, **flags,
-    )
     dkey, dval = k.new_empty(n_k, heads, dk), v.new_empty(n_k, heads, dv)
-    dkdv_kernel[(triton.cdiv(n_k, blocks[0]), heads)](
-        q, k, v, b, grad_out, lse, delta, gw, dkey, dval, *cols,
-        n_k, n_q, heads, dk, dv, *common, *strides, **flags,
+    launches = (
+        Launch(dq_kernel, (triton.cdiv(n_q, blocks[0]), heads), (
+            q, k, v, b, grad_out, lse, delta, gw, dq, lse if d_scores is None else d_scores, *rows,
+            n_q, heads, dk, dv, *common, *strides,
+        ), dict(BIAS_GRAD=bias_grad, **flags)),
+        Launch(dkdv_kernel, (triton.cdiv(n_k, blocks[0]), heads), (
+            q, k, v, b, grad_out, lse, delta, gw, dkey, dval, *cols,
+            n_k, n_q, heads, dk, dv, *common, *strides,
+        ), flags),
     )
-    return dq, dkey, dval, d_scores
+    return launches, (dq, dkey, dval, d_scores)
+
+
+def backward(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks):
+    """Launch :func:`dq_kernel` and :func:`dkdv_kernel`: ``(dq, dk, dv, d_scores [E, H] or None)``."""
+    launches, outputs = backward_launches(
+        q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks
+    )
+    for launch in launches:
+        launch()
+    return outputs
+
+
+KEEP_BLOCK = 256  # mask entries per keep_kernel program
+
+
+def keep_launch(num_edges, heads, p_drop, seed, device):
+    """The :func:`keep_kernel` launch and its output ``KEEP [E * H]`` (int8)."""
+    out = torch.empty(num_edges * heads, dtype=torch.int8, device=device)
+    grid = (triton.cdiv(out.numel(), KEEP_BLOCK),)
+    return Launch(keep_kernel, grid, (out, out.numel(), heads, p_drop, seed), dict(BLOCK=KEEP_BLOCK)), out
 
 
 def keep(num_edges, heads, p_drop, seed, device):
     """The dropout mask ``[E, H]`` (True = kept) that the kernels draw for this seed."""
-    out = torch.empty(num_edges * heads, dtype=torch.int8, device=device)
-    block = 256
-    keep_kernel[(triton.cdiv(out.numel(), block),)](out, out.numel(), heads, p_drop, seed, BLOCK=block)
+    launch, out = keep_launch(num_edges, heads, p_drop, seed, device)
+    launch()
     return out.view(num_edges, heads).bool()

@@ -1,0 +1,213 @@
+"""Every Triton kernel configuration of the backend, compiled ahead of time for GPUs that are not here.
+
+Triton's interpreter runs the kernels' Python semantics on the CPU; it cannot tell whether a
+GPU compiler takes them (tile shapes, dtype lowering) or what they cost on one (registers,
+spills, shared memory). Triton compiles for an NVIDIA target without the GPU (its wheel ships
+``ptxas``), so:
+
+* :func:`configurations` lists every configuration the backend launches (each dtype, head
+  dimension and option), building each :class:`~.kernels.Launch` with the launchers the
+  backend runs (:func:`~.kernels.forward_launch`, ...) and the block sizes of
+  :func:`~.attention.blocks_for`, so the list cannot drift from what runs;
+* :func:`compile_launch` binds a launch's arguments as Triton's JIT binds them at a launch
+  (same signature, specialisation and constants), compiles them for a :class:`Target` and
+  reads registers, spills and shared memory from ``ptxas``'s own log.
+
+It needs Triton's compiler, not its interpreter: run it in a process without
+``TRITON_INTERPRET=1`` (``python -m tgattn.bench.gpu_compiled`` does).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+from ..analysis import analyse
+from .attention import DTYPES, blocks_for, kernels_module, walks
+
+HEAD_DIMS = (16, 32, 64, 128)  # each compiles as itself; a head dim d compiles as next_power_of_2(d)
+BIASES = ("none", "shared", "per-head")  # [E, 1] (a runtime stride 0) and [E, H] (stride 1: a constant)
+# A representative call: 8 heads, and 37 rows, so that no row count is a multiple of 16 (Triton
+# specialises integers divisible by 16; the general kernel is the one most calls get).
+HEADS, ROWS = 8, 37
+RESERVED_SMEM = 1024  # shared memory the CUDA runtime keeps per block on sm_80 and sm_90
+REG_UNIT = 256  # registers are allocated per warp in units of 256
+# The floor: 8 resident warps per SM (12.5 %). The kernels gather key / value rows, so what
+# they need is bytes in flight: 3.35 TB/s x ~0.6 us of DRAM latency (an assumption until
+# measured) / 132 SMs ~ 15 KB per SM on an H100 (Little's law), 60 bytes a thread at 8 warps,
+# while one chunk gathers two tiles of 16 elements a thread (128 bytes of float32), issued
+# together. Below two 4-warp blocks, the SM would also idle while its one block waits at a barrier.
+OCCUPANCY_FLOOR_WARPS = 8
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU to compile for, with its published per-SM limits (CUDA C++ Programming Guide, table
+    "Technical Specifications per Compute Capability"; A100 and H100 SXM whitepapers)."""
+
+    name: str
+    arch: int
+    gpu: str
+    smem_per_sm: int  # bytes the SM's blocks share
+    smem_per_block: int  # the most one block may ask for (opt-in)
+    regs_per_sm: int = 65536
+    max_warps: int = 64
+    max_blocks: int = 32
+
+    def triton_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.arch, 32)
+
+
+TARGETS = (
+    Target("sm_80", 80, "A100", smem_per_sm=164 * 1024, smem_per_block=163 * 1024),
+    Target("sm_90", 90, "H100", smem_per_sm=228 * 1024, smem_per_block=227 * 1024),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One kernel configuration: the kernel, the inputs' dtype and head dim, and the options."""
+
+    kernel: str
+    dtype: torch.dtype
+    head_dim: int
+    bias: str = "none"
+    dropout: bool = False
+    weights: bool = False  # forward: returns the weights; backward: they have a gradient
+    bias_grad: bool = False
+
+    @property
+    def every_option(self) -> bool:
+        """Whether every option this kernel has is on (its heaviest code)."""
+        if self.kernel == "keep_kernel":
+            return True
+        return self.bias == "per-head" and self.dropout and self.weights and (self.bias_grad or self.kernel != "dq_kernel")
+
+    @property
+    def options(self) -> str:
+        names = [f"bias {self.bias}"] if self.bias != "none" else []
+        names += ["dropout"] * self.dropout
+        names += (["weights"] if self.kernel == "forward_kernel" else ["weights' grad"]) * self.weights
+        names += ["bias grad"] * self.bias_grad
+        return ", ".join(names) or "-"
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+
+def configurations() -> Iterator[Config]:
+    """Every configuration the backend launches: each kernel, dtype, head dim and option set.
+
+    Example:
+        >>> configs = list(configurations())
+        >>> len(configs), sum(c.every_option for c in configs)
+        (705, 49)
+    """
+    for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
+        for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
+            yield Config("forward_kernel", dtype, d, bias, dropout, weights)
+            for bias_grad in (False, True) if bias != "none" else (False,):
+                yield Config("dq_kernel", dtype, d, bias, dropout, weights, bias_grad)
+            yield Config("dkdv_kernel", dtype, d, bias, dropout, weights)
+    yield Config("keep_kernel", torch.int8, 0)
+
+
+def _pattern():
+    """A small window set (each query sees itself and 3 keys either side): the CSR walks."""
+    i = torch.arange(ROWS)
+    keys = (i[:, None] + torch.arange(-3, 4)).clamp(0, ROWS - 1).unique(dim=1)
+    edge_index = torch.stack([keys.flatten(), i.repeat_interleave(keys.shape[1])])
+    return walks(analyse(edge_index, ROWS, ROWS))
+
+
+def launch_of(config: Config):
+    """The :class:`~.kernels.Launch` the backend makes for ``config`` (CPU tensors of a small call)."""
+    kern = kernels_module()
+    rows, cols = _pattern()
+    edges, seed, p = rows[1].numel(), 12345, 0.1 if config.dropout else 0.0
+    if config.kernel == "keep_kernel":
+        return kern.keep_launch(edges, HEADS, 0.1, seed, "cpu")[0]
+    d = config.head_dim
+    q, k, v = (torch.zeros(ROWS, HEADS, d, dtype=config.dtype) for _ in range(3))
+    bias = None if config.bias == "none" else torch.zeros(edges, 1 if config.bias == "shared" else HEADS, dtype=config.dtype)
+    blocks = blocks_for(d, d, config.dtype)
+    if config.kernel == "forward_kernel":
+        return kern.forward_launch(q, k, v, bias, *rows, 0.125, p, seed, config.weights, blocks)[0]
+    acc = torch.float64 if config.dtype == torch.float64 else torch.float32
+    lse, delta = torch.zeros(HEADS, ROWS, dtype=acc), torch.zeros(HEADS, ROWS, dtype=acc)
+    grad_w = torch.zeros(edges, HEADS, dtype=config.dtype) if config.weights else None
+    launches, _ = kern.backward_launches(
+        q, k, v, bias, torch.zeros_like(q), lse, delta, grad_w, rows, cols, 0.125, p, seed, config.bias_grad, blocks
+    )
+    return launches[0] if config.kernel == "dq_kernel" else launches[1]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ``ptxas`` reports for one compiled kernel, and what follows for one target."""
+
+    num_warps: int
+    registers: int  # per thread
+    spill_stores: int  # bytes
+    spill_loads: int
+    stack: int  # bytes of stack frame per thread
+    shared: int  # bytes per block (Triton's dynamic shared memory + static)
+
+    def resident_warps(self, target: Target) -> int:
+        """Warps one SM holds at once (the CUDA occupancy calculator's rule)."""
+        per_warp = -(-self.registers * 32 // REG_UNIT) * REG_UNIT
+        by_regs = target.regs_per_sm // per_warp // self.num_warps
+        by_smem = target.smem_per_sm // (self.shared + RESERVED_SMEM)
+        blocks = min(by_regs, by_smem, target.max_warps // self.num_warps, target.max_blocks)
+        return blocks * self.num_warps
+
+
+_PTXAS = {
+    "registers": r"Used (\d+) registers",
+    "stack": r"(\d+) bytes stack frame",
+    "spill_stores": r"(\d+) bytes spill stores",
+    "spill_loads": r"(\d+) bytes spill loads",
+}
+
+
+def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> Tuple[Resources, dict]:
+    """Compile ``launch`` for ``target``: ``(resources, asm)`` (``asm``: ``ptx``, ``cubin``, ...).
+
+    The arguments go through the binder Triton's JIT builds for the kernel, so integers equal
+    to 1 become constants and pointers and integers divisible by 16 carry that hint, as at a
+    launch. Raises what Triton raises on a compile error.
+    """
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    kernel = launch.kernel
+    if not isinstance(kernel, triton.runtime.jit.JITFunction):
+        raise RuntimeError("Triton's interpreter is on (TRITON_INTERPRET=1): compiling needs a process without it")
+    backend = make_backend(target.triton_target())
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*launch.args, **launch.meta)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.meta, bound, specialization, options)
+    log = io.StringIO()
+    # The log of ptxas -v is printed only on a real compile: compile always, into ``cache_dir``.
+    with knobs.compilation.scope(), knobs.nvidia.scope(), knobs.cache.scope(), contextlib.redirect_stdout(log):
+        knobs.compilation.always_compile = True
+        knobs.nvidia.dump_ptxas_log = True
+        if cache_dir is not None:
+            knobs.cache.dir = cache_dir
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target.triton_target(),
+                                  options=options.__dict__)
+    text = log.getvalue()
+    found = {key: int(m.group(1)) if (m := re.search(rx, text)) else 0 for key, rx in _PTXAS.items()}
+    static = re.search(r"(\d+) bytes smem", text)
+    shared = compiled.metadata.shared + (int(static.group(1)) if static else 0)
+    return Resources(compiled.metadata.num_warps, shared=shared, **found), compiled.asm
