@@ -157,3 +157,23 @@ def test_one_pair_for_keys_and_values_of_different_widths_is_refused():
     term = (torch.randn(edge_index.shape[1], 9), torch.randn(HEADS * DK, 9))
     with pytest.raises(ValueError, match=r"edge_value weight must have shape \[H \* d, F\] = \[10, 9\]"):
         graph_attention(q, k, v, edge_index, edge_key=term, edge_value=term)
+
+
+def test_compiles_without_graph_breaks():
+    """Under torch.compile the terms trace around the custom op, as one graph (fullgraph=True)."""
+    from torch._dynamo.testing import CompileCounter
+
+    edge_index, n, _ = PATTERNS["duplicates-unsorted"]()
+    q, k, v = (torch.randn(n, HEADS, DK) for _ in range(3))
+    e, w = torch.randn(edge_index.shape[1], 3), torch.randn(HEADS * DK, 3)
+
+    def attend(q, k, v, edge_index, e, w, p):
+        return graph_attention(q, k, v, edge_index, edge_key=(e, w), edge_value=(e, w), dropout_p=p)
+
+    counter = CompileCounter()
+    compiled = torch.compile(attend, backend=counter, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, edge_index, e, w, 0.0), attend(q, k, v, edge_index, e, w, 0.0),
+                               rtol=1e-5, atol=1e-5)
+    dropped = compiled(q, k, v, edge_index, e, w, 0.5)
+    assert counter.frame_count == 2 and dropped.isfinite().all()
+    assert not torch.allclose(dropped, attend(q, k, v, edge_index, e, w, 0.0))

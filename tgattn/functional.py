@@ -209,7 +209,7 @@ def attention_with_edge_terms(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if edge_scale is not None:
         edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, heads)
-    shared = edge_key is not None and edge_value is edge_key and v.shape[2] == q.shape[2]  # one term for both
+    shared = _same_term(edge_key, edge_value) and v.shape[2] == q.shape[2]  # one term for keys and values
     if edge_key is not None:
         key = _edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
         if shared and key.weight is not None and not key.factored():
@@ -230,6 +230,15 @@ def attention_with_edge_terms(
     used = weights.to(work) if mult is None else weights.to(work) * mult.to(work)  # [E, H]
     out = (out.to(work) + _edge_terms.value_sum(used, dst, value, q.shape[0])).to(q.dtype)  # [Nq, H, dv]
     return out, weights if return_weights else None
+
+
+def _same_term(key, value) -> bool:
+    """Whether ``edge_key`` and ``edge_value`` are the same tensors (compared element-wise for pairs:
+    ``torch.compile`` traces ``is`` on tensors, not on tuples)."""
+    pairs = [isinstance(t, (tuple, list)) for t in (key, value)]
+    if all(pairs):
+        return len(key) == len(value) and all(a is b for a, b in zip(key, value))
+    return not any(pairs) and key is not None and key is value
 
 
 def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None):
