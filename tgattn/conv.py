@@ -8,11 +8,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as _nn_module
 from torch_geometric.nn import MessagePassing
-from torch_geometric.nn.dense.linear import Linear, is_uninitialized_parameter
+from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import add_self_loops as add_loops
 from torch_geometric.utils import remove_self_loops
 
-from . import _adjacency, functional
+from . import _adjacency, _checkpoint, functional
 from .engine.derived import DERIVED
 from .explain import explain_edge_scale
 
@@ -192,17 +192,9 @@ class GraphAttentionConv(MessagePassing):
                 lin.reset_parameters()
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
-        error_msgs = args[-1]
-        if self.lin_skip is None:  # TransformerConv's unused root weights (root_weight=False)
-            for key in ("lin_skip.weight", "lin_skip.bias"):
-                state_dict.pop(prefix + key, None)
-        old_bias = prefix + "lin_edge.weight"
-        if self.lin_edge is None and self.lin_edge_bias is not None and prefix + "lin_edge_bias.weight" not in state_dict:
-            if old_bias in state_dict and state_dict[old_bias].shape == self.lin_edge_bias.weight.shape:
-                # A checkpoint of the score-bias variant from when edge_dim meant it (see docs/conv.md).
-                state_dict[prefix + "lin_edge_bias.weight"] = state_dict.pop(old_bias)
+        _checkpoint.adapt(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args)
-        error_msgs.extend(_option_mismatches(self, state_dict, prefix))
+        args[-1].extend(_checkpoint.option_mismatches(self, state_dict, prefix))  # error_msgs
 
     def forward(
         self,
@@ -373,32 +365,6 @@ class GraphAttentionConv(MessagePassing):
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
-
-
-def _option_mismatches(conv: GraphAttentionConv, state_dict, prefix: str) -> List[str]:
-    """The option behind each weight of ``state_dict`` whose shape differs from ``conv``'s (a
-    mismatch PyTorch reports by shape only); keys present on one side only PyTorch names itself."""
-    explain = {
-        "lin_skip": f"concat={conv.concat} (or in_channels, heads * out_channels)",
-        "lin_beta": f"concat={conv.concat} (or heads * out_channels)",
-        "lin_edge": f"edge_dim={conv.edge_dim} (or heads * out_channels)",
-        "lin_edge_bias": f"edge_bias_dim={conv.edge_bias_dim} (or heads)",
-    }
-    messages = []
-    for name in ("lin_key", "lin_query", "lin_value", "lin_edge", "lin_skip", "lin_beta", "lin_edge_bias"):
-        module, theirs = getattr(conv, name), state_dict.get(f"{prefix}{name}.weight")
-        if module is None or theirs is None or is_uninitialized_parameter(module.weight):
-            continue
-        if theirs.shape == module.weight.shape:
-            continue
-        shape, ours = list(theirs.shape), list(module.weight.shape)
-        if name == "lin_edge" and shape[0] == conv.heads:
-            why = (f"it is the per-head score bias that edge_dim meant in GraphAttentionConv before it took "
-                   f"TransformerConv's meaning: build the conv with edge_bias_dim={shape[1]} instead of edge_dim")
-        else:
-            why = f"the state_dict comes from a conv with other options than {explain.get(name, 'in_channels, heads * out_channels')}"
-        messages.append(f"{prefix}{name}.weight has shape {shape}, this {conv} expects {ours}: {why}")
-    return messages
 
 
 def _self_loops(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
