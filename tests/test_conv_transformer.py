@@ -209,3 +209,24 @@ def test_beta_gate_runs_lin_beta_as_a_module_under_a_hook():
     torch.testing.assert_close(conv(x, ei), fast, **TOL[torch.float64])
     handle.remove()
     assert seen == [torch.Size([7, 3 * H * C])]
+
+
+def test_explainer_edge_mask_scales_the_edge_values_too():
+    """PyG's explain path multiplies the whole message a_ij (v_j + W_E e_ij) by the mask: so do
+    the fast path (edge_scale on both value terms) and the message path, gradients included."""
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+
+    ei, x, _, e = graph(7, 7, torch.float64, seed=6)
+    ref = TransformerConv(5, C, H, True, True, 0.0, F_EDGE).double()
+    conv = GraphAttentionConv(5, C, H, True, True, 0.0, F_EDGE).double()
+    conv.load_state_dict(ref.state_dict())
+    mask = torch.nn.Parameter(torch.randn(ei.shape[1], dtype=torch.float64))
+    results = []
+    for model, kw in ((ref, {}), (conv, {}), (conv, dict(backend="message_passing"))):
+        set_masks(model, mask, ei)
+        out = model(x, ei, e, **kw)
+        results.append((out, torch.autograd.grad(out.pow(2).sum(), mask)[0]))
+        clear_masks(model)
+    for out, grad in results[1:]:
+        torch.testing.assert_close(out, results[0][0], **TOL[torch.float64])
+        torch.testing.assert_close(grad, results[0][1], **TOL[torch.float64])
