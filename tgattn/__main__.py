@@ -13,7 +13,8 @@ VERIFY = ("Check, on this machine, that graph attention equals dense attention: 
           "per case; exit status 1 if any case fails. The first run compiles the fused C++ kernel (15-60 s, once).")
 SHOW = ("Draw which tokens influence a token: attention, rollout and flow over the layers of random graph "
         "attention layers, a tiny GPT checkpoint (--checkpoint) or a transformers model (--hf). Writes a picture "
-        "(--out) and prints the token's top influencers.")
+        "(--out) and prints the token's top influencers, or writes an interactive HTML page (--html): hover a "
+        "token to see what it attends to and what influences it.")
 
 
 def main(argv=None) -> int:
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
         return verify_main(backend=args.backend)
     from .analysis.show import main as show_main
 
-    if missing_plot_extra():  # before any work
+    if missing_plot_extra() and not args.html:  # before any work; the page needs no matplotlib
         show.error(missing_plot_extra())
     return run(show, show_main, args)
 

@@ -5,6 +5,8 @@ Without ``--checkpoint`` the attention comes from seeded random projections (a s
 GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
 With ``--hf`` it comes from a transformers model (:mod:`tgattn.hf`): a local model folder
 with its tokenizer, or ``random`` for a tiny seeded Llama over the words of ``--text``.
+With ``--html PAGE`` it writes an interactive page (:mod:`tgattn.analysis.page`) instead of
+the picture: hover a token to see what it attends to and what influences it.
 """
 from __future__ import annotations
 
@@ -181,6 +183,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
     parser.add_argument("--hf", metavar="PATH", help="local transformers model folder, or 'random' (needs tgattn[hf])")
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
+    parser.add_argument("--html", metavar="PAGE", help="write an interactive HTML page to PAGE instead of the picture "
+                                                       "(one file, opens offline; no matplotlib needed)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -189,8 +193,9 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         ValueError: for options that do not fit together, before any work.
     """
-    if not Path(args.out).parent.is_dir():
-        raise ValueError(f"--out: the folder {str(Path(args.out).parent)!r} does not exist")
+    target, option = (args.html, "--html") if args.html else (args.out, "--out")
+    if not Path(target).parent.is_dir():
+        raise ValueError(f"{option}: the folder {str(Path(target).parent)!r} does not exist")
     if not args.hf:
         tokens = list(args.text) if args.checkpoint else args.text.split()
         if not tokens:
@@ -207,15 +212,22 @@ def main(args: argparse.Namespace) -> int:
         tokens, attention = checkpoint_attention(args.checkpoint, args.text)
         tokens = [t.replace(" ", "\u2423") for t in tokens]  # a character model's spaces, drawn visibly
         heads = attention[0][1].shape[1] if attention[0][1].dim() == 2 else 1
-        source = f"tiny GPT {Path(args.checkpoint).name}, {len(attention)} layers x {heads} heads"  # no folder: often a temporary one
+        # the file's name, not its folder (often a temporary one)
+        source = f"tiny GPT {Path(args.checkpoint).name}, {len(attention)} layers x {heads} heads"
     else:
         edge_index = pattern_edges(args.pattern, len(tokens), window=args.window)
         attention = random_attention(tokens, edge_index, layers=args.layers, heads=args.heads, seed=args.seed)
         source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
     query = args.query % len(tokens)
+    title = f"{fit(args.text, max(TITLE_CHARS - len(source) - 20, 16))!r} ({len(tokens)} tokens): {source}"
+    if args.html:
+        from .page import attention_page
+
+        Path(args.html).write_text(attention_page(tokens, attention, query=query, title=title), encoding="utf-8")
+        print(f"wrote {args.html} (open it in a browser)")
+        return 0
     ranked = rank(attention, query, args.top_k, len(tokens))
-    text = fit(args.text, TITLE_CHARS - len(source) - 20)
-    fig = show_figure(tokens, attention, ranked, query=query, title=f"{text!r} ({len(tokens)} tokens): {source}")
+    fig = show_figure(tokens, attention, ranked, query=query, title=title)
     fig.savefig(args.out, dpi=110)
     for method, (index, score) in ranked.items():
         pairs = ", ".join(f"{tokens[j]!r} {s:.3f}" for j, s in zip(index.tolist(), score.tolist()))
