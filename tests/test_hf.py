@@ -5,6 +5,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 masking = pytest.importorskip("transformers.masking_utils")
 
+import hf_oracle  # noqa: E402
 import tgattn.hf as th  # noqa: E402
 from tgattn import builders  # noqa: E402
 from tgattn.engine import CACHE  # noqa: E402
@@ -332,6 +333,61 @@ def test_errors_name_the_problem():
         th.attention_forward(None, q, kv, kv, edge_mask(1, 4, 4))
     with pytest.raises(ValueError, match="multiple"):
         th.attention_forward(None, torch.randn(1, 3, 3, 8), kv, kv, edge_mask(1, 3, 3))
+
+
+def grouped_qkv(batch_size=2, length=5):
+    """float64 q [B, 4, T, 8] on k, v [B, 2, T, 8] (two query heads per key / value head), requiring grad."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(batch_size, heads, length, 8, generator=g, dtype=torch.float64).requires_grad_()
+            for heads in (4, 2, 2)]
+
+
+def assert_call_equals_oracle(tgattn_mask, oracle_mask, **kw):
+    """attention_forward on tgattn_mask against the dense oracle on oracle_mask: output and every gradient."""
+    tensors = grouped_qkv()
+    tensors += [t for t in kw.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    results = []
+    for call, mask in ((th.attention_forward, tgattn_mask), (hf_oracle.oracle_attention, oracle_mask)):
+        out, _ = call(None, *tensors[:3], mask, **kw)
+        out_grad = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
+        results.append((out, *torch.autograd.grad(out, tensors, out_grad)))
+    for ours, theirs in zip(*results):
+        torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 5, 5), (2, 4, 5, 5), (2, 1, 5, 5), (1, 1, 5, 5)])
+def test_position_bias_is_gathered_per_edge_with_gradients(shape):
+    # T5's call: scaling=1.0 and position_bias [1, H, Tq, Tk]; grouped heads read their own columns.
+    pad = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    dense = masking.sdpa_mask(batch_size=2, q_length=5, kv_length=5, attention_mask=pad.bool(),
+                              allow_is_causal_skip=False)  # [B, 1, Tq, Tk] bools
+    bias = torch.randn(shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).requires_grad_()
+    assert_call_equals_oracle(edge_mask(2, 5, 5, attention_mask=pad), dense, scaling=1.0, position_bias=bias)
+
+
+@pytest.mark.parametrize("kind", ["float per head", "bool per head", "float broadcast over queries"])
+def test_dense_masks_from_the_model_per_head_and_broadcast(kind):
+    g = torch.Generator().manual_seed(5)
+    keep = torch.rand(2, 4, 5, 5, generator=g) > 0.4
+    keep[0, 1, 2] = False  # a head of a query that sees no key: 0, as the oracle's
+    if kind == "bool per head":
+        mask = keep
+    else:
+        low = torch.finfo(torch.float64).min
+        mask = torch.randn(2, 4, 5, 5, generator=g, dtype=torch.float64).masked_fill(~keep, low)
+        if kind == "float broadcast over queries":  # BERT-style [B, 1, 1, Tk] extended mask
+            mask = mask[:, :1, :1]
+    assert_call_equals_oracle(mask, mask)
+    bias = torch.randn(1, 4, 5, 5, generator=g, dtype=torch.float64).requires_grad_()
+    assert_call_equals_oracle(mask, mask, position_bias=bias)  # both biases add up
+
+
+def test_position_bias_of_the_wrong_shape_is_named():
+    q, k, v = grouped_qkv()
+    with pytest.raises(ValueError, match=r"\[2 or 1, H or 1, 5, 5\] \(got \[1, 4, 5, 4\]\)"):
+        th.attention_forward(None, q, k, v, edge_mask(2, 5, 5), position_bias=torch.zeros(1, 4, 5, 4))
+    with pytest.raises(ValueError, match="3 heads, but the call has 4"):
+        th.attention_forward(None, q, k, v, edge_mask(2, 5, 5), position_bias=torch.zeros(1, 3, 5, 5))
 
 
 OFF_INTERFACE = {  # models whose attention tgattn cannot run: (config, model class)

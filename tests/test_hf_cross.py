@@ -1,55 +1,19 @@
 """tgattn.hf on encoder-decoders: cross attention over a padded encoder, and patterns on self-attention only.
 
-The reference is a dense float64 oracle registered with transformers under its own name:
-transformers' own boolean mask (``sdpa_mask``, never skipped) and
-:func:`tgattn.reference.dense_attention` on it. (transformers' eager attention runs its softmax
-in float32 and gives NaN on left padding in float64, so it cannot be the float64 reference.)
+The reference is the dense float64 oracle of tests/hf_oracle.py, registered with transformers
+as "dense_oracle": transformers' own boolean mask and :func:`tgattn.reference.dense_attention` on it.
 """
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-masking = pytest.importorskip("transformers.masking_utils")
 
+import hf_oracle  # noqa: E402,F401  (registers "dense_oracle")
 import tgattn.hf as th  # noqa: E402
-from tgattn.reference import dense_attention  # noqa: E402
 
 th.register()
 VOCAB = 64
 TOL = dict(atol=1e-10, rtol=1e-10)
-
-
-def oracle_mask(**kw):
-    """transformers' boolean mask [B, 1, Tq, Tk], always built (no ``None`` for plain masks)."""
-    return masking.sdpa_mask(**{**kw, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
-
-
-def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
-    """transformers' attention call by the dense oracle, one row of the batch at a time.
-
-    A module with an ``oracle_window = w`` attribute also keeps only keys with ``|i - j| <= w``
-    (the tests pad only at the ends of a row, so positions differ as the real tokens' ranks do).
-    """
-    batch_size, heads, q_length, _ = query.shape
-    kv_length = key.shape[2]
-    groups = heads // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # [B, H, Tk, d]
-    if attention_mask is None:  # a model that builds no mask: causal (aligned to the last key) or full, as sdpa
-        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-        keep = torch.ones(q_length, kv_length, dtype=torch.bool)
-        attention_mask = (keep.tril(kv_length - q_length) if causal else keep).expand(batch_size, 1, -1, -1)
-    keep = attention_mask[:, 0]  # [B, Tq, Tk]
-    window = getattr(module, "oracle_window", None)
-    if window is not None:
-        i, j = torch.arange(q_length).view(-1, 1), torch.arange(kv_length).view(1, -1)
-        keep = keep & ((i - j).abs() <= window)
-    rows = [dense_attention(query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1), keep[b],
-                            scale=scaling) for b in range(batch_size)]  # each [Tq, H, d]
-    return torch.stack(rows), None
-
-
-transformers.AttentionInterface.register("dense_oracle", oracle_attention)
-masking.AttentionMaskInterface.register("dense_oracle", oracle_mask)
 
 
 def padded(side, b=3, t=8):

@@ -16,9 +16,15 @@
   attention reading key / value heads in place.
 * :func:`use_pattern` swaps the model's self-attention pattern for any :mod:`tgattn.builders`
   builder; cross attention keeps the model's own mask.
-* Models whose attention does not go through the interface with the mask they were given
-  (BLOOM, GPT-J, Falcon, CodeGen, MPNet, RoFormer, MPT, XGLM, Doge, ...) are refused with a
-  ``ValueError`` naming their class (:mod:`tgattn.hf.support`).
+* A dense score bias beside the mask (T5's relative ``position_bias``) and 4-D masks a model
+  builds itself (float or boolean, per head, broadcast over queries) are read at the edges: the
+  engine's per-edge ``bias``, exact, with gradients to the dense bias.
+* Models tgattn cannot run exactly are refused, naming the model and the reason, never run
+  wrong: attention off the interface (BLOOM, GPT-J, Falcon, CodeGen, MPNet, RoFormer, MPT,
+  XGLM, ...) or a mask reworked by the model (Doge; any model that indexes or adds to the mask,
+  which is an edge set, not a tensor) raise ``ValueError`` (:mod:`tgattn.hf.support`); an
+  attention call with soft-capping, sinks or indexer-selected keys (Gemma 2, gpt-oss, ...)
+  raises ``NotImplementedError``.
 * :func:`attention_graph` and :func:`show` read a model's attention as graphs for
   :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
 

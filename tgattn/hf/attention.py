@@ -13,7 +13,16 @@ from .masks import EdgeMask, causal_rule, edge_mask, from_dense, full_rule
 
 Layer = Tuple[Tensor, Tensor]
 _RECORD: ContextVar[Optional[List[Layer]]] = ContextVar("tgattn_hf_record", default=None)
-UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
+# Arguments of transformers' attention call that change the scores in ways the engine cannot
+# express yet (soft-capping, sinks) or that select keys outside the mask (sparse indexers):
+# ignoring one would be silently wrong, so a call that gives one is refused.
+UNSUPPORTED = {
+    "softcap": "attention logit soft-capping",
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "indices": "sparse attention over indexer-selected keys",
+    "block_indices": "sparse attention over indexer-selected key blocks",
+}
 
 
 @contextmanager
@@ -41,8 +50,12 @@ def recording() -> Iterator[List[Layer]]:
 def _as_edge_mask(mask, module, batch_size: int, q_length: int, kv_length: int, is_causal: Optional[bool]) -> EdgeMask:
     if isinstance(mask, EdgeMask):
         return mask
-    if isinstance(mask, Tensor):
-        return from_dense(mask)
+    if isinstance(mask, Tensor):  # a model's own 4-D mask, broadcast as eager attention reads it
+        if mask.dim() != 4 or mask.shape[0] not in (1, batch_size) or mask.shape[2] not in (1, q_length) \
+                or mask.shape[3] != kv_length:
+            raise ValueError(f"a dense attention mask must broadcast to [B, 1 or H, Tq, Tk] = "
+                             f"[{batch_size}, 1 or H, {q_length}, {kv_length}] (got {list(mask.shape)})")
+        return from_dense(mask.expand(batch_size, -1, q_length, kv_length))
     if mask is not None:
         raise TypeError(f"attention_mask must be an EdgeMask, a 4-D tensor or None (got {type(mask).__name__})")
     # No mask (a model that builds none, or no mask builder registered): like SDPA without
@@ -50,6 +63,44 @@ def _as_edge_mask(mask, module, batch_size: int, q_length: int, kv_length: int, 
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     return edge_mask(batch_size, q_length, kv_length, q_offset=kv_length - q_length,
                      mask_function=causal_rule if causal else full_rule)
+
+
+def edge_bias(position_bias: Tensor, mask: EdgeMask) -> Tensor:
+    """A dense additive score bias ``[B or 1, H or 1, Tq, Tk]`` read at the edges of ``mask``: ``[E, H or 1]``.
+
+    T5's relative position bias (and any 4-D float bias) reaches the attention call as such a
+    tensor; gathered per edge it is the engine's ``bias``, with gradients to the dense one.
+
+    Example:
+        >>> bias = torch.arange(8.0).view(1, 2, 2, 2)  # [1, H, Tq, Tk]
+        >>> edge_bias(bias, edge_mask(1, 2, 2))  # causal edges (0, 0), (0, 1), (1, 1)
+        tensor([[0., 4.],
+                [2., 6.],
+                [3., 7.]])
+    """
+    if position_bias.dim() != 4 or position_bias.shape[0] not in (1, mask.batch_size) \
+            or tuple(position_bias.shape[2:]) != (mask.q_length, mask.kv_length):
+        raise ValueError(f"a position bias must have shape [B or 1, H or 1, Tq, Tk] = "
+                         f"[{mask.batch_size} or 1, H or 1, {mask.q_length}, {mask.kv_length}] "
+                         f"(got {list(position_bias.shape)})")
+    src, dst = mask.edge_index
+    row = dst // mask.q_length if position_bias.shape[0] > 1 else torch.zeros_like(dst)
+    return position_bias.permute(0, 2, 3, 1)[row, dst % mask.q_length, src % mask.kv_length]  # [E, H or 1]
+
+
+def _score_bias(mask: EdgeMask, position_bias: Optional[Tensor], heads: int, dtype) -> Optional[Tensor]:
+    """The mask's own bias plus the gathered position bias, ``[E, Hq]`` (or ``[E]`` / ``None``)."""
+    bias = mask.bias
+    if position_bias is not None:
+        gathered = edge_bias(position_bias, mask)
+        bias = gathered if bias is None else gathered + bias.view(bias.shape[0], -1)
+    if bias is None:
+        return None
+    if bias.dim() == 2:
+        if bias.shape[1] not in (1, heads):
+            raise ValueError(f"the score bias has {bias.shape[1]} heads, but the call has {heads} query heads")
+        bias = bias.expand(-1, heads)
+    return bias.to(dtype)
 
 
 def attention_forward(
@@ -79,6 +130,8 @@ def attention_forward(
         dropout: dropout on the attention weights (transformers passes 0 in eval mode).
         scaling: score scale (default: ``1 / sqrt(d)``).
         is_causal: overrides ``module.is_causal`` when there is no mask.
+        position_bias: an additive score bias ``[B or 1, H or 1, Tq, Tk]`` (T5's relative
+            position bias), read at the edges (:func:`edge_bias`); added to a float mask's own.
 
     float16 / bfloat16 inputs are computed in float32, as the engine does (eager attention, too,
     runs its softmax in float32); they are cast here once, not once per query-head group.
@@ -88,7 +141,9 @@ def attention_forward(
     """
     given = [name for name in UNSUPPORTED if kwargs.get(name) is not None]
     if given:
-        raise NotImplementedError(f"tgattn attention does not support {given} (use eager or sdpa for this model)")
+        caller = type(module).__name__ if module is not None else "attention_forward"
+        raise NotImplementedError(f"{caller}: attention called with {given[0]}= ({UNSUPPORTED[given[0]]}), which "
+                                  "tgattn does not support; use attn_implementation='eager' for this model")
     batch_size, heads, q_length, dim = query.shape
     kv_heads, kv_length = key.shape[1], key.shape[2]
     if heads % kv_heads:
@@ -99,13 +154,15 @@ def attention_forward(
                          f"but the call has {[batch_size, q_length, kv_length]}")
     groups = heads // kv_heads
     dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    bias = _score_bias(mask, kwargs.get("position_bias"), heads, dtype)  # [E, Hq], [E] or None
     q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim).to(dtype)  # [Nq, Hkv, G, d]
     k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim).to(dtype)  # [Nk, Hkv, d]
     v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1]).to(dtype)  # [Nk, Hkv, dv]
     record = _RECORD.get()
     outs, weights = [], []
     for g in range(groups):
-        result = graph_attention(q[:, :, g].contiguous(), k, v, mask.edge_index, bias=mask.bias, scale=scaling,
+        group_bias = bias[:, g::groups] if bias is not None and bias.dim() == 2 else bias  # [E, Hkv]: heads h % G == g
+        result = graph_attention(q[:, :, g].contiguous(), k, v, mask.edge_index, bias=group_bias, scale=scaling,
                                  dropout_p=dropout, return_weights=record is not None)
         if record is not None:
             result, alpha = result

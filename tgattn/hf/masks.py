@@ -36,7 +36,7 @@ class EdgeMask:
         edge_index: ``LongTensor[2, E]`` sorted by (query, key); row 0 = key node
             ``b * kv_length + j``, row 1 = query node ``b * q_length + i``.
         batch_size, q_length, kv_length: the batch's shape (queries ``[B, Tq]``, keys ``[B, Tk]``).
-        bias: additive score of each edge ``[E]`` (a custom float mask), or ``None``.
+        bias: additive score of each edge ``[E]``, or ``[E, H]`` per head (a custom float mask), or ``None``.
     """
 
     edge_index: Tensor
@@ -52,6 +52,21 @@ class EdgeMask:
     def contiguous(self) -> "EdgeMask":
         return self
 
+    # A model that reworks its mask as a dense tensor (indexes it, adds it to a tensor, reads a
+    # tensor attribute) cannot run on an edge set: refused with the model's name, not left to
+    # fail with a TypeError inside its code.
+    def __getitem__(self, index):
+        raise ValueError(_dense_use(f"indexes it ([{index!r}])"))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise ValueError(_dense_use(f"calls {getattr(func, '__name__', func)} on it"))
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy / pickle probes: the ordinary answer
+            raise AttributeError(name)
+        raise AttributeError(_dense_use(f"reads its .{name}"))
+
     @property
     def num_queries(self) -> int:
         return self.batch_size * self.q_length
@@ -59,6 +74,14 @@ class EdgeMask:
     @property
     def num_keys(self) -> int:
         return self.batch_size * self.kv_length
+
+
+def _dense_use(what: str) -> str:
+    request = mask_request()
+    model = type(request.model).__name__ if request.model is not None else "this model"
+    return (f"{model} cannot run on attn_implementation='tgattn': it treats the attention mask as a dense tensor "
+            f"({what}), but tgattn's mask is an edge set (tgattn.hf.masks.EdgeMask); "
+            "use 'eager' or 'sdpa' for this model")
 
 
 def causal_rule(batch_idx, head_idx, q_idx, kv_idx):
@@ -257,23 +280,38 @@ def edge_mask(
 
 
 def from_dense(mask: Tensor) -> EdgeMask:
-    """An :class:`EdgeMask` from a 4-D mask ``[B, 1, Tq, Tk]`` that a caller built by hand.
+    """An :class:`EdgeMask` from a 4-D mask ``[B, 1 or H, Tq, Tk]`` that a caller built by hand.
 
     Boolean masks keep the ``True`` cells; float masks are additive (transformers' eager
     convention): cells above the dtype's minimum become edges whose bias is the cell's value.
+    A mask per head keeps the cells some head keeps, with a bias per head (``-inf`` where a
+    head drops the cell: a head that sees no key outputs 0, as for a query without edges).
 
     Example:
         >>> from_dense(torch.tensor([[[[True, False], [True, True]]]])).edge_index
         tensor([[0, 0, 1],
                 [0, 1, 1]])
+        >>> low = torch.finfo(torch.float32).min
+        >>> from_dense(torch.tensor([[[[0.0, low]], [[0.5, 2.0]]]])).bias  # [B, H, Tq, Tk] = [1, 2, 1, 2]
+        tensor([[0.0000, 0.5000],
+                [  -inf, 2.0000]])
     """
-    if mask.dim() != 4 or mask.shape[1] != 1:
-        raise ValueError(f"a dense attention mask must have shape [B, 1, Tq, Tk] (got {list(mask.shape)})")
-    batch_size, _, q_length, kv_length = mask.shape
-    keep = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] > torch.finfo(mask.dtype).min
-    b, i, j = keep.nonzero(as_tuple=True)
+    if mask.dim() != 4:
+        raise ValueError(f"a dense attention mask must have shape [B, 1 or H, Tq, Tk] (got {list(mask.shape)})")
+    batch_size, heads, q_length, kv_length = mask.shape
+    cells = mask.permute(0, 2, 3, 1)  # [B, Tq, Tk, H]
+    kept = cells if mask.dtype == torch.bool else cells > torch.finfo(mask.dtype).min
+    b, i, j = kept.any(dim=-1).nonzero(as_tuple=True)
     edge_index = torch.stack([b * kv_length + j, b * q_length + i])
-    bias = None if mask.dtype == torch.bool else mask[:, 0][b, i, j]
+    dropped = ~kept[b, i, j]  # [E, H]: heads that mask an edge another head keeps
+    if mask.dtype != torch.bool:
+        bias = cells[b, i, j].masked_fill(dropped, float("-inf"))
+    elif heads > 1:
+        bias = torch.zeros(dropped.shape, device=mask.device).masked_fill(dropped, float("-inf"))
+    else:
+        bias = None
     if bias is not None and not bool(bias.any()):
         bias = None
+    if bias is not None and heads == 1:
+        bias = bias[:, 0]  # [E]
     return EdgeMask(edge_index, batch_size, q_length, kv_length, bias=bias)

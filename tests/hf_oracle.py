@@ -1,0 +1,57 @@
+"""A dense float64 oracle for transformers models, registered under the name ``"dense_oracle"``.
+
+transformers' own boolean mask (``sdpa_mask``, never skipped) and
+:func:`tgattn.reference.dense_attention` on it, one row of the batch at a time, with the
+call's score bias (T5's ``position_bias``, a float mask) added densely. (transformers' eager
+attention runs its softmax in float32 and gives NaN on left padding in float64, so it cannot be
+the float64 reference.) Importing this module registers it.
+"""
+import torch
+import transformers
+from transformers import masking_utils as masking
+
+from tgattn.reference import dense_attention
+
+NAME = "dense_oracle"
+CALLS = [0]  # attention calls the oracle has run (tests compare it with tgattn's)
+
+
+def oracle_mask(**kw):
+    """transformers' boolean mask [B, 1, Tq, Tk], always built (no ``None`` for plain masks)."""
+    return masking.sdpa_mask(**{**kw, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+
+
+def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                     position_bias=None, **kw):
+    """transformers' attention call by the dense oracle.
+
+    A module with an ``oracle_window = w`` attribute also keeps only keys with ``|i - j| <= w``
+    (the tests pad only at the ends of a row, so positions differ as the real tokens' ranks do).
+    """
+    CALLS[0] += 1
+    batch_size, heads, q_length, _ = query.shape
+    kv_length = key.shape[2]
+    groups = heads // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # [B, H, Tk, d]
+    if attention_mask is None:  # a model that builds no mask: causal (aligned to the last key) or full, as sdpa
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        keep = torch.ones(q_length, kv_length, dtype=torch.bool, device=query.device)
+        attention_mask = (keep.tril(kv_length - q_length) if causal else keep).expand(batch_size, 1, -1, -1)
+    bias = torch.zeros(batch_size, heads, q_length, kv_length, dtype=query.dtype, device=query.device)
+    if attention_mask.dtype != torch.bool:  # additive: the kept cells are those above the dtype's minimum
+        bias = bias + attention_mask
+        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min
+    if position_bias is not None:
+        bias = bias + position_bias
+    keep = attention_mask.expand(batch_size, heads, q_length, kv_length)  # [B, H, Tq, Tk]
+    window = getattr(module, "oracle_window", None)
+    if window is not None:
+        i, j = torch.arange(q_length).view(-1, 1), torch.arange(kv_length).view(1, -1)
+        keep = keep & ((i - j).abs() <= window)
+    rows = [dense_attention(query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1), keep[b],
+                            bias=bias[b], scale=scaling) for b in range(batch_size)]  # each [Tq, H, d]
+    return torch.stack(rows), None
+
+
+transformers.AttentionInterface.register(NAME, oracle_attention)
+masking.AttentionMaskInterface.register(NAME, oracle_mask)
