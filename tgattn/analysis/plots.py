@@ -55,17 +55,24 @@ def _label(ax, n_q: int, n_k: int, tokens: Optional[Sequence[str]]) -> None:
 def _token_ticks(axis, tokens: Sequence[str]) -> None:
     """Label ``axis`` with every token, or every 2nd, 5th, 10th, ... one and its index: as many
     as the axis has room for when it is drawn (its tick space), none outside the tokens."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     class EveryKth(MaxNLocator):
         step = 1
 
         def tick_values(self, vmin, vmax):
+            # labels one line high (the x axis turns them upright) with a 0.4 line gap; matplotlib's
+            # own "auto" keeps at most 10 ticks, too few for a 40-token axis with room for all
+            box, font = self.axis.axes.bbox, rcParams[f"{self.axis.axis_name}tick.labelsize"]
+            length = (box.width if self.axis.axis_name == "x" else box.height) * 72 / self.axis.axes.figure.dpi
+            self.set_params(nbins=max(int(length / (1.4 * FontProperties(size=font).get_size_in_points())), 1))
             ticks = [int(v) for v in super().tick_values(vmin, vmax) if 0 <= v < len(tokens)]
             self.step = ticks[1] - ticks[0] if len(ticks) > 1 else 1
             return ticks
 
-    locator = EveryKth(nbins="auto", integer=True, steps=[1, 2, 5, 10])
+    locator = EveryKth(integer=True, steps=[1, 2, 5, 10])
     axis.set_major_locator(locator)
     axis.set_major_formatter(FuncFormatter(
         lambda value, _: short(tokens[int(value)]) if locator.step == 1 else f"{int(value)} {short(tokens[int(value)])}"

@@ -154,7 +154,7 @@ def show_figure(
     plot_attention(*attention[-1], tokens=tokens, query=query, title=f"layer {last} attention (mean over heads)",
                    ax=heatmap)
     plot_neighbourhood(*attention[-1], query, neighbourhood(attention, ranked, query, len(tokens)), tokens=tokens,
-                       num_nodes=len(tokens), title=f"layer {last} around {name!r} (#{query}): top 2 keys per token",
+                       num_nodes=len(tokens), title=f"layer {last} around {name!r} (#{query})\ntop 2 keys per token, width ∝ weight",
                        ax=graph)
     for column, (method, influencers) in enumerate(ranked.items()):
         plot_influencers(
