@@ -1,0 +1,135 @@
+"""tgattn.hf over the architectures of the installed transformers (tests/hf_architectures.py).
+
+Each exact architecture, tiny and random: float64 logits equal the dense float64 oracle over
+transformers' own boolean mask (1e-10), every attention layer ran on tgattn, float32 logits
+equal sdpa's and eager's (2e-5), and greedy ``generate`` of a decoder is token-identical to the
+oracle's. Decoders are left-padded, encoders right-padded, encoder-decoders get a padded
+encoder. Each refused architecture raises the error that names it and its reason.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import hf_oracle  # noqa: E402  (registers "dense_oracle")
+import tgattn.hf as th  # noqa: E402
+from hf_architectures import ARCHITECTURES, DOCS, REFUSALS, VOCAB, docs_table, markdown_table, tiny_model  # noqa: E402
+
+th.register()
+EXACT = [a for a in ARCHITECTURES if a.result == "exact"]
+REFUSED = [a for a in ARCHITECTURES if a.result == "refused"]
+FLOAT64 = dict(atol=1e-10, rtol=1e-10)
+FLOAT32 = dict(atol=2e-5, rtol=2e-5)
+
+
+def inputs(kind: str):
+    """Ids, padding mask and the real positions of the logits: rows with 0, 2 and 4 pads."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=g)
+    mask = torch.ones_like(ids)
+    for row, pads in enumerate([0, 2, 4]):
+        if pads and kind == "decoder":
+            mask[row, :pads] = 0
+        elif pads:
+            mask[row, -pads:] = 0
+    batch = dict(input_ids=ids, attention_mask=mask)
+    if kind == "seq2seq":
+        batch["decoder_input_ids"] = torch.randint(3, VOCAB, (3, 5), generator=g)
+        return batch, torch.ones(3, 5, dtype=torch.bool)  # every decoder position is real
+    return batch, mask.bool()
+
+
+def logits(model, impl, batch):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(**batch, use_cache=False).logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", EXACT, ids=lambda a: a.cls)
+def test_exact_architecture(arch):
+    model = tiny_model(arch).double()
+    batch, real = inputs(arch.kind)
+    hf_oracle.CALLS[0] = 0
+    oracle = logits(model, hf_oracle.NAME, batch)
+    with th.recording() as layers:
+        ours = logits(model, "tgattn", batch)
+    assert len(layers) == hf_oracle.CALLS[0] == arch.attention_calls, "every attention layer runs on tgattn"
+    torch.testing.assert_close(ours[real], oracle[real], **FLOAT64)
+
+    model.float()
+    ours = logits(model, "tgattn", batch)
+    for impl in ("sdpa", "eager") if model._supports_sdpa else ("eager",):
+        torch.testing.assert_close(ours[real], logits(model, impl, batch)[real], **FLOAT32)
+
+    if arch.kind == "decoder":
+        model.double()
+        generated = {}
+        for impl in (hf_oracle.NAME, "tgattn"):
+            model.set_attn_implementation(impl)
+            generated[impl] = model.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                                             output_logits=True, return_dict_in_generate=True)
+        assert torch.equal(generated["tgattn"].sequences, generated[hf_oracle.NAME].sequences)
+        for step_ours, step_oracle in zip(generated["tgattn"].logits, generated[hf_oracle.NAME].logits):
+            torch.testing.assert_close(step_ours, step_oracle, **FLOAT64)
+
+
+GRADIENTS = ["T5ForConditionalGeneration", "T5GemmaForConditionalGeneration", "LlamaForCausalLM",
+             "BartForConditionalGeneration", "BertForMaskedLM"]
+
+
+@pytest.mark.parametrize("name", GRADIENTS)
+def test_gradients_of_every_parameter_equal_the_oracle(name):
+    arch = next(a for a in EXACT if a.cls == name)
+    model = tiny_model(arch).double()
+    batch, real = inputs(arch.kind)
+    probe = None
+    grads = {}
+    for impl in (hf_oracle.NAME, "tgattn"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        out = model(**batch, use_cache=False).logits[real]
+        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype) if probe is None \
+            else probe
+        (out * probe).sum().backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["tgattn"].keys() == grads[hf_oracle.NAME].keys()
+    assert len(grads["tgattn"]) == len(list(model.parameters()))
+    for key, theirs in grads[hf_oracle.NAME].items():
+        torch.testing.assert_close(grads["tgattn"][key], theirs, **FLOAT64, msg=key)
+    if name == "T5ForConditionalGeneration":  # the relative position bias gets its gradient through the edges
+        assert grads["tgattn"]["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].abs().max() > 0
+
+
+@pytest.mark.parametrize("arch", REFUSED, ids=lambda a: a.cls)
+def test_refused_architecture(arch):
+    reason = REFUSALS[arch.refused][0]
+    model = tiny_model(arch)
+    if arch.refused in ("off", "own_mask"):  # known from the class: refused when tgattn selects it
+        with pytest.raises(ValueError, match=f"{arch.cls} cannot run on attn_implementation='tgattn': {reason}"):
+            th.use_pattern(model)
+        if arch.silent:  # never asks tgattn for a mask or an attention: nothing to refuse at the forward
+            return
+        model = tiny_model(arch, attn_implementation="tgattn")  # built on tgattn: refused at the first forward
+    else:
+        model.set_attn_implementation("tgattn")
+    batch, _ = inputs(arch.kind)
+    with pytest.raises((ValueError, NotImplementedError), match=reason) as refusal:
+        model(**batch)
+    assert "cannot run on attn_implementation='tgattn'" in str(refusal.value) or "tgattn does not support" in str(
+        refusal.value)
+
+
+def test_t5gemma_with_its_default_softcap_is_refused():
+    arch = next(a for a in EXACT if a.cls == "T5GemmaForConditionalGeneration")  # exact with softcapping off
+    default = {**arch.config, "encoder": {**arch.config["encoder"], "attn_logit_softcapping": 50.0}}
+    model = tiny_model(dataclasses.replace(arch, config=default))
+    model.set_attn_implementation("tgattn")
+    with pytest.raises(NotImplementedError, match="T5GemmaSelfAttention: attention called with softcap="):
+        model(**inputs("seq2seq")[0])
+
+
+def test_docs_table_is_generated():
+    assert docs_table(DOCS.read_text()) == markdown_table(), "run: python tests/hf_architectures.py"
