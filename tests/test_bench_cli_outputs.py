@@ -24,6 +24,7 @@ OUT_CLIS = {
     "tgattn.bench.engine_scaling": "engine_scaling",
     "tgattn.bench.gnn": "gnn",
     "tgattn.bench.gpu": "gpu",
+    "tgattn.bench.gpu_compiled": "gpu_compiled",
     "tgattn.bench.graph_transformers": "graph_transformers",
     "tgattn.bench.hf": "hf",
     "tgattn.bench.planetoid": "planetoid",

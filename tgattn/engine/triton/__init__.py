@@ -9,7 +9,9 @@ weights and duplicated edges; a row without edges outputs 0.
 
 The engine picks this backend for CUDA tensors. With ``TRITON_INTERPRET=1`` in the
 environment, ``backend="triton"`` also runs on CPU tensors through Triton's interpreter
-(slowly: that is how the tests check the kernels without a GPU).
+(slowly: that is how the tests check the kernels without a GPU). :mod:`.aot` compiles every
+kernel configuration the backend launches for sm_80 / sm_90 without a GPU and reads what each
+costs there (registers, spills, shared memory): ``python -m tgattn.bench.gpu_compiled``.
 """
 from .attention import available, dropout_keep, draw_seed, triton_attention, usable
 

@@ -19,6 +19,7 @@ It needs Triton's compiler, not its interpreter: run it in a process without
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import re
@@ -30,7 +31,9 @@ import torch
 from ..analysis import analyse
 from .attention import DTYPES, blocks_for, kernels_module, walks
 
-HEAD_DIMS = (16, 32, 64, 128)  # each compiles as itself; a head dim d compiles as next_power_of_2(d)
+# Head dims at powers of two: any other head dim d runs the blocks of next_power_of_2(d) (d itself
+# is a runtime argument).
+HEAD_DIMS = (16, 32, 64, 128)
 BIASES = ("none", "shared", "per-head")  # [E, 1] (a runtime stride 0) and [E, H] (stride 1: a constant)
 # A representative call: 8 heads, and 37 rows, so that no row count is a multiple of 16 (Triton
 # specialises integers divisible by 16; the general kernel is the one most calls get).
@@ -120,6 +123,7 @@ def configurations() -> Iterator[Config]:
     yield Config("keep_kernel", torch.int8, 0)
 
 
+@functools.lru_cache(maxsize=1)
 def _pattern():
     """A small window set (each query sees itself and 3 keys either side): the CSR walks."""
     i = torch.arange(ROWS)
