@@ -173,6 +173,43 @@ def test_bad_bias_dropout_and_backend():
 
 
 @pytest.mark.parametrize("backend", ["auto", "gather", "dense", "tile", "fused", "csr"])
+def test_edge_scale_dtype_follows_the_bias_rule(backend):
+    """An edge_scale of q's dtype or float32 gives o_i = sum_j m_ij a_ij v_j (a float64 oracle:
+    the masked softmax times the dense factors) with its gradient in its own dtype; any other
+    dtype is one ValueError naming both (a float64 factor with float32 q raised a RuntimeError
+    inside gather / csr)."""
+    floats = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+    ei, n = builders.window(9, 2), 9
+    g = torch.Generator().manual_seed(1)
+    base = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    factor64 = torch.rand(ei.shape[1], 2, generator=g, dtype=torch.float64)
+    mask = builders.to_mask(ei, n, n)
+    for q_dtype in floats:
+        for m_dtype in floats:
+            q, k, v = (t.to(q_dtype, copy=True).requires_grad_() for t in base)
+            factor = factor64.to(m_dtype, copy=True).requires_grad_()
+            if m_dtype not in (q_dtype, torch.float32):
+                with pytest.raises(ValueError, match="edge_scale") as err:
+                    graph_attention(q, k, v, ei, edge_scale=factor, backend=backend)
+                assert str(m_dtype) in str(err.value) and str(q_dtype) in str(err.value)
+                continue
+            out = graph_attention(q, k, v, ei, edge_scale=factor, backend=backend)
+            leaves = [t.detach().double().requires_grad_() for t in (q, k, v, factor)]
+            scores = torch.einsum("ihd,jhd->hij", leaves[0], leaves[1]) / 2.0  # [H, N, N], scale 1 / sqrt(4)
+            weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+            dense = torch.zeros(n, n, 2, dtype=torch.float64).index_put((ei[1], ei[0]), leaves[3]).permute(2, 0, 1)
+            ref = torch.einsum("hij,jhd->ihd", weights * dense, leaves[2])
+            tol = lambda *dtypes: max({torch.float64: 1e-10, torch.float32: 1e-5}.get(d, 2e-2) for d in dtypes)  # noqa: E731
+            assert out.dtype == q_dtype
+            torch.testing.assert_close(out.double(), ref, rtol=tol(q_dtype), atol=tol(q_dtype))
+            out.double().sum().backward()
+            ref.sum().backward()
+            assert factor.grad.dtype == m_dtype
+            for t, leaf in zip((q, k, v, factor), leaves):
+                torch.testing.assert_close(t.grad.double(), leaf.grad, rtol=tol(q_dtype, t.dtype), atol=tol(q_dtype, t.dtype))
+
+
+@pytest.mark.parametrize("backend", ["auto", "gather", "dense", "tile", "fused", "csr"])
 @pytest.mark.parametrize("edges", ["causal", "window"])
 def test_bias_dtype_follows_sdpa_float_mask(edges, backend):
     """A bias of another dtype than q's: accepted exactly where scaled_dot_product_attention

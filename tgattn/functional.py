@@ -42,24 +42,28 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"k and v must have the same number of nodes (got {k.shape[0]} and {v.shape[0]})")
 
 
-def _check_edge_tensor(name: str, t: Tensor, num_edges: int, num_heads: int) -> Tensor:
-    """A per-edge tensor ``[E]`` or ``[E, 1 or H]`` of floats, returned as ``[E, 1 or H]``."""
+def _check_edge_tensor(name: str, t: Tensor, num_edges: int, q: Tensor) -> Tensor:
+    """A per-edge tensor ``[E]`` or ``[E, 1 or H]`` of floats, returned as ``[E, 1 or H]``.
+
+    Its dtype follows scaled_dot_product_attention's rule for a float ``attn_mask``: q's dtype
+    or float32 (the kernels compute in one dtype; any other would be a silent cast or a crash).
+    """
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
     if t.dtype not in FLOATS:
         raise ValueError(f"{name} must be a floating-point tensor (got {t.dtype})")
+    if t.dtype not in (q.dtype, torch.float32):
+        raise ValueError(f"{name} must have q's dtype or float32 (got {name} {t.dtype} with q {q.dtype})")
     if t.dim() == 1:
         t = t.unsqueeze(-1)
+    num_heads = q.shape[1]
     if t.dim() != 2 or t.shape[0] != num_edges or t.shape[1] not in (1, num_heads):
         raise ValueError(f"{name} must have shape [E] or [E, H] = [{num_edges}, {num_heads}] (got {list(t.shape)})")
     return t
 
 
 def _check_bias(bias: Tensor, num_edges: int, q: Tensor) -> Tensor:
-    bias = _check_edge_tensor("bias", bias, num_edges, q.shape[1])
-    # scaled_dot_product_attention's rule for a float attn_mask: q's dtype or float32.
-    if bias.dtype not in (q.dtype, torch.float32):
-        raise ValueError(f"bias must have q's dtype or float32 (got bias {bias.dtype} with q {q.dtype})")
+    bias = _check_edge_tensor("bias", bias, num_edges, q)
     # On a GPU the check would make the host wait for the device: there +inf gives NaN instead.
     if on_host(bias) and torch.isposinf(bias).any():
         raise ValueError("bias holds +inf, which has no softmax; use -inf to remove an edge")
@@ -104,6 +108,11 @@ def graph_attention(
     * float16 / bfloat16 inputs are computed in float32 and returned in their own dtype;
       autocast is off inside. Works under ``torch.no_grad``, ``torch.inference_mode`` and
       ``torch.compile`` (as one custom op, ``torch.ops.tgattn.graph_attention``).
+    * float32 gradients whose terms cancel (keys sharing a large common part, duplicated
+      edges, returned weights) stay within a few ``eps32`` of the sum of the terms'
+      magnitudes on every backend (the fused backward recomputes each weight with the
+      forward's roundings); what remains is the float32 rounding of the scores themselves,
+      about ``eps32 * |s|`` on each weight (1e-3 at scores near 1e4).
     * Double backward (``create_graph=True``) is exact on every backend: the gradients are
       recomputed on the textbook edge-wise path.
     * The analysis of ``edge_index`` is cached per tensor and checked against its contents on
@@ -134,7 +143,7 @@ def graph_attention(
             (it materializes ``[E, H, d]`` copies; use it as a reference).
         edge_scale: a factor ``[E]`` or ``[E, H]`` on each edge's weight after the softmax
             (``o_i = sum_j m_ij a_ij v_j``), differentiable: what PyG's explainers apply as
-            their edge mask (default: None).
+            their edge mask; of ``q``'s dtype or float32, as ``bias`` (default: None).
         edge_key: a per-edge key term :math:`k^e_{ij}` (``TransformerConv``'s edge features in
             the keys): the vectors ``[E, H, dk]``, or ``(features [E, F], weight [H * dk, F])``
             for :math:`k^e_{ij} = W^h e_{ij}` (``lin_edge.weight``), in the order of
@@ -208,7 +217,7 @@ def attention_with_edge_terms(
     work = engine.dispatch.compute_dtype(q.dtype)  # half precision: the terms in float32, as the kernels
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if edge_scale is not None:
-        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, heads)
+        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     shared = _same_term(edge_key, edge_value) and v.shape[2] == q.shape[2]  # one term for keys and values
     if edge_key is not None:
         key = _edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
@@ -216,7 +225,7 @@ def attention_with_edge_terms(
             key = _edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)
         key_bias = _edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
         if bias is not None:  # checked before the sum, which would promote its dtype
-            bias = _check_edge_tensor("bias", bias, num_edges, heads) if compiling else _check_bias(bias, num_edges, q)
+            bias = _check_edge_tensor("bias", bias, num_edges, q) if compiling else _check_bias(bias, num_edges, q)
         bias = key_bias if bias is None else key_bias + bias
     if edge_value is None:
         return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator)
@@ -254,7 +263,7 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
     if bias is not None:
         bias = _check_bias(bias, num_edges, q)
     if edge_scale is not None:
-        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q.shape[1])
+        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "gather" or num_edges == 0:
