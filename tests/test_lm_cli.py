@@ -100,6 +100,15 @@ def test_missing_data_is_a_clear_error(tmp_path, capsys):
     assert "Tiny Shakespeare not found" in err and "TGATTN_DATA" in err
 
 
+def test_a_data_folder_without_the_corpus_names_it_once(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("TGATTN_DATA", str(tmp_path))
+    status, err = cli(main, ["train", "--out", str(tmp_path / "out"), "--max-iters", "1"])
+    message = one_line_error(err, "python -m tgattn.lm train")
+    assert status == 2 and message.count("Tiny Shakespeare") == 1, message  # was wrapped twice: "not found (... not found: ...)"
+    assert message.startswith(f"Tiny Shakespeare not found: {tmp_path / 'tinyshakespeare' / 'input.txt'} does not exist")
+    assert "TGATTN_DATA" in message
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

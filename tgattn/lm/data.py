@@ -9,12 +9,6 @@ from torch import Tensor
 
 from ..datasets import load_tiny_shakespeare
 
-MISSING = (
-    "Tiny Shakespeare not found ({reason}). Pass --data DIR or set TGATTN_DATA to a folder "
-    "holding tinyshakespeare/input.txt (e.g. the shared ../shared/data)."
-)
-
-
 class CharTokenizer:
     """One id per distinct character of a corpus, in sorted order (nanoGPT's shakespeare_char).
 
@@ -48,15 +42,12 @@ class CharTokenizer:
 
 
 def load_corpus(data: Optional[Union[str, Path]] = None) -> str:
-    """The corpus text, from ``data`` or ``TGATTN_DATA``.
+    """The corpus text, from ``data`` or ``TGATTN_DATA`` (:func:`tgattn.datasets.load_tiny_shakespeare`).
 
     Raises:
-        FileNotFoundError: with a message that says where the corpus is expected.
+        FileNotFoundError: one message naming the corpus, where it looked and how to get it.
     """
-    try:
-        return load_tiny_shakespeare(data)
-    except (FileNotFoundError, OSError) as err:  # OSError: no internet for the fallback download
-        raise FileNotFoundError(MISSING.format(reason=err)) from err
+    return load_tiny_shakespeare(data)
 
 
 def split(ids: Tensor, train_fraction: float = 0.9) -> Tuple[Tensor, Tensor]:
