@@ -45,6 +45,13 @@ def test_planetoid_is_what_pyg_users_expect_a_dataset_of_one_graph(data_root, tm
     assert isinstance(dataset.clone(), Data) and torch.equal(dataset.clone().y, pyg[0].y)
 
 
+def test_a_planetoid_load_prints_nothing(data_root, capfd, monkeypatch):
+    # PyG prints "Processing...\nDone!" on stderr outside pytest, and load_planetoid processes on every load
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    assert datasets.load_planetoid("Cora", data_root)[0].num_nodes == 2708
+    assert capfd.readouterr() == ("", "")
+
+
 def test_env_variable_is_used(data_root, monkeypatch):
     monkeypatch.setenv("TGATTN_DATA", str(data_root))
     assert datasets.data_dir() == data_root

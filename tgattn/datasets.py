@@ -175,7 +175,16 @@ def load_planetoid(name: str, root: Optional[PathLike] = None) -> PlanetoidDatas
                 raise ValueError(f"{raw / file} is not Planetoid's {file} ({problem}): refused, since PyG "
                                  f"would unpickle it and a pickle can run code; {fix}")
             (copy / file).write_bytes(data)
-        return PlanetoidDataset(name, Planetoid(tmp, name)[0])
+        return PlanetoidDataset(name, _quiet(Planetoid)(tmp, name)[0])
+
+
+def _quiet(dataset: type) -> type:
+    """``dataset`` (a PyG dataset class) without its "Processing... Done!" prints on stderr.
+
+    PyG's ``Dataset(log=False)`` turns them off, but ``Planetoid`` takes no ``log`` argument,
+    and :func:`load_planetoid` processes the raw files on every load (library code never prints).
+    """
+    return type(dataset.__name__, (dataset,), {"log": property(lambda self: False, lambda self, value: None)})
 
 
 def load_tiny_shakespeare(root: Optional[PathLike] = None) -> str:
