@@ -54,13 +54,13 @@ def _autograd_inside_op():
         torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
 
 
-def _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend):
+def _attend(q, k, v, edge_index, bias, edge_scale, sinks, seed, scale, softcap, dropout_p, return_weights, backend):
     from .functional import eager_graph_attention
 
     with _seeded(seed):
         return eager_graph_attention(
             q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend,
-            generator=_generator(seed, q.device),
+            generator=_generator(seed, q.device), softcap=softcap, sinks=sinks,
         )
 
 
@@ -83,17 +83,21 @@ def graph_attention_op(
     dropout_p: float,
     return_weights: bool,
     backend: str,
+    sinks: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """``(out [Nq, H, dv], weights [E, H], or [0, H] when not asked for)``."""
+    """``(out [Nq, H, dv], weights [E, H], or [0, H] when not asked for)``; ``sinks`` / ``softcap``
+    come last, so that the op keeps the positions of its first arguments."""
     with torch.no_grad():
-        out, weights = _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend)
+        options = (scale, softcap, dropout_p, return_weights, backend)
+        out, weights = _attend(q, k, v, edge_index, bias, edge_scale, sinks, seed, *options)
     if weights is None:
         weights = q.new_empty(0, q.shape[1])
     return out.contiguous(), weights.contiguous()
 
 
 @graph_attention_op.register_fake
-def _(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend):
+def _(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend, sinks=None, softcap=None):
     num_weights = edge_index.shape[1] if return_weights else 0
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(num_weights, q.shape[1])
 
@@ -114,12 +118,15 @@ def graph_attention_backward_op(
     return_weights: bool,
     backend: str,
     needs: List[bool],
+    sinks: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
 ) -> List[Tensor]:
-    """Gradients of ``(q, k, v, bias, edge_scale)``; an empty tensor where none is needed."""
-    inputs = (q, k, v, bias, edge_scale)
+    """Gradients of ``(q, k, v, bias, edge_scale, sinks)``; an empty tensor where none is needed."""
+    inputs = (q, k, v, bias, edge_scale, sinks)
 
-    def forward(q, k, v, bias, edge_scale):
-        return _attend(q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend)
+    def forward(q, k, v, bias, edge_scale, sinks):
+        options = (scale, softcap, dropout_p, return_weights, backend)
+        return _attend(q, k, v, edge_index, bias, edge_scale, sinks, seed, *options)
 
     if grad_weights is not None and grad_weights.numel() == 0:
         grad_weights = None
@@ -129,34 +136,39 @@ def graph_attention_backward_op(
 
 
 @graph_attention_backward_op.register_fake
-def _(grad_out, grad_weights, q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend, needs):
-    inputs = (q, k, v, bias, edge_scale)
+def _(grad_out, grad_weights, q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend,
+      needs, sinks=None, softcap=None):
+    inputs = (q, k, v, bias, edge_scale, sinks)
     return [torch.empty_like(t) if t is not None and need else q.new_empty(0) for t, need in zip(inputs, needs)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend = inputs
-    ctx.save_for_backward(q, k, v, edge_index, bias, edge_scale, seed)
+    q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend, sinks, softcap = inputs
+    ctx.save_for_backward(q, k, v, edge_index, bias, edge_scale, seed, sinks)
     ctx.options = (scale, dropout_p, return_weights, backend)
+    ctx.softcap = softcap
 
 
 def _backward(ctx, grad_out, grad_weights):
-    q, k, v, edge_index, bias, edge_scale, seed = ctx.saved_tensors
-    needs = [bool(n) for n in ctx.needs_input_grad[:3]] + [bool(ctx.needs_input_grad[4]), bool(ctx.needs_input_grad[5])]
+    q, k, v, edge_index, bias, edge_scale, seed, sinks = ctx.saved_tensors
+    given = len(ctx.needs_input_grad)  # a call that leaves out sinks / softcap has fewer inputs
+    needs = [bool(ctx.needs_input_grad[i]) for i in (0, 1, 2, 4, 5)] + [given > 11 and bool(ctx.needs_input_grad[11])]
     grads = graph_attention_backward_op(
-        grad_out, grad_weights, q, k, v, edge_index, bias, edge_scale, seed, *ctx.options, needs
+        grad_out, grad_weights, q, k, v, edge_index, bias, edge_scale, seed, *ctx.options, needs, sinks, ctx.softcap
     )
-    dq, dk, dv, dbias, dscale = (g if need else None for g, need in zip(grads, needs))
-    return dq, dk, dv, None, dbias, dscale, None, None, None, None, None
+    dq, dk, dv, dbias, dscale, dsinks = (g if need else None for g, need in zip(grads, needs))
+    return (dq, dk, dv, None, dbias, dscale, None, None, None, None, None, dsinks, None)[:given]
 
 
 graph_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def compiled_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend):
+def compiled_graph_attention(
+    q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, softcap=None, sinks=None
+):
     """The traced form of :func:`tgattn.functional.graph_attention`: ``(out, weights or None)``."""
     seed = torch.randint(0, 2**62, (), device="cpu") if dropout_p > 0 else None
     out, weights = graph_attention_op(
-        q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend
+        q, k, v, edge_index, bias, edge_scale, seed, scale, dropout_p, return_weights, backend, sinks, softcap
     )
     return out, (weights if return_weights else None)

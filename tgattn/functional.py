@@ -70,6 +70,26 @@ def _check_bias(bias: Tensor, num_edges: int, q: Tensor) -> Tensor:
     return bias
 
 
+def _check_softcap(softcap) -> None:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a positive finite number or None (got {type(softcap).__name__} {softcap!r})")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a positive finite number (got {softcap})")
+
+
+def _check_sinks(sinks: Tensor, q: Tensor) -> Tensor:
+    """One sink logit per head ``[H]``, of q's dtype or float32 (the rule of ``bias``)."""
+    if not isinstance(sinks, Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor (got {type(sinks).__name__})")
+    if sinks.dtype not in (q.dtype, torch.float32) or not sinks.is_floating_point():
+        raise ValueError(f"sinks must have q's dtype or float32 (got sinks {sinks.dtype} with q {q.dtype})")
+    if sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks must have shape [H] = [{q.shape[1]}] (got {list(sinks.shape)})")
+    if on_host(sinks) and torch.isposinf(sinks).any():  # on a GPU: NaN outputs instead of a host sync
+        raise ValueError("sinks holds +inf, which has no softmax; use -inf for a head without a sink")
+    return sinks
+
+
 def graph_attention(
     q: Tensor,
     k: Tensor,
@@ -84,6 +104,8 @@ def graph_attention(
     edge_scale: Optional[Tensor] = None,
     edge_key: Optional[EdgeTerm] = None,
     edge_value: Optional[EdgeTerm] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Scaled-dot-product attention restricted to an edge set.
 
@@ -95,6 +117,10 @@ def graph_attention(
         o_i = \sum_{j \in N(i)} a_{ij} (v_j + v^e_{ij})
 
     (:math:`k^e`, :math:`v^e`: the optional per-edge terms ``edge_key`` / ``edge_value``, 0 without them.)
+    With ``softcap = c`` the scaled dot product is capped before the bias is added (Gemma 2),
+    :math:`s_{ij} = c \tanh(\text{scale}\,\langle q_i, k_j\rangle / c) + b_{ij}`; with ``sinks = t``
+    each head's softmax has one more logit :math:`t_h` without a value (gpt-oss's ``s_aux``),
+    :math:`a_{ij} = e^{s_{ij}} / (e^{t_h} + \sum_{l \in N(i)} e^{s_{il}})`.
 
     Equal to :func:`tgattn.reference.dense_attention` with ``mask = builders.to_mask(edge_index)``.
 
@@ -150,6 +176,15 @@ def graph_attention(
             ``edge_index`` (default: None).
         edge_value: a per-edge value term :math:`v^e_{ij}`, ``[E, H, dv]`` or
             ``(features [E, F], weight [H * dv, F])`` (default: None).
+        softcap: logit soft-capping ``c``, a positive finite number: ``c * tanh(s / c)`` on the
+            scaled scores, before the bias (default: None). Not combined with ``edge_key``.
+        sinks: one learned logit per head ``[H]`` in every softmax's denominator (attention
+            sinks), of ``q``'s dtype or float32, differentiable (default: None). The returned
+            weights are the edges' shares of that denominator: a query's weights sum to one
+            minus its sink's share, and a query without edges has no weights and outputs 0.
+
+    softcap / sinks run on csr for now: every backend name falls back to ``"csr"`` for them
+    (``"gather"`` honours them too).
 
     Edge terms run on every backend, exactly: the key term is added to the score bias as
     ``scale * <q_i, ek_ij>``, the value term is ``sum_j a_ij ev_ij`` over the weights the backend
@@ -181,29 +216,43 @@ def graph_attention(
         raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number (got {scale})")
+    if softcap is not None:
+        _check_softcap(softcap)
+        if edge_key is not None:  # its term enters the scores as a bias, after the cap, not inside it
+            raise ValueError("softcap cannot be combined with edge_key (the cap would not see the key term)")
+    mods = dict(softcap=softcap, sinks=sinks)
     if edge_key is not None or edge_value is not None:
         out, weights = attention_with_edge_terms(
-            q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, edge_key, edge_value
+            q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, edge_key, edge_value,
+            **mods,
         )
     else:
-        out, weights = _attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend)
+        out, weights = _attention(
+            q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, **mods
+        )
     return (out, weights) if return_weights else out
 
 
-def _attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None):
+def _attention(
+    q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None, *,
+    softcap=None, sinks=None,
+):
     """``(out, weights or None)``: the custom op under ``torch.compile``, else :func:`eager_graph_attention`."""
     if torch.compiler.is_compiling():
         from .custom_op import compiled_graph_attention
 
-        return compiled_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend)
+        return compiled_graph_attention(
+            q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, softcap, sinks
+        )
     return eager_graph_attention(
-        q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=generator
+        q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=generator,
+        softcap=softcap, sinks=sinks,
     )
 
 
 def attention_with_edge_terms(
     q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, edge_key, edge_value,
-    generator=None,
+    generator=None, *, softcap=None, sinks=None,
 ):
     """:func:`graph_attention` with ``edge_key`` / ``edge_value`` (see there): ``(out, weights or None)``.
 
@@ -227,15 +276,16 @@ def attention_with_edge_terms(
         if bias is not None:  # checked before the sum, which would promote its dtype
             bias = _check_edge_tensor("bias", bias, num_edges, q) if compiling else _check_bias(bias, num_edges, q)
         bias = key_bias if bias is None else key_bias + bias
+    mods = dict(softcap=softcap, sinks=sinks)
     if edge_value is None:
-        return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator)
+        return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator, **mods)
     value = key if shared else _edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
     mult = edge_scale
     if dropout_p > 0:
         # One mask for a_ij v_j and a_ij ev_ij: drawn here, applied by the backend as an edge scale.
         dropped = engine.recompute.dropout_factor(num_edges, heads, dropout_p, q.new_empty(0, dtype=work), generator)
         mult = dropped if mult is None else mult.to(work) * dropped  # [E, H]
-    out, weights = _attention(q, k, v, ei, bias, mult, scale, 0.0, True, backend, generator)
+    out, weights = _attention(q, k, v, ei, bias, mult, scale, 0.0, True, backend, generator, **mods)
     used = weights.to(work) if mult is None else weights.to(work) * mult.to(work)  # [E, H]
     out = (out.to(work) + _edge_terms.value_sum(used, dst, value, q.shape[0])).to(q.dtype)  # [Nq, H, dv]
     return out, weights if return_weights else None
@@ -250,7 +300,10 @@ def _same_term(key, value) -> bool:
     return not any(pairs) and key is not None and key is value
 
 
-def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None):
+def eager_graph_attention(
+    q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None, *,
+    softcap=None, sinks=None,
+):
     """:func:`graph_attention` outside ``torch.compile``: checks, cached analysis, engine.
 
     Returns ``(out, weights or None)``; ``generator`` draws the dropout mask of the ``csr``
@@ -264,6 +317,10 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
         bias = _check_bias(bias, num_edges, q)
     if edge_scale is not None:
         edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q)
+    if softcap is not None:
+        _check_softcap(softcap)
+    if sinks is not None:
+        sinks = _check_sinks(sinks, q)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "gather" or num_edges == 0:
@@ -275,10 +332,11 @@ def eager_graph_attention(q, k, v, edge_index, bias, edge_scale, scale, dropout_
             dropped = engine.recompute.dropout_factor(num_edges, q.shape[1], dropout_p, cast(q), generator)  # [E, H]
             mult = dropped if mult is None else mult * dropped
         out, weights = engine.recompute.gather_attention(
-            cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult)
+            cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult), softcap, cast(sinks)
         )
         return out.to(q.dtype), weights.to(q.dtype) if return_weights else None
     s = engine.structure_of(edge_index, q.shape[0], k.shape[0])
     return engine.run(
-        q, k, v, s, bias, scale, dropout_p, return_weights, backend, edge_scale=edge_scale, generator=generator
+        q, k, v, s, bias, scale, dropout_p, return_weights, backend, edge_scale=edge_scale, generator=generator,
+        softcap=softcap, sinks=sinks,
     )

@@ -7,8 +7,9 @@ neither direction ever holds an ``[E, H, d]`` tensor: the largest saved tensor i
 weights ``[E, H]``.
 
 This backend honours everything the contract allows: bias (with ``-inf``), dropout, a
-multiplicative edge scale (an explainer's edge mask), returned (differentiable) weights,
-duplicated edges, any edge order and a double backward (recomputed on the textbook path).
+multiplicative edge scale (an explainer's edge mask), logit soft-capping and attention sinks,
+returned (differentiable) weights, duplicated edges, any edge order and a double backward
+(recomputed on the textbook path).
 """
 from __future__ import annotations
 
@@ -82,33 +83,40 @@ class CsrAttention(torch.autograd.Function):
     """Sorted-edge attention: returns ``(out [n_q, H, dv], weights [E, H])``.
 
     ``mult`` (``[E, 1 or H]`` or ``None``) multiplies the weights after the softmax: dropout's
-    ``keep / (1 - p)`` and an explainer's edge mask; it receives a gradient.
+    ``keep / (1 - p)`` and an explainer's edge mask; it receives a gradient. ``softcap`` caps the
+    scaled scores before the bias (``c * tanh(s / c)``); ``sinks`` (``[H]`` or ``None``) joins each
+    softmax's denominator and receives a gradient.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mult, s: Structure, scale: float):
+    def forward(ctx, q, k, v, bias, mult, sinks, s: Structure, scale: float, softcap: Optional[float]):
         qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
         scores = _sampled_dot(s, qh, kh) * scale  # [E, H]
+        capped = None
+        if softcap is not None:
+            capped = torch.tanh(scores / softcap)  # [E, H], kept for the cap's derivative 1 - tanh^2
+            scores = capped * softcap
         if bias is not None:
             scores = scores + bias
-        weights = edge_softmax(scores, s.dst, s.n_q)  # [E, H]
+        weights = edge_softmax(scores, s.dst, s.n_q, sinks)  # [E, H]
         used = weights if mult is None else weights * mult
         out = _spmm(s.rowptr, s.src, used, vh, (s.n_q, s.n_k))  # [n_q, H, dv]
-        ctx.save_for_backward(q, k, v, bias, mult, weights)
-        ctx.s, ctx.scale = s, scale
+        ctx.save_for_backward(q, k, v, bias, mult, sinks, weights, capped)
+        ctx.s, ctx.scale, ctx.softcap = s, scale, softcap
         return out, weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        q, k, v, bias, mult, weights = ctx.saved_tensors
-        s, scale = ctx.s, ctx.scale
+        q, k, v, bias, mult, sinks, weights, capped = ctx.saved_tensors
+        s, scale, softcap = ctx.s, ctx.scale, ctx.softcap
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
 
-            def attend(q, k, v, bias, mult):
-                return gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale, mult)
+            def attend(q, k, v, bias, mult, sinks):
+                return gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale, mult, softcap, sinks)
 
-            grads = recompute_grads(attend, (q, k, v, bias, mult), (grad_out, grad_weights), ctx.needs_input_grad[:5])
-            return (*grads, None, None)
+            inputs = (q, k, v, bias, mult, sinks)
+            grads = recompute_grads(attend, inputs, (grad_out, grad_weights), ctx.needs_input_grad[:6])
+            return (*grads, None, None, None)
         qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [H, N, d]
         colptr, row_t, perm_t = transpose_pattern(s)
         used = weights if mult is None else weights * mult
@@ -120,10 +128,11 @@ class CsrAttention(torch.autograd.Function):
             d_weights = d_weights + grad_weights
         delta = weights.new_zeros(s.n_q, weights.shape[1]).index_add_(0, s.dst, weights * d_weights)
         d_scores = weights * (d_weights - delta[s.dst])  # [E, H]
+        d_dots = d_scores if capped is None else d_scores * (1 - capped * capped)  # through the cap
         if ctx.needs_input_grad[0]:
-            grad_q = _spmm(s.rowptr, s.src, d_scores, kh, (s.n_q, s.n_k)) * scale
+            grad_q = _spmm(s.rowptr, s.src, d_dots, kh, (s.n_q, s.n_k)) * scale
         if ctx.needs_input_grad[1]:
-            grad_k = _spmm(colptr, row_t, d_scores[perm_t], qh, (s.n_k, s.n_q)) * scale
+            grad_k = _spmm(colptr, row_t, d_dots[perm_t], qh, (s.n_k, s.n_q)) * scale
         if ctx.needs_input_grad[2]:
             grad_v = _spmm(colptr, row_t, used[perm_t], go, (s.n_k, s.n_q))
         if ctx.needs_input_grad[3]:
@@ -131,7 +140,12 @@ class CsrAttention(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             grad_mult = d_used * weights
             grad_mult = grad_mult if mult.shape[1] > 1 else grad_mult.sum(1, keepdim=True)
-        return grad_q, grad_k, grad_v, grad_bias, grad_mult, None, None
+        grad_sinks = None
+        if ctx.needs_input_grad[5]:
+            # The sink's weight is what the edges leave, 1 - sum_j a_ij; its gradient -a_sink * delta_i.
+            left = 1 - weights.new_zeros(s.n_q, weights.shape[1]).index_add_(0, s.dst, weights)  # [n_q, H]
+            grad_sinks = -(left * delta).sum(0)  # [H]
+        return grad_q, grad_k, grad_v, grad_bias, grad_mult, grad_sinks, None, None, None
 
 
 def csr_attention(
@@ -144,10 +158,12 @@ def csr_attention(
     dropout_p: float,
     edge_scale: Optional[Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ):
     """Run :class:`CsrAttention` on sorted edges; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in sorted order."""
     mult = edge_scale
     if dropout_p > 0:
         dropped = dropout_factor(s.num_edges, q.shape[1], dropout_p, q, generator)  # [E, H]
         mult = dropped if mult is None else dropped * mult
-    return CsrAttention.apply(q, k, v, bias, mult, s, scale)
+    return CsrAttention.apply(q, k, v, bias, mult, sinks, s, scale, softcap)

@@ -10,7 +10,8 @@ of the call, never from the values of ``q``, ``k``, ``v``:
    kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
 3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`, dropout included) for CPU calls,
    when the kernel could be compiled;
-4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``).
+4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``;
+   softcap / sinks run on csr for now, from every backend name).
 
 On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
 when Triton is installed; it honours every option but ``edge_scale``, runs float16 / bfloat16
@@ -84,6 +85,8 @@ def plan(
     fusable: bool = True,
     edge_scale: bool = False,
     triton: bool = False,
+    softcap: bool = False,
+    sinks: bool = False,
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
@@ -91,7 +94,7 @@ def plan(
     false for inputs the fused kernel does not take (not on the CPU); the kernel must also be
     available (:func:`tgattn.engine.fused.available`). ``triton`` is true when the Triton
     kernels can run the inputs (:func:`tgattn.engine.triton.usable`). Only ``csr`` takes an
-    ``edge_scale``.
+    ``edge_scale``, a ``softcap`` or ``sinks`` (softcap / sinks run on csr for now).
 
     Example:
         >>> from tgattn import builders
@@ -102,7 +105,7 @@ def plan(
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
-    if edge_scale:
+    if edge_scale or softcap or sinks:
         return "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
     if triton and (backend == "triton" or (backend == "auto" and not (dense_ok and dense_pays(s)))):
@@ -169,8 +172,11 @@ def run(
     *,
     edge_scale: Optional[Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Attention on structure ``s``; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order.
+    """Attention on structure ``s``; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order,
+    ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``csr``.
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
     inside, so that scores and sums accumulate in float32 on every backend.
@@ -183,7 +189,7 @@ def run(
     tritonable = backend in ("auto", "triton") and triton_backend.usable(q, named=backend == "triton")
     chosen = plan(
         s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable,
-        edge_scale=edge_scale is not None, triton=tritonable,
+        edge_scale=edge_scale is not None, triton=tritonable, softcap=softcap is not None, sinks=sinks is not None,
     )
     if chosen not in ("csr", "triton") and (on_host(q) or chosen == "tile") and not (
         all_finite(q, k, v) and (bias is None or not bool(torch.isnan(bias).any()))
@@ -200,11 +206,13 @@ def run(
     if work != dtype:
         q, k, v = q.to(work), k.to(work), v.to(work)
         edge_scale = None if edge_scale is None else edge_scale.to(work)
+    sinks = None if sinks is None else sinks.to(work)
+    csr_only = (edge_scale, generator, softcap, sinks)  # generator: also fused's dropout seed
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
-            out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_scale, generator)
+            out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only)
     else:
-        out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_scale, generator)
+        out, weights = _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only)
     out = out.to(dtype)
     if not return_weights or weights is None:
         return out, None
@@ -213,7 +221,8 @@ def run(
     return out, weights.to(dtype)
 
 
-def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_scale, generator):
+def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only):
+    edge_scale, generator, softcap, sinks = csr_only
     if chosen == "dense":
         return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
@@ -222,4 +231,4 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, edge_sca
         return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights)
     if chosen == "fused":
         return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator, return_weights)
-    return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator)
+    return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator, softcap, sinks)

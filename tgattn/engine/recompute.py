@@ -29,17 +29,24 @@ def gather_attention(
     bias: Optional[Tensor],
     scale: float,
     mult: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Gather ``q_i``, ``k_j``, ``v_j`` per edge, softmax per target, sum at the target.
 
     Materializes ``[E, H, d]`` copies: the readable reference, not a fast path.
     ``mult`` (``[E, 1 or H]``) multiplies the weights after the softmax (dropout's
-    ``keep / (1 - p)``, an explainer's edge mask). Returns ``(out [n_q, H, dv], weights [E, H])``.
+    ``keep / (1 - p)``, an explainer's edge mask). ``softcap`` caps the scaled scores,
+    ``c * tanh(s / c)``, before the bias is added (Gemma 2's order); ``sinks`` (``[H]``) joins
+    every softmax's max and denominator (:func:`~tgattn.engine.softmax.edge_softmax`).
+    Returns ``(out [n_q, H, dv], weights [E, H])``.
     """
     scores = (q[dst] * k[src]).sum(-1) * scale  # [E, H]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias
-    weights = edge_softmax(scores, dst, n_q)  # [E, H]
+    weights = edge_softmax(scores, dst, n_q, sinks)  # [E, H]
     used = weights if mult is None else weights * mult
     out = q.new_zeros(n_q, q.shape[1], v.shape[2]).index_add(0, dst, used.unsqueeze(-1) * v[src])  # [n_q, H, dv]
     return out, weights
