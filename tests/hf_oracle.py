@@ -21,12 +21,33 @@ def oracle_mask(**kw):
     return masking.sdpa_mask(**{**kw, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
 
 
+def capped_sink_attention(q, k, v, keep, bias, scale, softcap=None, sinks=None):
+    """Dense attention of one batch row ``q [H, Tq, d]``, ``k``, ``v [H, Tk, d]``, ``keep`` / ``bias``
+    ``[H, Tq, Tk]``, with logit soft-capping and sinks.
+
+    The scaled scores are capped, ``c * tanh(s / c)``, then the bias is added and the masked keys
+    removed; a sink adds one more logit per head (value 0) to the softmax, dropped afterwards. A
+    query left with no logit outputs 0. Returns ``[Tq, H, dv]``.
+    """
+    scores = scale * q @ k.transpose(-1, -2)  # [H, Tq, Tk]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = (scores + bias).masked_fill(~keep, float("-inf"))
+    sink = torch.full_like(scores[..., :1], float("-inf")) if sinks is None else sinks.view(-1, 1, 1).expand_as(
+        scores[..., :1]).to(scores.dtype)
+    logits = torch.cat([scores, sink], dim=-1)  # [H, Tq, Tk + 1]
+    nothing = (logits == float("-inf")).all(-1, keepdim=True)
+    probs = logits.masked_fill(nothing, 0.0).softmax(-1).masked_fill(nothing, 0.0)[..., :-1]
+    return (probs @ v).transpose(0, 1)
+
+
 def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                     position_bias=None, **kw):
+                     position_bias=None, softcap=None, s_aux=None, sinks=None, **kw):
     """transformers' attention call by the dense oracle.
 
     A module with an ``oracle_window = w`` attribute also keeps only keys with ``|i - j| <= w``
     (the tests pad only at the ends of a row, so positions differ as the real tokens' ranks do).
+    ``softcap`` and sinks (``s_aux`` or ``sinks``) go through :func:`capped_sink_attention`.
     """
     CALLS[0] += 1
     batch_size, heads, q_length, _ = query.shape
@@ -48,6 +69,12 @@ def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     if window is not None:
         i, j = torch.arange(q_length).view(-1, 1), torch.arange(kv_length).view(1, -1)
         keep = keep & ((i - j).abs() <= window)
+    sinks = s_aux if s_aux is not None else sinks
+    if softcap is not None or sinks is not None:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        rows = [capped_sink_attention(query[b], key[b], value[b], keep[b], bias[b], scale, softcap, sinks)
+                for b in range(batch_size)]
+        return torch.stack(rows), None
     rows = [dense_attention(query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1), keep[b],
                             bias=bias[b], scale=scaling) for b in range(batch_size)]  # each [Tq, H, d]
     return torch.stack(rows), None

@@ -327,8 +327,8 @@ def test_show_ranks_influencers(tmp_path):
 def test_errors_name_the_problem():
     q = torch.randn(1, 4, 3, 8)
     kv = torch.randn(1, 2, 3, 8)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        th.attention_forward(None, q, kv, kv, edge_mask(1, 3, 3), softcap=30.0)
+    with pytest.raises(NotImplementedError, match="indices"):
+        th.attention_forward(None, q, kv, kv, edge_mask(1, 3, 3), indices=torch.zeros(1, 3, 1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\[1, 4, 4\]"):
         th.attention_forward(None, q, kv, kv, edge_mask(1, 4, 4))
     with pytest.raises(ValueError, match="multiple"):
@@ -363,6 +363,17 @@ def test_position_bias_is_gathered_per_edge_with_gradients(shape):
                               allow_is_causal_skip=False)  # [B, 1, Tq, Tk] bools
     bias = torch.randn(shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).requires_grad_()
     assert_call_equals_oracle(edge_mask(2, 5, 5, attention_mask=pad), dense, scaling=1.0, position_bias=bias)
+
+
+@pytest.mark.parametrize("name", ["s_aux", "sinks"])
+def test_softcap_and_sinks_of_grouped_heads_with_gradients(name):
+    # Gemma 2's softcap with gpt-oss's sinks [Hq]: query head h (key head h // 2) gets sink h; a padded query sees
+    # no key and outputs 0 (the sink takes its whole weight).
+    pad = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    dense = masking.sdpa_mask(batch_size=2, q_length=5, kv_length=5, attention_mask=pad.bool(),
+                              allow_is_causal_skip=False)  # [B, 1, Tq, Tk] bools
+    sinks = torch.tensor([-1.0, 0.5, 2.0, 0.0], dtype=torch.float64, requires_grad=True)
+    assert_call_equals_oracle(edge_mask(2, 5, 5, attention_mask=pad), dense, softcap=1.5, **{name: sinks})
 
 
 @pytest.mark.parametrize("kind", ["float per head", "bool per head", "float broadcast over queries"])

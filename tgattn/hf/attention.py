@@ -13,13 +13,9 @@ from .masks import EdgeMask, causal_rule, edge_mask, from_dense, full_rule
 
 Layer = Tuple[Tensor, Tensor]
 _RECORD: ContextVar[Optional[List[Layer]]] = ContextVar("tgattn_hf_record", default=None)
-# Arguments of transformers' attention call that change the scores in ways the engine cannot
-# express yet (soft-capping, sinks) or that select keys outside the mask (sparse indexers):
+# Arguments of transformers' attention call that select keys outside the mask (sparse indexers):
 # ignoring one would be silently wrong, so a call that gives one is refused.
 UNSUPPORTED = {
-    "softcap": "attention logit soft-capping",
-    "s_aux": "attention sinks",
-    "sinks": "attention sinks",
     "indices": "sparse attention over indexer-selected keys",
     "block_indices": "sparse attention over indexer-selected key blocks",
 }
@@ -132,6 +128,10 @@ def attention_forward(
         is_causal: overrides ``module.is_causal`` when there is no mask.
         position_bias: an additive score bias ``[B or 1, H or 1, Tq, Tk]`` (T5's relative
             position bias), read at the edges (:func:`edge_bias`); added to a float mask's own.
+        softcap: logit soft-capping (Gemma 2, VaultGemma, T5Gemma): ``c * tanh(s / c)`` on the
+            scaled scores, before the mask's bias, as their eager attention.
+        s_aux: attention sinks ``[Hq]`` (gpt-oss and others; also accepted as ``sinks``): one
+            logit per query head in each softmax's denominator, without a value.
 
     float16 / bfloat16 inputs are computed in float32, as the engine does (eager attention, too,
     runs its softmax in float32); they are cast here once, not once per query-head group.
@@ -155,6 +155,8 @@ def attention_forward(
     groups = heads // kv_heads
     dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     bias = _score_bias(mask, kwargs.get("position_bias"), heads, dtype)  # [E, Hq], [E] or None
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    sinks = None if sinks is None else sinks.to(dtype)  # [Hq]
     q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim).to(dtype)  # [Nq, Hkv, G, d]
     k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim).to(dtype)  # [Nk, Hkv, d]
     v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1]).to(dtype)  # [Nk, Hkv, dv]
@@ -162,8 +164,10 @@ def attention_forward(
     outs, weights = [], []
     for g in range(groups):
         group_bias = bias[:, g::groups] if bias is not None and bias.dim() == 2 else bias  # [E, Hkv]: heads h % G == g
+        group_sinks = None if sinks is None else sinks[g::groups]  # [Hkv]
         result = graph_attention(q[:, :, g].contiguous(), k, v, mask.edge_index, bias=group_bias, scale=scaling,
-                                 dropout_p=dropout, return_weights=record is not None)
+                                 dropout_p=dropout, return_weights=record is not None,
+                                 softcap=kwargs.get("softcap"), sinks=group_sinks)
         if record is not None:
             result, alpha = result
             weights.append(alpha)
