@@ -20,10 +20,12 @@ def test_ratios_are_taken_within_one_workload_mode_and_thread_count():
     assert "| cora | train | 1 | tgattn | 15.00 | 1.50x | 0.75x |" in gnn.summary(rows)
 
 
-def test_cli_writes_csv_table_and_plot(tmp_path):
+def test_cli_writes_csv_table_and_plot(tmp_path, capsys):
     argv = ["--workloads", "molecules", "--models", "gat", "tgattn", "--threads", "1", "--rounds", "1",
             "--out", str(tmp_path), "--no-progress"]
     assert gnn.main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"wrote {tmp_path / 'gnn.csv'}, {tmp_path / 'gnn.md'}, {tmp_path / 'gnn.png'}"
     with open(tmp_path / "gnn.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["workload"], r["model"]) for r in rows] == [

@@ -118,19 +118,21 @@ def test_epoch_timing_rows(monkeypatch):
     assert rows[0]["speedup_vs_mha"] == 1.0 and rows[1]["min_ms"] > 0 and rows[0]["nodes_min_mean_max"] == "2/4.0/6"
 
 
-def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch):
+def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch, capsys):
     runs = [dict(dataset="FreeSolv", model=m, seed=0, metric="rmse", value=1.0, val=1.0, epochs=1, ms_per_epoch=2.0,
                  min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "gps_tgattn")]
     bench._write(tmp_path / "runs.csv", runs)
     rows = [{"model": "exphormer", "n": 100, "ms": 1.0, "peak_mb": 2.0, "note": ""}]
     monkeypatch.setattr(bench, "measure_scaling", lambda *a, **k: rows)
     assert bench.main(["--scaling-only", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "wrote " + ", ".join(
+        str(tmp_path / name) for name in ("scaling.csv", "results.csv", "results.md", "graph_transformers.png"))
     text = (tmp_path / "results.md").read_text()
     assert "| FreeSolv | gps_tgattn | rmse | 1.000 ± 0.000 | 1 |" in text and "| exphormer | 100 | 1.0 | 2.0 |  |" in text
     assert (tmp_path / "graph_transformers.png").stat().st_size > 0
 
 
-def test_tables_only_rebuilds_from_the_csv_files(tmp_path):
+def test_tables_only_rebuilds_from_the_csv_files(tmp_path, capsys):
     runs = [dict(dataset="Cora", model=m, seed=0, metric="accuracy", value=0.5, val=0.5, epochs=1, ms_per_epoch=2.0,
                  min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "exphormer")]
     bench._write(tmp_path / "runs.csv", runs)
@@ -141,6 +143,8 @@ def test_tables_only_rebuilds_from_the_csv_files(tmp_path):
     bench._write(tmp_path / "scaling.csv", scaling)
     assert bench._read_scaling(tmp_path / "scaling.csv") == scaling
     assert bench.main(["--tables-only", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "wrote " + ", ".join(
+        str(tmp_path / name) for name in ("results.csv", "results.md", "graph_transformers.png"))
     text = (tmp_path / "results.md").read_text()
     assert "| Cora | exphormer | accuracy (%) | 50.000 ± 0.000 | 1 |" in text and "| gps_tgattn | 100 | - | - | out of" in text
 

@@ -3,7 +3,7 @@ import csv
 import pytest
 import torch
 
-from conftest import DATA
+from conftest import DATA, one_line_error
 from tgattn.bench import planetoid as bench
 from tgattn.datasets import load_planetoid
 
@@ -82,7 +82,6 @@ def test_summary_and_markdown():
         (["--model", "gcn"], "unknown model 'gcn'"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--jobs", "0"], "--jobs must be >= 1"),
-        (["--data-root", "/nonexistent/tgattn-data"], "does not exist"),
     ],
 )
 def test_argument_errors(argv, message, capsys):
@@ -92,10 +91,14 @@ def test_argument_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_data_folder_without_planetoid(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--dataset", "CiteSeer", "--data-root", str(tmp_path)])
-    assert "has no planetoid/CiteSeer/raw" in capsys.readouterr().err
+@pytest.mark.parametrize("root, message", [
+    ("nope", "Planetoid CiteSeer not found: data folder '{root}' (from root) does not exist"),
+    (".", "Planetoid CiteSeer not found: {root}/planetoid/CiteSeer/raw/ind.citeseer.x does not exist"),
+])
+def test_data_folder_without_planetoid(root, message, tmp_path, cli):
+    root = tmp_path / root
+    status, err = cli(bench.main, ["--dataset", "CiteSeer", "--data-root", str(root), "--out", str(tmp_path / "out")])
+    assert status == 2 and one_line_error(err, "python -m tgattn.bench.planetoid").startswith(message.format(root=root))
 
 
 def test_dataset_names_are_case_insensitive(data_root):
@@ -104,11 +107,12 @@ def test_dataset_names_are_case_insensitive(data_root):
 
 
 @pytest.mark.slow
-def test_main_writes_tables(data_root, tmp_path):
+def test_main_writes_tables(data_root, tmp_path, capsys):
     out = tmp_path / "res"
     argv = ["--dataset", "Cora", "--model", "tgattn", "--seeds", "2", "--epochs", "2",
             "--data-root", str(data_root), "--out", str(out), "--no-progress"]
     assert bench.main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out / 'runs.csv'}, {out / 'results.csv'}, {out / 'results.md'}"
     with (out / "runs.csv").open() as f:
         runs = list(csv.DictReader(f))
     assert [(r["model"], r["seed"], r["epochs"]) for r in runs] == [("tgattn", "0", "2"), ("tgattn", "1", "2")]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .._cli import missing_plot_extra, out_help, positive_int, runs_dir
+from .._cli import missing_plot_extra, out_help, positive_int, run, runs_dir
 from .attention import sizes_for, sweep
 from .gpu import GNN_FIELDS, check_device, gnn_steps, gpu_targets
 from .patterns import patterns
@@ -70,6 +70,15 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
+    return run(parser, lambda args: _bench(args, device, names), args)
+
+
+def _bench(args: argparse.Namespace, device: torch.device, names) -> int:
+    from ..datasets import load_planetoid
+
+    cuda, available = device.type == "cuda", patterns()
+    # the data set first: a missing one is one line (_cli.run) before any work
+    cora = load_planetoid("Cora", args.data) if cuda and not args.no_gnn else None
     peers = list(args.peers or (GPU_PEERS if cuda else CPU_PEERS))
     if args.no_flex or (args.quick and not args.peers and not cuda):
         peers = [p for p in peers if p not in ("flex", "flex_csr")]
@@ -96,7 +105,7 @@ def main(argv=None) -> int:
     print(ratio_table(rows, peers))
     print()
     if cuda:
-        gnn = [] if args.no_gnn else gnn_steps(device, data_root=args.data)
+        gnn = [] if args.no_gnn else gnn_steps(device, cora=cora)
         if gnn:
             write_csv(gnn, args.out / f"{stem}_gnn.csv", fields=GNN_FIELDS)
             print("\n".join(f"{r['workload']:<10} {r['model']:<12} {r.get('ms') or float('nan'):>9.2f} ms  {r.get('note', '')}"
@@ -104,7 +113,8 @@ def main(argv=None) -> int:
         print(gpu_targets(rows, gnn, verdicts=repeats > 1))
     else:
         print(targets(rows, verdicts=repeats > 1))
-    print(f"\nwrote {args.out / (stem + '.csv')} and {args.out / (stem + '.png')}")
+    written = [args.out / f"{stem}.csv", args.out / f"{stem}.png", *([args.out / f"{stem}_gnn.csv"] if cuda and gnn else [])]
+    print(f"\nwrote {', '.join(map(str, written))}")
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Dict, List
 
 import torch
 
-from .._cli import out_help, runs_dir
+from .._cli import out_help, run, runs_dir
 from .. import builders
 from ..distributed import ExchangeStats, contiguous, graph_attention, halo_rows, make_plan, make_plans, spawn
 from ..distributed.partition import partition_graph
@@ -134,9 +134,9 @@ def partition_rows(data_root, graphs=("Cora", "CiteSeer"), parts=(2, 4, 8, 16), 
     """The halo of every partitioner on each graph, and of sequence patterns cut into ranges."""
     from ..datasets import load_planetoid
 
+    loaded = {name: load_planetoid(name, data_root) for name in graphs}  # all before any work: a missing one fails first
     rows = []
-    for name in graphs:
-        data = load_planetoid(name, data_root)
+    for name, data in loaded.items():
         ei, num = data.edge_index, data.num_nodes
         for p in parts:
             for method in ("metis", "louvain", "bandwidth", "contiguous"):
@@ -240,7 +240,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-partitions", action="store_true", help="skip partition.csv")
     parser.add_argument("--out", type=Path, default=runs_dir("distributed"), help=out_help("distributed"))
     args = parser.parse_args(argv)
-    if not args.no_partitions:
+    return run(parser, _bench, args)
+
+
+def _bench(args) -> int:
+    if not args.no_partitions:  # first: it reads Cora and CiteSeer, so a missing data set is one line before any run
         rows = partition_rows(args.data, parts=(2, 4) if args.quick else (2, 4, 8, 16))
         _write(rows, PARTITION_FIELDS, args.out / "partition.csv")
     specs = cases(args.quick, 0 if args.quick else args.big)
@@ -252,7 +256,8 @@ def main(argv=None) -> int:
     plot(rows, args.out / "attention.png")
     print(f"torch {torch.__version__}, fp32, 1 thread per rank, gloo on 127.0.0.1")
     print(summary(rows))
-    print(f"\nwrote {args.out / 'attention.csv'}, attention.png" + ("" if args.no_partitions else ", partition.csv"))
+    written = [*([] if args.no_partitions else [args.out / "partition.csv"]), args.out / "attention.csv", args.out / "attention.png"]
+    print(f"\nwrote {', '.join(map(str, written))}")
     return 0
 
 

@@ -37,11 +37,12 @@ from tqdm import tqdm
 
 from torch import nn
 
-from .._cli import out_help, positive_int, runs_dir
+from .._cli import out_help, positive_int, run, runs_dir
 from .gpu import molecule_batches
 from .planetoid import MODELS, Net, build_model, prepare
 
 WORKLOADS = ("molecules", "molecules_edges", "cora", "citeseer", "random100k")
+PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer"}  # the workloads that read a data set
 EDGE_FEATURES = 4
 FIELDS = ("workload", "mode", "threads", "model", "nodes", "edges", "ms", "vs_gat", "vs_transformer")
 
@@ -72,8 +73,8 @@ def _interleaved(candidates: Dict[str, Callable[[int], None]], rounds: int, prog
     return best
 
 
-def _graph_workload(name: str, models: Iterable[str], data_root, rounds: int, progress) -> List[dict]:
-    """Train step and eval forward on one fixed graph (Planetoid or random)."""
+def _graph_workload(name: str, models: Iterable[str], data, rounds: int, progress) -> List[dict]:
+    """Train step and eval forward on one fixed graph: ``data`` (a prepared Planetoid graph), or random."""
     if name == "random100k":
         from torch_geometric.data import Data
 
@@ -81,9 +82,6 @@ def _graph_workload(name: str, models: Iterable[str], data_root, rounds: int, pr
         data = Data(x=x, edge_index=edge_index, y=y, train_mask=torch.ones(100_000, dtype=torch.bool))
         nets = {m: Net(MODELS[m], 64, 16) for m in models}
     else:
-        from ..datasets import load_planetoid
-
-        data = prepare(load_planetoid({"cora": "Cora", "citeseer": "CiteSeer"}[name], data_root))
         nets = {m: build_model(m, data, name) for m in models}
     opts = {m: torch.optim.Adam(net.parameters(), lr=0.005) for m, net in nets.items()}
     rows = []
@@ -298,6 +296,14 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
+    return run(parser, _bench, args)
+
+
+def _bench(args) -> int:
+    from ..datasets import load_planetoid
+
+    # the data sets first, so that a missing one is one line (_cli.run) before any work
+    graphs = {w: prepare(load_planetoid(PLANETOID[w], args.data)) for w in args.workloads if w in PLANETOID}
     rounds = {w: min(args.rounds, 5) if w == "random100k" else args.rounds for w in args.workloads}  # 100k: ~1 s a step
     per_thread = sum((1 if w.startswith("molecules") else 2) * (rounds[w] + 1) for w in args.workloads)
     progress = tqdm(total=per_thread * len(args.threads), disable=args.no_progress, desc="gnn bench")
@@ -311,7 +317,7 @@ def main(argv=None) -> int:
             elif workload == "molecules_edges":
                 found += _molecules_edges(args.models, args.rounds, progress)
             else:
-                found += _graph_workload(workload, args.models, args.data, rounds[workload], progress)
+                found += _graph_workload(workload, args.models, graphs.get(workload), rounds[workload], progress)
         found.append(new_edge_set_overhead())
         for row in found:
             row["threads"] = threads
@@ -326,10 +332,13 @@ def main(argv=None) -> int:
         writer.writerows(rows)
     (args.out / "gnn.md").write_text(summary(rows) + "\n")
     print(summary(rows))
+    written = [args.out / "gnn.csv", args.out / "gnn.md"]
     try:
         plot(rows, args.out / "gnn.png")
+        written.append(args.out / "gnn.png")
     except ImportError:
         print('(no plot: pip install "tgattn[plot]")')
+    print(f"\nwrote {', '.join(map(str, written))}")
     return 0
 
 

@@ -104,22 +104,22 @@ def _time_steps(net, batches, device, repeats: int) -> float:
     return best * 1e3
 
 
-def gnn_steps(device, *, data_root=None, repeats: int = 20, workloads=("cora", "molecules"), graphs: int = 128) -> List[dict]:
+def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molecules"), graphs: int = 128) -> List[dict]:
     """One training step per (workload, model): Cora (GAT protocol) and batches of ``graphs``
     molecules.
 
     Molecule batches bring a new edge set every step (each is analysed on its first and only
-    use); Cora's edge set is analysed once.
+    use); Cora's edge set is analysed once. The ``cora`` workload needs ``cora``, the data set
+    as :func:`tgattn.datasets.load_planetoid` returns it, loaded by the caller before any work
+    (so that a missing data set fails first).
     """
-    from ..datasets import load_planetoid
     from .planetoid import MODELS, Net, build_model, prepare
 
     rows, data = [], None
     if "cora" in workloads:
-        try:
-            data = prepare(load_planetoid("Cora", data_root)).to(device)
-        except (OSError, RuntimeError) as err:  # no data folder and no internet
-            rows += [dict(workload="cora", model=m, note=f"no data: {err}"[:100]) for m in GNN_MODELS]
+        if cora is None:
+            raise ValueError("the cora workload needs cora=load_planetoid('Cora')")
+        data = prepare(cora).to(device)
     for model in GNN_MODELS if data is not None else ():
         net = build_model(model, data, "Cora").to(device)
         steps = ((data.x, data.edge_index, data.y, data.train_mask) for _ in range(repeats + 1))
@@ -176,11 +176,7 @@ def device_name(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
-    from .._cli import missing_plot_extra, out_help, positive_int, runs_dir
-    from .attention import sizes_for, sweep
-    from .patterns import patterns
-    from .peers import GPU_PEERS
-    from .report import plot, ratio_table, write_csv
+    from .._cli import missing_plot_extra, out_help, positive_int, run, runs_dir
 
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -202,6 +198,19 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
+    return run(parser, lambda args: _bench(args, device), args)
+
+
+def _bench(args: argparse.Namespace, device: torch.device) -> int:
+    from ..datasets import load_planetoid
+    from .attention import sizes_for, sweep
+    from .patterns import patterns
+    from .peers import GPU_PEERS
+    from .report import plot, ratio_table, write_csv
+
+    workloads = ("molecules",) if args.dry_run else ("cora", "molecules")
+    # the data set first: a missing one is one line (_cli.run) before any work
+    cora = load_planetoid("Cora", args.data) if "cora" in workloads and not args.no_gnn else None
     where = device_name(device)
 
     names = ("window64", "random0.01", "topk0.01")
@@ -223,8 +232,8 @@ def main(argv=None) -> int:
     print()
     gnn = []
     if not args.no_gnn:
-        gnn = gnn_steps(device, data_root=args.data, repeats=1 if args.dry_run else 20,
-                        workloads=("molecules",) if args.dry_run else ("cora", "molecules"), graphs=4 if args.dry_run else 128)
+        gnn = gnn_steps(device, cora=cora, repeats=1 if args.dry_run else 20, workloads=workloads,
+                        graphs=4 if args.dry_run else 128)
         for row in gnn:
             row["device"] = where
         write_csv(gnn, args.out / "gpu_gnn.csv", fields=GNN_FIELDS + ("device",))

