@@ -10,7 +10,8 @@ table reports the test accuracy at the best validation epoch, mean ± std over s
     python -m tgattn.bench.planetoid --dataset Cora CiteSeer --model gat transformer tgattn
 
 Writes ``runs.csv`` (one row per run) and ``results.md`` / ``results.csv`` (one row per
-dataset x model) under ``--out`` (default ``data/planetoid``).
+dataset x model) under ``--out`` (default ``$TGATTN_RUNS/planetoid``, else
+``~/.cache/tgattn/runs/planetoid``), and ends by naming them.
 """
 from __future__ import annotations
 
