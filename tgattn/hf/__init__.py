@@ -23,8 +23,10 @@
   wrong: attention off the interface (BLOOM, GPT-J, Falcon, CodeGen, MPNet, RoFormer, MPT,
   XGLM, ...) or a mask reworked by the model (Doge; any model that indexes or adds to the mask,
   which is an edge set, not a tensor) raise ``ValueError`` (:mod:`tgattn.hf.support`); an
-  attention call with soft-capping, sinks or indexer-selected keys (Gemma 2, gpt-oss, ...)
-  raises ``NotImplementedError``.
+  attention call with indexer-selected keys (DeepSeek V3.2's ``indices``) raises
+  ``NotImplementedError``.
+* Logit soft-capping (Gemma 2, VaultGemma, T5Gemma) and attention sinks (gpt-oss's ``s_aux``)
+  go to :func:`tgattn.functional.graph_attention`'s ``softcap=`` / ``sinks=`` (on ``csr`` for now).
 * :func:`attention_graph` and :func:`show` read a model's attention as graphs for
   :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
 
