@@ -172,83 +172,69 @@ def test_bad_bias_dropout_and_backend():
         graph_attention(q, k, v, ei, backend="nope")
 
 
-@pytest.mark.parametrize("backend", ["auto", "gather", "dense", "tile", "fused", "csr"])
-def test_edge_scale_dtype_follows_the_bias_rule(backend):
-    """An edge_scale of q's dtype or float32 gives o_i = sum_j m_ij a_ij v_j (a float64 oracle:
-    the masked softmax times the dense factors) with its gradient in its own dtype; any other
-    dtype is one ValueError naming both (a float64 factor with float32 q raised a RuntimeError
-    inside gather / csr)."""
-    floats = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
-    ei, n = builders.window(9, 2), 9
-    g = torch.Generator().manual_seed(1)
-    base = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
-    factor64 = torch.rand(ei.shape[1], 2, generator=g, dtype=torch.float64)
-    mask = builders.to_mask(ei, n, n)
-    for q_dtype in floats:
-        for m_dtype in floats:
-            q, k, v = (t.to(q_dtype, copy=True).requires_grad_() for t in base)
-            factor = factor64.to(m_dtype, copy=True).requires_grad_()
-            if m_dtype not in (q_dtype, torch.float32):
-                with pytest.raises(ValueError, match="edge_scale") as err:
-                    graph_attention(q, k, v, ei, edge_scale=factor, backend=backend)
-                assert str(m_dtype) in str(err.value) and str(q_dtype) in str(err.value)
-                continue
-            out = graph_attention(q, k, v, ei, edge_scale=factor, backend=backend)
-            leaves = [t.detach().double().requires_grad_() for t in (q, k, v, factor)]
-            scores = torch.einsum("ihd,jhd->hij", leaves[0], leaves[1]) / 2.0  # [H, N, N], scale 1 / sqrt(4)
-            weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-            dense = torch.zeros(n, n, 2, dtype=torch.float64).index_put((ei[1], ei[0]), leaves[3]).permute(2, 0, 1)
-            ref = torch.einsum("hij,jhd->ihd", weights * dense, leaves[2])
-            tol = lambda *dtypes: max({torch.float64: 1e-10, torch.float32: 1e-5}.get(d, 2e-2) for d in dtypes)  # noqa: E731
-            assert out.dtype == q_dtype
-            torch.testing.assert_close(out.double(), ref, rtol=tol(q_dtype), atol=tol(q_dtype))
-            out.double().sum().backward()
-            ref.sum().backward()
-            assert factor.grad.dtype == m_dtype
-            for t, leaf in zip((q, k, v, factor), leaves):
-                torch.testing.assert_close(t.grad.double(), leaf.grad, rtol=tol(q_dtype, t.dtype), atol=tol(q_dtype, t.dtype))
+def _sdpa_accepts_mask(q_dtype, mask_dtype) -> bool:
+    """Whether scaled_dot_product_attention takes a float attn_mask of this dtype with q's."""
+    import torch.nn.functional as F
+
+    probe = torch.zeros(1, 1, 3, 4, dtype=q_dtype)  # [B, H, L, d]
+    try:
+        F.scaled_dot_product_attention(probe, probe, probe, attn_mask=torch.zeros(3, 3, dtype=mask_dtype))
+        return True
+    except RuntimeError:
+        return False
+
+
+def _on_cells(ei, n, values, fill):
+    """Per-edge values ``[E, H]`` as dense ``[H, n, n]`` cells (rows = queries), ``fill`` elsewhere."""
+    cells = torch.full((n, n, values.shape[1]), fill, dtype=values.dtype)
+    return cells.index_put((ei[1], ei[0]), values).permute(2, 0, 1)
+
+
+# float64 oracles of the two per-edge arguments: an additive score bias, a factor on each weight
+EDGE_TENSOR_ORACLES = {
+    "bias": lambda q, k, v, ei, n, b: dense_attention(q, k, v, builders.to_mask(ei, n, n), bias=_on_cells(ei, n, b, float("-inf"))),
+    "edge_scale": lambda q, k, v, ei, n, m: torch.einsum(
+        "hij,jhd->ihd",
+        (torch.einsum("ihd,jhd->hij", q, k) / 2.0).masked_fill(~builders.to_mask(ei, n, n), float("-inf")).softmax(-1)
+        * _on_cells(ei, n, m, 0.0),  # scale 1 / sqrt(4)
+        v,
+    ),
+}
 
 
 @pytest.mark.parametrize("backend", ["auto", "gather", "dense", "tile", "fused", "csr"])
 @pytest.mark.parametrize("edges", ["causal", "window"])
-def test_bias_dtype_follows_sdpa_float_mask(edges, backend):
-    """A bias of another dtype than q's: accepted exactly where scaled_dot_product_attention
-    accepts such a float attn_mask (q's dtype or float32), one ValueError naming both dtypes
-    elsewhere, on every backend. An accepted bias gives the oracle's values and gets its
-    gradient in its own dtype."""
-    import torch.nn.functional as F
-
+@pytest.mark.parametrize("name", ["bias", "edge_scale"])
+def test_edge_tensor_dtype_follows_sdpa_float_mask(name, edges, backend):
+    """A bias or edge_scale of another dtype than q's: accepted exactly where
+    scaled_dot_product_attention accepts such a float attn_mask (q's dtype or float32), one
+    ValueError naming both dtypes elsewhere, on every backend (a float64 edge_scale with float32
+    q raised RuntimeErrors inside gather / csr). An accepted one gives the float64 oracle's
+    values and gets its gradient in its own dtype."""
     floats = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
     ei = builders.causal(6) if edges == "causal" else builders.window(10, 2)
     n = int(ei.max()) + 1
     g = torch.Generator().manual_seed(0)
     base = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
-    bias64 = torch.randn(ei.shape[1], 2, generator=g, dtype=torch.float64)
+    draw = torch.randn if name == "bias" else torch.rand  # scores, or factors in [0, 1)
+    edge64 = draw(ei.shape[1], 2, generator=g, dtype=torch.float64)
+    tol = lambda *dtypes: max({torch.float64: 1e-10, torch.float32: 1e-5}.get(d, 2e-2) for d in dtypes)  # noqa: E731
     for q_dtype in floats:
-        for b_dtype in floats:
+        for e_dtype in floats:
             q, k, v = (t.to(q_dtype, copy=True).requires_grad_() for t in base)
-            bias = bias64.to(b_dtype, copy=True).requires_grad_()
-            probe = torch.zeros(1, 1, 3, 4, dtype=q_dtype)  # [B, H, L, d]
-            try:
-                F.scaled_dot_product_attention(probe, probe, probe, attn_mask=torch.zeros(3, 3, dtype=b_dtype))
-                sdpa_accepts = True
-            except RuntimeError:
-                sdpa_accepts = False
-            if not sdpa_accepts:
-                with pytest.raises(ValueError) as err:
-                    graph_attention(q, k, v, ei, bias=bias, backend=backend)
-                assert str(b_dtype) in str(err.value) and str(q_dtype) in str(err.value)
+            edge = edge64.to(e_dtype, copy=True).requires_grad_()
+            if not _sdpa_accepts_mask(q_dtype, e_dtype):
+                with pytest.raises(ValueError, match=name) as err:
+                    graph_attention(q, k, v, ei, **{name: edge}, backend=backend)
+                assert str(e_dtype) in str(err.value) and str(q_dtype) in str(err.value)
                 continue
-            out = graph_attention(q, k, v, ei, bias=bias, backend=backend)
-            leaves = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
-            dense = torch.full((2, n, n), float("-inf"), dtype=torch.float64)
-            dense[:, ei[1], ei[0]] = leaves[3].T
-            ref = dense_attention(*leaves[:3], builders.to_mask(ei, n, n), bias=dense)
-            tol = lambda *dtypes: max({torch.float64: 1e-10, torch.float32: 1e-5}.get(d, 2e-2) for d in dtypes)  # noqa: E731
+            out = graph_attention(q, k, v, ei, **{name: edge}, backend=backend)
+            leaves = [t.detach().double().requires_grad_() for t in (q, k, v, edge)]
+            ref = EDGE_TENSOR_ORACLES[name](*leaves[:3], ei, n, leaves[3])
             assert out.dtype == q_dtype
             torch.testing.assert_close(out.double(), ref, rtol=tol(q_dtype), atol=tol(q_dtype))
             out.double().sum().backward()
             ref.sum().backward()
-            assert bias.grad.dtype == b_dtype
-            for t, leaf in zip((q, k, v, bias), leaves):
+            assert edge.grad.dtype == e_dtype
+            for t, leaf in zip((q, k, v, edge), leaves):
                 torch.testing.assert_close(t.grad.double(), leaf.grad, rtol=tol(q_dtype, t.dtype), atol=tol(q_dtype, t.dtype))
