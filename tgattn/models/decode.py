@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional import graph_attention
+from .config import SELECTIONS
 
 
 class DecodePattern:
@@ -109,7 +110,8 @@ def generate(
 
     With ``use_cache`` each step costs one node and its in-edges while the text fits in
     ``block_size``; beyond it, like nanoGPT, every step recomputes the last ``block_size``
-    tokens (learned positions cannot slide).
+    tokens (learned positions cannot slide). A model that selects its keys per forward
+    (``attention="indexer_topk"`` / ``"block_topk"``) always recomputes (no fixed pattern to cache).
 
     Returns:
         ``idx [B, T0 + max_new_tokens]``, and the logits of every sampled step
@@ -132,9 +134,10 @@ def generate(
         raise ValueError(f"top_k must be >= 1 or None (got {top_k})")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
-    pattern = DecodePattern(model)
+    selects = model.config.attention in SELECTIONS  # keys chosen per forward: no fixed pattern to cache along
+    pattern = None if selects else DecodePattern(model)
     block = model.config.block_size
-    cache = KVCache(model, idx.shape[0]) if use_cache else None
+    cache = KVCache(model, idx.shape[0]) if use_cache and not selects else None
     if cache is not None:
         for t in range(min(idx.shape[1], block) - 1):  # prefill all prompt tokens but the last
             step(model, cache, pattern, idx[:, t])
@@ -144,7 +147,7 @@ def generate(
             logits = step(model, cache, pattern, idx[:, -1])
         else:
             ctx = idx[:, -block:]
-            full, _ = model(ctx, edge_index=pattern.prefix(ctx.shape[1], ctx.shape[0]))
+            full, _ = model(ctx) if selects else model(ctx, edge_index=pattern.prefix(ctx.shape[1], ctx.shape[0]))
             logits = full[:, -1]
         all_logits.append(logits)
         idx = torch.cat([idx, _sample(logits, temperature, top_k, generator)], dim=1)

@@ -6,7 +6,8 @@ blocks (attention, then MLP), a final LayerNorm and a head tied to the token emb
 
 A batch ``idx [B, T]`` becomes one graph of ``N = B * T`` nodes whose block-diagonal edge set
 comes from the configured pattern (:mod:`tgattn.models.patterns`); it is built once per
-``(B, T)`` and shared by all layers.
+``(B, T)`` and shared by all layers. With ``attention="indexer_topk"`` or ``"block_topk"``
+each layer selects its own keys per forward instead (:mod:`tgattn.models.indexer`).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layer import GraphAttention
-from .config import GPTConfig
+from .config import SELECTIONS, GPTConfig
 from .dense import DenseAttention
+from .indexer import SelectedAttention
 from .patterns import Pattern, make_pattern
 
 _CACHE_SIZE = 8  # edge sets kept per model (one per (B, T, device) seen recently)
@@ -45,8 +47,10 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         if config.attention == "graph":
             self.attn = GraphAttention(config.n_embd, config.n_head, dropout=config.dropout, bias=config.bias)
-        else:
+        elif config.attention == "dense":
             self.attn = DenseAttention(config.n_embd, config.n_head, dropout=config.dropout, bias=config.bias)
+        else:
+            self.attn = SelectedAttention(config)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
@@ -58,6 +62,13 @@ class Block(nn.Module):
         x = x + self.resid_dropout(a)
         x = x + self.mlp(self.ln_2(x))
         return x, weights
+
+    def select(self, x: Tensor, lengths: list, return_attention: bool = False, *, dense: bool = False):
+        """:meth:`forward` of a block whose attention selects its keys: ``(x, weights, indexer kl)``."""
+        a, weights, kl = self.attn.select(self.ln_1(x), lengths, dense=dense, return_attention_weights=return_attention)
+        x = x + self.resid_dropout(a)
+        x = x + self.mlp(self.ln_2(x))
+        return x, weights, kl
 
 
 class GPT(nn.Module):
@@ -78,8 +89,6 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig, *, pattern: Optional[Pattern] = None):
         super().__init__()
-        if config.attention not in ("graph", "dense"):
-            raise ValueError(f"attention must be 'graph' or 'dense' (got {config.attention!r})")
         self.config = config
         self.pattern = pattern if pattern is not None else make_pattern(config)
         self.transformer = nn.ModuleDict(
@@ -107,6 +116,11 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def has_indexer(self) -> bool:
+        """Whether the layers hold lightning indexers (``attention="indexer_topk"``), trained by their own loss."""
+        return self.config.attention == "indexer_topk"
 
     def num_params(self) -> int:
         """Parameters, the tied head counted once, position embeddings included."""
@@ -149,6 +163,8 @@ class GPT(nn.Module):
         *,
         return_attention: bool = False,
         edge_index: Optional[Tensor] = None,
+        dense: bool = False,
+        return_indexer_loss: bool = False,
     ):
         """Logits ``[B, T, V]`` and the mean cross-entropy with ``targets`` (``None`` without).
 
@@ -158,30 +174,47 @@ class GPT(nn.Module):
             return_attention: also return, per layer, ``(edge_index [2, E], alpha [E, H])``
                 over the packed graph (node ``b * T + t`` = token t of sequence b).
             edge_index: use this packed edge set instead of the configured pattern.
+            dense: attention ``indexer_topk`` / ``block_topk`` only: every layer attends to
+                every causal key instead of its selection (the indexer's warm-up).
+            return_indexer_loss: also return the indexers' loss, summed over layers
+                (:func:`tgattn.models.indexer.indexer_kl`; 0 without indexers).
 
         Returns:
-            ``(logits, loss)``, or ``(logits, loss, attention)`` with ``return_attention``.
+            ``(logits, loss)``, then ``attention`` with ``return_attention``, then the indexer
+            loss with ``return_indexer_loss``.
         """
         b, t = idx.shape
+        selects = self.config.attention in SELECTIONS
         if t > self.config.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size {self.config.block_size}")
-        if edge_index is None:
+        if selects and edge_index is not None:
+            raise ValueError(f"attention {self.config.attention!r} selects its keys in each layer: edge_index cannot be given")
+        if dense and not selects:
+            raise ValueError(f"dense=True is the warm-up of a model that selects its keys (got attention {self.config.attention!r})")
+        if selects:
+            graph = [t] * b
+        elif edge_index is None:
             edge_index, graph = self._graph(b, t, idx.device)
         else:
             graph = self._structure(edge_index, b, t)
         pos = torch.arange(t, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # [B, T, D]
         x = x.reshape(b * t, -1)  # [N, D]: sequences packed back to back
-        attention = []
+        attention, indexer_loss = [], x.new_zeros(())
         for block in self.transformer.h:
-            x, weights = block(x, graph, return_attention)
-            if return_attention:
-                attention.append((edge_index, self._edge_weights(weights, edge_index, t)))
+            if selects:
+                x, weights, kl = block.select(x, graph, return_attention, dense=dense)
+                indexer_loss = indexer_loss + kl if kl is not None else indexer_loss
+                attention.append(weights)
+            else:
+                x, weights = block(x, graph, return_attention)
+                if return_attention:
+                    attention.append((edge_index, self._edge_weights(weights, edge_index, t)))
         logits = self.lm_head(self.transformer.ln_f(x)).view(b, t, -1)  # [B, T, V]
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(b * t, -1), targets.reshape(-1), ignore_index=-1)
-        return (logits, loss, attention) if return_attention else (logits, loss)
+        return (logits, loss) + ((attention,) if return_attention else ()) + ((indexer_loss,) if return_indexer_loss else ())
 
     def _edge_weights(self, weights, edge_index: Tensor, length: int) -> Tensor:
         if self.config.attention == "graph":
