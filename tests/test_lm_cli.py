@@ -112,7 +112,17 @@ def test_a_data_folder_without_the_corpus_names_it_once(tmp_path, cli, monkeypat
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["train", "--attention", "bogus"], "argument --attention: invalid choice: 'bogus' (choose from 'graph', 'dense')"),
+        (["train", "--attention", "bogus"],
+         "argument --attention: invalid choice: 'bogus' (choose from 'graph', 'dense', 'indexer_topk', 'block_topk')"),
+        (["train", "--attention", "indexer_topk", "--k-top", "0"], "--k-top must be >= 1 (got 0)"),
+        (["train", "--attention", "block_topk", "--block", "0"], "--block must be >= 1 (got 0)"),
+        (["train", "--attention", "indexer_topk", "--indexer-heads", "0"], "--indexer-heads must be >= 1 (got 0)"),
+        (["train", "--attention", "indexer_topk", "--indexer-dim", "-2"], "--indexer-dim must be >= 1 (got -2)"),
+        (["train", "--attention", "indexer_topk", "--indexer-warmup", "-1"], "--indexer-warmup must be >= 0 (got -1)"),
+        (["train", "--indexer-warmup", "5"],
+         "--indexer-warmup needs --attention 'indexer_topk' (got --indexer-warmup=5 with --attention 'graph')"),
+        (["train", "--attention", "block_topk", "--pattern", "window"],
+         "--attention 'block_topk' selects its own causal keys: --pattern must be 'causal' (got 'window')"),
         (["train", "--pattern", "spiral"], "argument --pattern: invalid choice: 'spiral'"),
         (["train", "--n-embd", "30", "--n-head", "4"], "--n-embd must be divisible by --n-head (got --n-embd=30, --n-head=4)"),
         (["train", "--eval-interval", "0"], "--eval-interval must be >= 1 (got 0)"),
@@ -136,6 +146,46 @@ def test_a_data_folder_without_the_corpus_names_it_once(tmp_path, cli, monkeypat
 def test_bad_arguments_are_one_line_errors(cli, argv, message):
     status, err = cli(main, argv)
     assert status == 2 and one_line_error(err, f"python -m tgattn.lm {argv[0]}").startswith(message)
+
+
+@pytest.mark.parametrize("attention, flags", [
+    ("indexer_topk", ["--k-top", "3", "--indexer-heads", "2", "--indexer-dim", "4", "--indexer-warmup", "4"]),
+    ("block_topk", ["--k-top", "2", "--block", "2"]),
+])
+def test_a_selecting_gpt_learns_and_its_checkpoint_evaluates_samples_and_resumes(tmp_path, capsys, cli, attention, flags):
+    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)
+    (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text(TEXT)
+    ckpt = tmp_path / "out" / "ckpt.pt"
+    common = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), *TINY, "--attention", attention, *flags,
+              "--lr", "1e-2", "--lr-decay-iters", "20"]
+    assert main(["train", *common, "--max-iters", "20", "--log", str(tmp_path / "log")]) == 0
+    losses = [float(line.split(",")[1]) for line in (tmp_path / "log.steps.csv").read_text().splitlines()[1:]]
+    assert len(losses) == 20 and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.2
+    state = torch.load(ckpt, weights_only=True)
+    assert state["config"]["attention"] == attention and state["config"]["k_top"] == int(flags[1])
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(tmp_path / "data"), "--eval-iters", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["val"] > 0
+    assert main(["sample", "--checkpoint", str(ckpt), "--prompt", "First", "--num-tokens", "12"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("First") and len(text) == len("First") + 12 + 1
+    assert main(["train", *common, "--max-iters", "22", "--resume"]) == 0
+    assert torch.load(ckpt, weights_only=True)["iter"] == 22
+    status, err = cli(main, ["train", *common, "--k-top", "5", "--max-iters", "24", "--resume"])
+    assert status == 2 and one_line_error(err, "python -m tgattn.lm train").startswith(
+        f"checkpoint {ckpt} holds a model with --k-top {flags[1]}; --resume cannot change it to --k-top 5")
+
+
+def test_the_indexer_warmup_trains_only_the_indexers(tmp_path):
+    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)
+    (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text(TEXT)
+    assert main(["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), *TINY, "--max-iters", "3",
+                 "--attention", "indexer_topk", "--indexer-warmup", "3", "--seed", "5"]) == 0
+    state = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    torch.manual_seed(5)  # train() seeds the initialisation with --seed
+    initial = GPT(GPTConfig(**state["config"])).state_dict()
+    for name, weight in state["model"].items():
+        assert torch.equal(weight, initial[name]) != (".indexer." in name), name
 
 
 @pytest.fixture(scope="module")

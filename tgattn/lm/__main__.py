@@ -47,9 +47,9 @@ def _flag(name: str, value) -> str:
 
 
 def _as_flags(message: str) -> str:
-    """A settings error in the words of the command line: ``n_embd`` -> ``--n-embd``."""
+    """A settings error in the words of the command line: ``n_embd`` -> ``--n-embd`` (a quoted value stays: ``'window'``)."""
     names = sorted({f.name for cls in (GPTConfig, TrainConfig) for f in fields(cls)}, key=len, reverse=True)
-    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+    return re.sub(r"(?<!')\b(" + "|".join(names) + r")\b(?!')", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 def _pick(args, cls):

@@ -95,6 +95,10 @@ def train(
         progress: show a tqdm bar with the loss and tokens/s.
         on_step: called as ``on_step(iter, loss)`` after each optimizer step.
 
+    A model with indexers (``attention="indexer_topk"``) also minimises their loss (the KL
+    from each layer's attention to its indexer's scores); during the first
+    ``model_config.indexer_warmup`` steps it attends densely and only the indexers learn.
+
     ``steps`` holds ``{"iter", "loss", "lr", "seconds"}`` per step (``seconds`` of the step
     alone); ``evals`` holds ``{"iter", "train", "val"}`` per validation.
 
@@ -169,8 +173,13 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(it, cfg)
         x, y = get_batch(train_ids, model_config.block_size, cfg.batch_size, batches)
-        _, loss = model(x, y)
-        loss.backward()
+        if model.has_indexer:
+            warmup = it < model_config.indexer_warmup  # DeepSeek's warm-up: dense attention, only the indexer learns
+            _, loss, kl = model(x, y, dense=warmup, return_indexer_loss=True)
+            (kl if warmup else loss + kl).backward()  # the two losses reach disjoint parameters
+        else:
+            _, loss = model(x, y)
+            loss.backward()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
