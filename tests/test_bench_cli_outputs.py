@@ -27,6 +27,7 @@ OUT_CLIS = {
     "tgattn.bench.gpu_compiled": "gpu_compiled",
     "tgattn.bench.graph_transformers": "graph_transformers",
     "tgattn.bench.hf": "hf",
+    "tgattn.bench.never_seen": "never_seen",
     "tgattn.bench.planetoid": "planetoid",
     "tgattn.distributed.gnn": "distributed",
     "tgattn.distributed.gpt": "distributed",

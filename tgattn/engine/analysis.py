@@ -15,10 +15,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
+import numpy
 import torch
 from torch import Tensor
 
-from .validate import check_edge_index
+from .validate import check_edge_index, check_ranges
 
 # Structure kinds the dense (SDPA) backend can run exactly.
 DENSE_KINDS = ("full", "causal", "packed_full", "packed_causal")
@@ -65,6 +66,16 @@ class Structure:
 COUNTING_SORT_NODES_PER_EDGE = 4
 
 
+def counting_sort(edge_index: Tensor, n_q: int, n_k: int) -> bool:
+    """Whether :func:`_sorted_edges` runs the fused extension's sort on ``edge_index`` (CPU, at
+    most ``COUNTING_SORT_NODES_PER_EDGE`` nodes per edge, the extension built), whose first
+    pass refuses any node id outside ``[0, n_k) x [0, n_q)``."""
+    from . import fused  # fused imports this module
+
+    few_nodes = max(n_q, n_k) <= COUNTING_SORT_NODES_PER_EDGE * edge_index.shape[1]
+    return edge_index.device.type == "cpu" and few_nodes and fused.available()
+
+
 def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     """``(perm or None, src, dst, duplicates)`` of the edges in (target, source) order.
 
@@ -73,11 +84,8 @@ def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     elsewhere, and where the nodes outnumber the edges (``COUNTING_SORT_NODES_PER_EDGE``), a
     comparison pass and a stable argsort on a key ``[E]``.
     """
-    from . import fused  # fused imports this module
-
     src, dst = edge_index[0], edge_index[1]
-    few_nodes = max(n_q, n_k) <= COUNTING_SORT_NODES_PER_EDGE * src.numel()
-    if src.device.type == "cpu" and few_nodes and fused.available():
+    if counting_sort(edge_index, n_q, n_k):
         perm, src, dst, duplicates = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
         return (perm if perm.numel() else None), src, dst, bool(duplicates)
     key = dst * max(n_k, 1) + src  # [E]
@@ -136,6 +144,52 @@ def _packed_kind(lo: Tensor, hi: Tensor, n: int):
     return None, None
 
 
+def _row_ends(s: Structure):
+    """``(rows, first, last, deg) [R]`` of the rows that have edges (at least one edge).
+
+    With ``n_q <= E``, from the row pointer: a few O(n_q) passes, on the host through NumPy
+    (zero-copy views; a NumPy call costs a fraction of a torch call's overhead, which is what
+    the analysis of a small never-seen edge set, a molecule batch, spends its time in), so the
+    arrays are NumPy arrays there and tensors elsewhere (both take the same arithmetic). With
+    fewer edges than queries, :func:`_row_bounds`: O(E), nothing of size ``n_q``.
+    """
+    if s.num_edges < s.n_q:
+        return _row_bounds(s.src, s.dst)
+    src, ptr = s.src, s.rowptr
+    if on_host(src):
+        src, ptr = src.numpy(), ptr.numpy()
+        rows, gather = numpy.arange(s.n_q), src.take  # take: twice as fast as indexing by int32
+    else:
+        rows, gather = torch.arange(s.n_q, device=src.device), src.__getitem__
+    starts, ends = ptr[:-1], ptr[1:]
+    deg = ends - starts
+    if int(deg.min()) == 0:
+        keep = deg > 0
+        rows, starts, ends, deg = rows[keep], starts[keep], ends[keep], deg[keep]
+    return rows, gather(starts), gather(ends - 1), deg
+
+
+def row_spans(s: Structure, ends=None) -> Tuple[int, int, int, bool]:
+    """``(lo, hi, deg_max, intervals)``: the extreme ``j - i`` over the edges, the largest row
+    degree and whether every row's keys form one contiguous range (never with duplicated
+    edges), from each row's first and last key (rows are sorted): O(min(n_q, E)) (cached).
+
+    ``ends``: :func:`_row_ends` of ``s``, when already at hand. ``s`` has at least one edge.
+
+    Example:
+        >>> from tgattn import builders
+        >>> row_spans(analyse(builders.window(6, 1), 6, 6))
+        (-1, 1, 3, True)
+    """
+    if "row_spans" not in s.extras:
+        rows, first, last, deg = _row_ends(s) if ends is None else ends
+        # Sorted keys without repeats: a row spans at least its degree, exactly when it is one
+        # range, so the rows are all ranges when the spans add up to E.
+        whole = not s.duplicates and int((last - first).sum()) + len(rows) == s.num_edges
+        s.extras["row_spans"] = (int((first - rows).min()), int((last - rows).max()), int(deg.max()), whole)
+    return s.extras["row_spans"]
+
+
 def _classify(s: Structure) -> None:
     n, E = s.n_q, s.num_edges
     if E == 0 or s.duplicates:
@@ -144,15 +198,15 @@ def _classify(s: Structure) -> None:
         s.kind = "full"
         s.intervals = True
         return
-    rows, lo, hi, deg = _row_bounds(s.src, s.dst)
-    s.intervals = bool((hi - lo + 1 == deg).all())
-    if not s.intervals or s.n_q != s.n_k or rows.numel() < n:  # the dense kinds have no empty row
+    ends = _row_ends(s)
+    s.intervals = row_spans(s, ends)[3]
+    if not s.intervals or s.n_q != s.n_k or len(ends[0]) < n:  # the dense kinds have no empty row
         return
     # Every query has edges (n <= E): rows is 0 .. n - 1, and per-row work is O(E).
     if E == n * (n + 1) // 2 and bool((s.src <= s.dst).all()):
         s.kind = "causal"
         return
-    kind, lengths = _packed_kind(lo, hi, n)
+    kind, lengths = _packed_kind(torch.as_tensor(ends[1]), torch.as_tensor(ends[2]), n)
     if kind is not None:
         s.kind, s.lengths = kind, lengths
 
@@ -320,8 +374,18 @@ def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     s = CACHE.get(edge_index, n_q, n_k)
     if s is not None:
         return s
-    checked = check_edge_index(edge_index, n_k, n_q)
-    with torch.no_grad():
-        s = analyse(checked, n_q, n_k)
+    checked = check_edge_index(edge_index, n_k, n_q, ranges=False)
+    # The extension's sort checks every node id in its first pass: no pass of our own (a
+    # never-seen edge set pays one pass fewer; a bad id is named by check_ranges all the same).
+    by_extension = counting_sort(checked, n_q, n_k)
+    if not by_extension:
+        check_ranges(checked, n_k, n_q)
+    try:
+        with torch.no_grad():
+            s = analyse(checked, n_q, n_k)
+    except RuntimeError:
+        if by_extension:
+            check_ranges(checked, n_k, n_q)  # raises, naming the node
+        raise
     CACHE.put(edge_index, n_q, n_k, s)
     return s

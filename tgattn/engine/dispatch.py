@@ -122,7 +122,7 @@ def plan(
         backend in ("auto", "dense", "tile")
         and s.num_edges > 0
         and not (dropout or weights or s.duplicates)
-        and (backend != "auto" or fill_bound(s) >= threshold)
+        and (backend != "auto" or fill_bound(s, threshold) >= threshold)
         and tile_layout(s) is not None
     )
     if tile_ok and (backend != "auto" or tile_layout(s).fill >= threshold):

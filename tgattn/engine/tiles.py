@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .analysis import Structure
+from .analysis import Structure, row_spans
 from .recompute import all_finite, recompute_exact, recompute_grads
 
 BLOCKS = (32, 64, 128)  # candidate query rows per tile
@@ -102,29 +102,27 @@ def _cost(cells: int, block: int) -> float:
 
 
 def _band_range(s: Structure):
-    """``(lo, hi)``: the extreme ``j - i`` over the edges, from each row's first and last key
-    (rows are sorted): O(n), no ``[E]`` temporary (cached)."""
-    if "band_range" not in s.extras:
-        deg = s.rowptr[1:] - s.rowptr[:-1]  # [n_q]
-        rows = (deg > 0).nonzero().flatten()
-        lo = int((s.src[s.rowptr[rows]] - rows).min())
-        hi = int((s.src[s.rowptr[rows + 1] - 1] - rows).max())
-        s.extras["band_range"] = (lo, hi)
-    return s.extras["band_range"]
+    """``(lo, hi)``: the extreme ``j - i`` over the edges (:func:`~tgattn.engine.analysis.row_spans`, cached)."""
+    return row_spans(s)[:2]
 
 
 def _band_width(block: int, lo: int, hi: int) -> int:
     return -(-(block + hi - lo) // block) * block  # C, a multiple of B
 
 
-def fill_bound(s: Structure) -> float:
-    """The fill of the layout :func:`tile_layout` would return, or an upper bound on it, from
-    O(n) facts and without laying out a tile (cached).
+def fill_bound(s: Structure, threshold: float = 0.0) -> float:
+    """The fill of the layout :func:`tile_layout` would return, or an upper bound on it, without
+    laying out a tile (cached).
 
     A band layout's shape (and so its fill and cost) follows from the extreme ``j - i``
     alone, so when a band layout will be chosen (some band is at least half full) its fill is
-    exact. Otherwise a union layout's tiles are at least as wide as the largest row degree,
-    over at least ``n_q`` rows. Dispatch asks this first, so that sets the tiles would not run
+    exact. Otherwise a union layout's tiles are as wide as the most distinct keys that one
+    block of rows meets, over at least ``n_q`` rows: at least the largest row degree (O(1)
+    from the analysis), and at least the distinct keys of the rows sampled by
+    :func:`_sampled_width` (a few blocks; O(their edges + n_k)), which is what tells a scattered
+    set whose rows all have k keys (top-k, a learned selection: tiles 4 % full) from a dense-ish
+    one. The sample runs only when the O(1) bound reaches ``threshold`` (it settles the
+    comparison otherwise). Dispatch asks this first, so that sets the tiles would not run
     (scattered sets, windows below the measured threshold) never pay for a layout.
 
     Example:
@@ -133,24 +131,72 @@ def fill_bound(s: Structure) -> float:
         >>> s = analyse(builders.window(512, 16), 512, 512)
         >>> fill_bound(s) == tile_layout(s).fill
         True
+        >>> s = analyse(builders.random(512, 16, generator=torch.Generator().manual_seed(0)), 512, 512)
+        >>> round(fill_bound(s), 3), round(tile_layout(s).fill, 3)  # 16 scattered keys per row
+        (0.048, 0.048)
     """
-    if "fill_bound" not in s.extras:
-        bound = 0.0
-        if s.num_edges and s.n_q:
-            lo, hi = _band_range(s)
-            bands = []  # (cost, fill) of each band layout that is not too sparse
-            for block in BLOCKS:
-                width = _band_width(block, lo, hi)
-                if not _too_sparse(s, block, width):
-                    cells = -(-s.n_q // block) * block * width
-                    bands.append((_cost(cells, block), s.num_edges / cells))
-            if bands and max(fill for _, fill in bands) >= 0.5:
-                bound = min(bands)[1]  # the band layout tile_layout picks
-            else:
-                deg_max = int((s.rowptr[1:] - s.rowptr[:-1]).max())
-                bound = min(1.0, max([s.num_edges / (s.n_q * deg_max)] + [fill for _, fill in bands]))
-        s.extras["fill_bound"] = bound
+    if "fill_bound" in s.extras:
+        return s.extras["fill_bound"]
+    if "fill_bound_rows" not in s.extras:
+        s.extras["fill_bound_rows"] = _row_bound(s)
+    bound, union = s.extras["fill_bound_rows"]
+    if union is None or bound < threshold:  # exact (a band layout), or settled
+        return bound
+    width = _sampled_width(s)
+    s.extras["fill_bound"] = max([min(1.0, s.num_edges / (s.n_q * width))] + union)
     return s.extras["fill_bound"]
+
+
+def _row_bound(s: Structure):
+    """``(bound, union)`` from O(1) facts of the analysis: the exact fill of the band layout
+    :func:`tile_layout` picks (``union`` is ``None``), or an upper bound from the largest row
+    degree and ``union``, the fills of the band layouts that are not too sparse."""
+    if not (s.num_edges and s.n_q):
+        return 0.0, None
+    lo, hi = _band_range(s)
+    bands = []  # (cost, fill) of each band layout that is not too sparse
+    for block in BLOCKS:
+        width = _band_width(block, lo, hi)
+        if not _too_sparse(s, block, width):
+            cells = -(-s.n_q // block) * block * width
+            bands.append((_cost(cells, block), s.num_edges / cells))
+    if bands and max(fill for _, fill in bands) >= 0.5:
+        return min(bands)[1], None  # the band layout tile_layout picks
+    union = [fill for _, fill in bands]
+    return min(1.0, max([s.num_edges / (s.n_q * row_spans(s)[2])] + union)), union
+
+
+SAMPLE_BLOCKS = 8  # row blocks whose distinct keys fill_bound counts
+SAMPLE_EDGES = 1 << 15  # edges it reads from them at most
+
+
+def _sampled_width(s: Structure) -> int:
+    """A lower bound on the width of every union layout: the most distinct keys among the
+    first edges (``SAMPLE_EDGES`` in all) of the ``SAMPLE_BLOCKS`` blocks of ``BLOCKS[0]``
+    rows with the most edges, at least the largest row degree.
+
+    A block of ``BLOCKS[0]`` rows lies inside one block of every block size (sizes are its
+    multiples), and a part of a block's edges meets no more keys than the block, so the count
+    bounds every layout's width from below. Counted by marking keys in ``[blocks, n_k]``
+    booleans (fewer blocks when ``n_k`` is large against E: O(E + n_k) at most).
+    """
+    B = BLOCKS[0]
+    width = row_spans(s)[2]
+    ptr = s.rowptr[::B]  # [nb + 1] where B divides n_q
+    if s.n_q % B:
+        ptr = torch.cat([ptr, s.rowptr[-1:]])  # the end of the last, partial block
+    sizes = ptr[1:] - ptr[:-1]  # [nb] edges per block
+    blocks = max(1, min(SAMPLE_BLOCKS, sizes.numel(), s.num_edges // max(s.n_k, 1)))
+    top = torch.topk(sizes, blocks).indices
+    cap = SAMPLE_EDGES // blocks
+    starts, counts = ptr[top].long(), sizes[top].long().clamp_(max=cap)
+    # Edge positions of the sample, block after block, and the block each belongs to.
+    slot = torch.repeat_interleave(torch.arange(blocks, device=ptr.device), counts)
+    offset = torch.cumsum(counts, 0) - counts
+    pos = starts[slot] + torch.arange(slot.numel(), device=ptr.device) - offset[slot]
+    seen = torch.zeros(blocks * s.n_k, dtype=torch.bool, device=ptr.device)
+    seen[slot * s.n_k + s.src[pos]] = True
+    return max(width, int(seen.view(blocks, s.n_k).sum(1).max()))
 
 
 def tile_layout(s: Structure) -> Optional[TileLayout]:

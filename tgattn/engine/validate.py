@@ -5,8 +5,11 @@ import torch
 from torch import Tensor
 
 
-def check_edge_index(edge_index: Tensor, num_keys: int, num_queries: int) -> Tensor:
+def check_edge_index(edge_index: Tensor, num_keys: int, num_queries: int, *, ranges: bool = True) -> Tensor:
     """Validate an edge set against node counts and return it as ``torch.long``.
+
+    ``ranges=False`` checks the type, shape and dtype only, for a caller whose next pass over
+    the edges checks every node id itself (:func:`check_ranges` then names a bad one).
 
     Raises:
         TypeError: when ``edge_index`` is not a tensor.
@@ -27,13 +30,22 @@ def check_edge_index(edge_index: Tensor, num_keys: int, num_queries: int) -> Ten
     if edge_index.dtype not in (torch.long, torch.int32):
         raise ValueError(f"edge_index must be an integer tensor of dtype torch.long (got {edge_index.dtype})")
     edge_index = edge_index.long()
+    if ranges:
+        check_ranges(edge_index, num_keys, num_queries)
+    return edge_index
+
+
+def check_ranges(edge_index: Tensor, num_keys: int, num_queries: int) -> None:
+    """Raise a ValueError naming a node id of ``edge_index [2, E]`` outside ``[0, num_keys)`` (sources)
+    or ``[0, num_queries)`` (targets): one pass over the edges, a second only when one may be out."""
     if edge_index.numel():
-        lo = int(edge_index.min())
+        lo, hi = (int(m) for m in torch.aminmax(edge_index))
         if lo < 0:
             raise ValueError(f"edge_index holds the negative node id {lo}")
-        src_max, dst_max = (int(m) for m in edge_index.max(dim=1).values)
+        if hi < min(num_keys, num_queries):
+            return
+        src_max, dst_max = (int(m) for m in edge_index.max(dim=1).values)  # which row is out of range
         if src_max >= num_keys:
             raise ValueError(f"edge_index refers to key/source node {src_max}, but there are {num_keys} key nodes")
         if dst_max >= num_queries:
             raise ValueError(f"edge_index refers to query/target node {dst_max}, but there are {num_queries} query nodes")
-    return edge_index
