@@ -349,3 +349,76 @@ def test_short_rows_and_keys_in_float32_equal_the_oracle(dk, dv, with_bias):
     for g, r in zip(got, torch.autograd.grad(ref, exact, grad_out)):
         assert torch.equal(g.isfinite(), torch.ones_like(g, dtype=torch.bool))
         assert max_err(g.double(), r) < 1e-5
+
+
+def _few_edges(n: int, seed: int, crowded: bool) -> torch.Tensor:
+    """Edges among n nodes, far fewer than the nodes: 16 queries with 3 keys each among the first
+    24 keys (groups of eight short rows and keys: the float32 eight-lane paths) and 100 random
+    edges. With ``crowded`` also query 0 and query n - 1 with n / 2 keys each: with one thread the
+    forward's blocks of a head copy its K / V rows (query 0), read them in place (the scattered
+    rows), and copy them again (query n - 1)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [torch.stack([torch.randint(0, 24, (48,), generator=g), torch.arange(16).repeat_interleave(3)])]
+    parts.append(torch.randint(0, n, (2, 100), generator=g))
+    if crowded:
+        for i in (0, n - 1):
+            parts.append(torch.stack([torch.randperm(n, generator=g)[: n // 2], torch.full((n // 2,), i)]))
+    return torch.unique(torch.cat(parts, 1), dim=1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("crowded", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_few_edges_among_many_nodes_read_the_rows_in_place(dtype, crowded):
+    """Blocks with far fewer edges than the nodes they would copy read K / V (forward) and q / dO
+    (backward, which then sums dq where it goes) in place: equal to the textbook path, with a
+    bias holding -inf and returned weights, q / k / v strided as a projection's views; the same
+    bits at 1 and 2 threads (whose blocks, and so choices, differ)."""
+    n, heads, dim = 3000, 3, 8
+    ei = _few_edges(n, seed=4, crowded=crowded)
+    q64, k64, v64, grad_out = inputs(n, n, heads=heads, dk=dim)
+    packed = torch.cat([t.detach().reshape(n, -1) for t in (q64, k64, v64)], 1).to(dtype)
+    q, k, v = (t.view(n, heads, dim).detach().requires_grad_() for t in packed.split(heads * dim, 1))
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(ei.shape[1], heads, generator=g, dtype=dtype)
+    bias[torch.rand(ei.shape[1], heads, generator=g) < 0.2] = float("-inf")
+    bias.requires_grad_()
+    wrt = (q, k, v, bias)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out, w = graph_attention(q, k, v, ei, bias=bias, return_weights=True, backend="fused")
+            results.append((out, w) + torch.autograd.grad((out, w), wrt, (grad_out.to(dtype), torch.ones_like(w))))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    ref64 = [t.detach().double().requires_grad_() for t in wrt]
+    out, w = graph_attention(*ref64[:3], ei, bias=ref64[3], return_weights=True, backend="gather")
+    ref = (out, w) + torch.autograd.grad((out, w), ref64, (grad_out, torch.ones_like(w)))
+    for got, want in zip(results[0], ref):
+        assert max_err(got.double(), want) <= 10 * TOL[dtype]
+
+
+@needs_kernel
+def test_row_pointers_of_either_width_give_the_same_bits():
+    """The kernels take int32 row pointers (the analysis's, while E < 2^31) and int64 ones alike."""
+    n, heads = 200, 2
+    s = engine.structure_of(_few_edges(n, seed=6, crowded=True), n, n)
+    assert s.rowptr.dtype == torch.int32
+    q, k, v, grad_out = (t.detach().float() for t in inputs(n, n, heads=heads, dk=8))
+    bias = torch.randn(s.num_edges, heads)
+    results = []
+    for rowptr, narrow in ((s.rowptr, True), (s.rowptr.long(), False)):
+        out, lse, w = torch.ops.tgattn_fused.forward(q, k, v, rowptr, s.src, bias, 0.3, 0.2, 7, True)
+        colptr, row_t, perm_t = torch.ops.tgattn_fused.transpose_rows(rowptr, s.src, n, True, narrow)
+        assert colptr.dtype == row_t.dtype == perm_t.dtype == (torch.int32 if narrow else torch.int64)
+        grads = torch.ops.tgattn_fused.backward(
+            grad_out, q, k, v, out, lse, w, torch.ones_like(w), bias, rowptr, colptr, row_t, perm_t, 0.3, 0.2, 7, True
+        )
+        sums = torch.ops.tgattn_fused.gather_rows(k, v, rowptr, s.src)
+        results.append([out, lse, w, colptr.long(), row_t.long(), perm_t.long(), *grads, sums])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    colptr = results[0][3]
+    assert torch.equal(colptr, torch.searchsorted(s.src.sort().values, torch.arange(n + 1)))

@@ -35,7 +35,8 @@ class Structure:
         perm: ``None`` when the edges already come sorted by (target, source), else the
             permutation that sorts them (``sorted = original[:, perm]``).
         src, dst: sorted keys j and queries i ``[E]``.
-        rowptr: CSR row pointer over queries ``[n_q + 1]`` (int64, as the fused kernel takes it).
+        rowptr: CSR row pointer over queries ``[n_q + 1]``, int32 when ``E < 2**31`` (else
+            int64; see :func:`row_pointer`).
         duplicates: whether some edge appears more than once.
         kind: ``"full"``, ``"causal"``, ``"packed_full"``, ``"packed_causal"`` or ``"general"``.
         lengths: sequence lengths of a packed (block-diagonal) kind, else ``None``.
@@ -99,18 +100,22 @@ def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
 
 
 def row_pointer(index: Tensor, n: int) -> Tensor:
-    """The CSR pointer ``[n + 1]`` (int64) of ``index [E]`` (values in ``[0, n)``): entry ``i``
-    counts the values below ``i``, so sorted positions ``ptr[i] .. ptr[i + 1]`` hold ``i``.
+    """The CSR pointer ``[n + 1]`` of ``index [E]`` (values in ``[0, n)``): entry ``i`` counts
+    the values below ``i``, so sorted positions ``ptr[i] .. ptr[i + 1]`` hold ``i``.
 
-    Counted and summed in place: one array of ``n + 1`` and O(E) work besides its fill and
-    prefix sum (``bincount`` and ``cumsum`` would each make another array of ``n``).
+    int32 when ``E < 2**31`` (every entry fits), else int64: of 10 edges among 10^7 nodes, the
+    pointer is nearly all the analysis holds (38 MB, not 76). Counted and summed in place: one
+    array of ``n + 1`` and O(E) work besides its fill and prefix sum (``bincount`` and
+    ``cumsum`` would each make another array of ``n``).
 
     Example:
-        >>> row_pointer(torch.tensor([0, 0, 2]), 4).tolist()
-        [0, 2, 2, 3, 3]
+        >>> ptr = row_pointer(torch.tensor([0, 0, 2]), 4)
+        >>> ptr.tolist(), ptr.dtype
+        ([0, 2, 2, 3, 3], torch.int32)
     """
-    ptr = torch.zeros(n + 1, dtype=torch.long, device=index.device)
-    ptr[1:].index_add_(0, index, torch.ones_like(index))
+    dtype = torch.int32 if index.numel() < 2**31 else torch.long
+    ptr = torch.zeros(n + 1, dtype=dtype, device=index.device)
+    ptr[1:].index_add_(0, index, torch.ones(index.shape, dtype=dtype, device=index.device))
     return ptr.cumsum_(0)
 
 

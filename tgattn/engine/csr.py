@@ -25,6 +25,7 @@ from .softmax import edge_softmax
 
 
 def _csr(rowptr: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
+    col = col.to(rowptr.dtype)  # torch's CSR wants one index dtype; the row pointer may be int32 (O(E), not O(n))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta" / invariant-check notices
         return torch.sparse_csr_tensor(rowptr, col, values, shape, check_invariants=False)

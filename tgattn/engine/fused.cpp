@@ -300,6 +300,14 @@ inline void accumulate(T* y, const T* coef, const R& rows, int64_t n, int64_t d,
     for (int64_t t = c; t < d; ++t) y[t] += coef[r] * rows[r][t];
 }
 
+// accumulate over rows given by pointers, fresh, out of line: key_pass8's sums as GCC compiled
+// them before (under -ffp-contract=fast, which multiply-adds fuse depends on the code around
+// them: a copy inlined into key_pass8 fused others, and dv came out an ulp off).
+template <typename T>
+__attribute__((noinline)) void accumulate_pointers(T* y, const T* coef, const T* const* rows, int64_t n, int64_t d) {
+  accumulate(y, coef, Pointers<const T>{rows}, n, d, /*fresh=*/true);
+}
+
 // rows[r] += coef[r] * x for n rows of length d (the transpose of accumulate: x is read once
 // into registers, a chunk at a time, and each row is updated in place).
 template <typename T, typename R>
@@ -352,14 +360,35 @@ T* head(const at::Tensor& t, int64_t h) {
   return t.data_ptr<T>() + h * t.stride(1);
 }
 
+// A CSR pointer (rowptr, colptr), int32 when the edges fit, else int64 (the row pointer of 10
+// edges among 10^7 nodes is 38 MB instead of 76), read as int64. One type for both, not a
+// template: kernels instantiated for both widths came out slower, GCC inlining otherwise in the
+// larger code (the molecule forward 1.03x, rows of 0-2 edges 1.1-1.2x), and a branch on a flag
+// that never changes costs nothing measurable.
+struct RowPtr {
+  const void* data;
+  bool wide;  // int64 entries
+  int64_t operator[](int64_t i) const {
+    return wide ? static_cast<const int64_t*>(data)[i] : int64_t(static_cast<const int32_t*>(data)[i]);
+  }
+};
+
+bool index_type(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.scalar_type() == at::kInt; }
+RowPtr row_ptr(const at::Tensor& t) { return {t.data_ptr(), t.scalar_type() == at::kLong}; }
+
 // Row bounds cutting rows 0 .. rows into `blocks` blocks of about the same number of edges
 // (rows of very different degree, as in causal sets or global tokens, still balance).
-std::vector<int64_t> balanced(const int64_t* ptr, int64_t rows, int64_t blocks) {
+std::vector<int64_t> balanced(RowPtr ptr, int64_t rows, int64_t blocks) {
   std::vector<int64_t> bounds(blocks + 1, rows);
   bounds[0] = 0;
   for (int64_t b = 1; b < blocks; ++b) {
     const int64_t target = ptr[rows] * b / blocks;
-    bounds[b] = std::max(bounds[b - 1], int64_t(std::lower_bound(ptr, ptr + rows, target) - ptr));
+    int64_t lo = 0, hi = rows;  // the first row whose pointer is >= target (std::lower_bound)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (ptr[mid] < target) lo = mid + 1; else hi = mid;
+    }
+    bounds[b] = std::max(bounds[b - 1], lo);
   }
   return bounds;
 }
@@ -369,7 +398,7 @@ std::vector<int64_t> balanced(const int64_t* ptr, int64_t rows, int64_t blocks) 
 // stays on one head and that head's rows stay in its cache, and it keeps one Scratch for all of
 // them. Small problems run on the calling thread, where waking the pool would cost more than the work.
 template <typename Scratch, typename F>
-void for_head_blocks(const std::vector<int64_t>& bounds, const int64_t* ptr, int64_t heads, const F& fn) {
+void for_head_blocks(const std::vector<int64_t>& bounds, RowPtr ptr, int64_t heads, const F& fn) {
   if (bounds.size() < 2 || heads <= 0) return;
   const int64_t blocks = int64_t(bounds.size()) - 1, rows = bounds.back();
   const int64_t tasks = heads * blocks;
@@ -383,7 +412,7 @@ void for_head_blocks(const std::vector<int64_t>& bounds, const int64_t* ptr, int
 
 // The same over `blocks` balanced row blocks.
 template <typename Scratch, typename F>
-void for_head_blocks(const int64_t* ptr, int64_t rows, int64_t heads, int64_t blocks, const F& fn) {
+void for_head_blocks(RowPtr ptr, int64_t rows, int64_t heads, int64_t blocks, const F& fn) {
   if (rows > 0) for_head_blocks<Scratch>(balanced(ptr, rows, std::min(rows, blocks)), ptr, heads, fn);
 }
 
@@ -516,7 +545,9 @@ class BufferCache final : public c10::Allocator {
 // gathering them costs 1.3-1.6x more than gathering packed rows (a window of 64 touches 65
 // pages per tensor instead of 9: more TLB misses, no help from the stream prefetchers), so
 // a thread copies the head it works on here: the rows a block of work reads (local_keys), else
-// the whole head, n * d numbers per thread, not a copy of the tensor.
+// the whole head, n * d numbers per thread, not a copy of the tensor. Where a copy would be read
+// little (in_place: scattered edges among many nodes) the rows are read in place instead: 10
+// edges among 10^7 keys copied 320 MB of K and V rows to read 10 of each.
 template <typename T>
 struct Slab {
   c10::DataPtr buf;  // from the BufferCache: aligned to a cache line at least
@@ -541,7 +572,10 @@ struct Slab {
       of = h, lo = 0, hi = n, rows = head<T>(t, h), stride = t.stride(0);
       return;
     }
-    if (of == h && lo <= first && last <= hi) return;
+    if (of == h && lo <= first && last <= hi) {  // held already (rows may have been a view since)
+      rows = data() - lo * d, stride = d;
+      return;
+    }
     reserve((last - first) * d);
     const T* src = head<T>(t, h);
     const int64_t from = t.stride(0);
@@ -561,6 +595,9 @@ struct Slab {
     of = h, lo = first, hi = last, rows = to, stride = d;
   }
   void hold(const at::Tensor& t, int64_t h) { hold(t, h, 0, t.size(0)); }
+  // Head h of t read where it is, through its row stride: nothing copied, nothing allocated (a
+  // copy held stays held for the next hold).
+  void view(const at::Tensor& t, int64_t h) { rows = head<T>(t, h), stride = t.stride(0); }
   // A zeroed buffer of n rows of d numbers (for sums written back afterwards).
   T* zeros(int64_t n, int64_t d) {
     reserve(n * d);
@@ -570,11 +607,29 @@ struct Slab {
   }
 };
 
+// Whether work that reads `reads` rows of a head (with repeats) out of `span` rows reads them in
+// place rather than from a copy of the span (Slab::hold): where fewer than one row in eight
+// would be read. A copy costs a pass over the span and its memory; reading strided rows in
+// place costs more per row read than reading copied ones (the forward up to 1.2x at one read
+// per two rows, H = 4, d = 16). One thread, random edges among 2^19 nodes, H = 1 / 4 / 8: at
+// 1/16 edge per node in place took 0.62 / 0.75 / 0.54x the time of the copies forward, 0.90 /
+// 0.88 / 0.72x forward + backward; from 1/8 on the rule copies, as before. Sets of many edges
+// per node (every benchmark pattern, molecule batches) copy; 10 edges among 10^7 nodes do not.
+inline bool in_place(int64_t reads, int64_t span) { return 8 * reads < span; }
+
+// The blocks of one head that a thread runs one after another (for_head_blocks hands each
+// thread a run of consecutive tasks, head by head): those one copy of the head serves, so
+// their edges are the reads of in_place.
+inline int64_t same_head_blocks(int64_t heads, int64_t blocks) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  return std::max<int64_t>(1, std::min(blocks, (heads * blocks + threads - 1) / threads));
+}
+
 // The keys that query rows r0 .. r1 reference (each row's keys are sorted), as a range
 // [lo, hi), when it spans at most a quarter of the n_k keys: a local pattern (windows, blocks,
 // packed sequences), whose block then copies only those rows of K and V. Otherwise [0, n_k),
 // and [0, 0) for rows without edges (nothing to copy).
-std::pair<int64_t, int64_t> local_keys(const int64_t* ptr, const int64_t* col, int64_t r0, int64_t r1, int64_t n_k) {
+std::pair<int64_t, int64_t> local_keys(RowPtr ptr, const int64_t* col, int64_t r0, int64_t r1, int64_t n_k) {
   int64_t lo = n_k, hi = 0;
   for (int64_t i = r0; i < r1; ++i)
     if (ptr[i] < ptr[i + 1]) lo = std::min(lo, col[ptr[i]]), hi = std::max(hi, col[ptr[i + 1] - 1] + 1);
@@ -596,7 +651,7 @@ struct RowBlocks {
   std::vector<std::pair<int64_t, int64_t>> keys;
 };
 
-RowBlocks forward_blocks(const int64_t* ptr, const int64_t* col, int64_t n_q, int64_t n_k) {
+RowBlocks forward_blocks(RowPtr ptr, const int64_t* col, int64_t n_q, int64_t n_k) {
   RowBlocks rb;
   // Lays out `blocks` blocks; returns whether every one is local.
   const auto lay_out = [&](int64_t blocks) {
@@ -662,7 +717,7 @@ struct Entries {
   int64_t position(int64_t r) const { return all ? first + r : positions[r]; }
 
   template <typename Keep>
-  int64_t gather(const int64_t* ptr, const I* idx, int64_t i, const Keep& keep) {
+  int64_t gather(RowPtr ptr, const I* idx, int64_t i, const Keep& keep) {
     first = ptr[i];
     const int64_t deg = ptr[i + 1] - first;
     x.resize(deg), y.resize(deg);
@@ -682,7 +737,7 @@ struct Entries {
 
 // Whether the m <= 8 rows (or keys) from i on each have 1 to 8 edges: a group for the
 // eight-lane paths (attend_rows8, key_pass8).
-inline bool short_group(const int64_t* ptr, int64_t i, int64_t m) {
+inline bool short_group(RowPtr ptr, int64_t i, int64_t m) {
   bool ok = true;
   for (int64_t r = i; ok && r < i + m; ++r) ok = ptr[r] < ptr[r + 1] && ptr[r + 1] - ptr[r] <= 8;
   return ok;
@@ -694,16 +749,17 @@ inline bool short_group(const int64_t* ptr, int64_t i, int64_t m) {
 // horizontal reductions, and the eight rows' chains of dependent steps (dot products, max, exp,
 // sum, log, weighted sum) run side by side: one row at a time, at 3-4 edges a row (molecule
 // batches), the forward waited on those chains.
-inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, const int64_t* col, const float* q,
+inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const int64_t* col, const float* q,
                          int64_t qs, const float* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
                          float scale, float* lse, float* w, const float* v, int64_t vs, int64_t dv, float* out,
                          int64_t os, const Dropout& drop, int64_t h) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
-  int64_t first[8], deg[8], most = 0;
+  int64_t first[8], deg[8], most = 0, at[9];
+  for (int r = 0; r <= m; ++r) at[r] = ptr[i0 + r];
   const float* qr[8];
   for (int r = 0; r < 8; ++r) {
-    const int64_t i = i0 + std::min<int64_t>(r, m - 1);
-    first[r] = ptr[i], deg[r] = ptr[i + 1] - ptr[i], qr[r] = q + i * qs;
+    const int64_t l = std::min<int64_t>(r, m - 1), i = i0 + l;
+    first[r] = at[l], deg[r] = at[l + 1] - at[l], qr[r] = q + i * qs;
     most = std::max(most, deg[r]);
     if (i + 8 < r1) fetch(q + (i + 8) * qs, d * sizeof(float)), fetch<1>(out + (i + 8) * os, dv * sizeof(float));
   }
@@ -753,8 +809,12 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, const int64_t* ptr, 
 // Saves the row's log-sum-exp (lse_i = -inf when no score is finite) and, when w is given,
 // the weights. Edges with a -inf bias are skipped before their dot product, so a top-k pattern
 // (a per-head -inf mask over the union of the heads' edges) pays only for the edges each head keeps.
+// Out of line, as GCC compiled it before row pointers could be int32: inlined into the forward's
+// loop (as it was then) its sums fused other multiply-adds (outputs an ulp off) and rows of 0-2
+// edges ran about 1.1x slower.
 template <typename T>
-void attend_rows(int64_t r0, int64_t r1, const int64_t* ptr, const int64_t* col, const T* q, int64_t qs, const T* k,
+__attribute__((noinline))
+void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const T* q, int64_t qs, const T* k,
                  int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, T* w, const T* v,
                  int64_t vs, int64_t dv, T* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -811,14 +871,15 @@ struct HeadGrad {
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
 template <typename I>
-void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I* row_t, const I* perm_t,
+void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
                const HeadGrad<float>& g, float scale, const Dropout& drop, int64_t h) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
-  int64_t first[8], deg[8], most = 0;
+  int64_t first[8], deg[8], most = 0, at[9];
+  for (int r = 0; r <= m; ++r) at[r] = colptr[j0 + r];
   const float *kr[8], *vr[8];
   for (int r = 0; r < 8; ++r) {
-    const int64_t j = j0 + std::min<int64_t>(r, m - 1);
-    first[r] = colptr[j], deg[r] = colptr[j + 1] - colptr[j], kr[r] = g.k + j * g.ks, vr[r] = g.v + j * g.vs;
+    const int64_t l = std::min<int64_t>(r, m - 1), j = j0 + l;
+    first[r] = at[l], deg[r] = at[l + 1] - at[l], kr[r] = g.k + j * g.ks, vr[r] = g.v + j * g.vs;
     most = std::max(most, deg[r]);
     if (j + 8 < c1) {  // the next group's rows (a head's rows are strided: see fetch)
       fetch(g.k + (j + 8) * g.ks, g.dk * sizeof(float)), fetch(g.v + (j + 8) * g.vs, g.dv * sizeof(float));
@@ -865,8 +926,8 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I
       ac[t] = a[t][r], pc[t] = p[t][r];
       qr[t] = g.q + i * g.qs, gr[t] = g.go + i * g.gs, dq[t] = g.dq + i * g.dqs;
     }
-    accumulate(g.dkey + j * g.dks, ac, Pointers<const float>{qr}, most, g.dk, /*fresh=*/true);
-    accumulate(g.dval + j * g.dvs, pc, Pointers<const float>{gr}, most, g.dv, /*fresh=*/true);
+    accumulate_pointers(g.dkey + j * g.dks, ac, qr, most, g.dk);
+    accumulate_pointers(g.dval + j * g.dvs, pc, gr, most, g.dv);
     scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
   }
 }
@@ -885,7 +946,7 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, const int64_t* colptr, const I
 constexpr int64_t GROUP = 16;
 
 template <typename T, typename I>
-void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, const I* perm_t, const HeadGrad<T>& g,
+void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<T>& g,
               T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const auto edge = [&](int64_t t) -> int64_t { return perm_t ? int64_t(perm_t[t]) : t; };
@@ -949,7 +1010,7 @@ void key_pass(int64_t c0, int64_t c1, const int64_t* colptr, const I* row_t, con
 // delta_i = <dO_i, O_i> (+ sum_e w_e gw_e over row i when the returned weights got a gradient):
 // sum_e p_e dp_e of the backward, from the output instead of the edges (FlashAttention-2).
 template <typename T>
-void deltas(int64_t r0, int64_t r1, const T* go, int64_t gs, const T* out, int64_t os, int64_t dv, const int64_t* ptr,
+void deltas(int64_t r0, int64_t r1, const T* go, int64_t gs, const T* out, int64_t os, int64_t dv, RowPtr ptr,
             const T* w, const T* gw, T* delta) {
   for (int64_t i = r0; i < r1; ++i) {
     if (i + AHEAD < r1) fetch(go + (i + AHEAD) * gs, dv * sizeof(T)), fetch(out + (i + AHEAD) * os, dv * sizeof(T));
@@ -974,15 +1035,14 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 // must never reach them: ptr [rows + 1] runs from 0 to idx.size(0) without going down, and
 // every idx is a row of a tensor with n rows. One pass over the indices, next to the
 // O(E * H * d) work of the kernels; split over the threads, as a serial pass held the second
-// thread idle for 0.3 ms of a 20 ms forward (n = 4096, window 64). idx is int64 or int32.
+// thread idle for 0.3 ms of a 20 ms forward (n = 4096, window 64). ptr and idx are int64 or int32.
 void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows, int64_t n, const char* what) {
-  TORCH_CHECK(ptr.scalar_type() == at::kLong && (idx.scalar_type() == at::kLong || idx.scalar_type() == at::kInt) &&
-                  ptr.is_contiguous() && idx.is_contiguous() && ptr.dim() == 1 && idx.dim() == 1 &&
-                  ptr.device().is_cpu() && idx.device().is_cpu(),
-              "tgattn fused: ", what, " must be contiguous CPU vectors (int64 pointer, int64 or int32 indices)");
+  TORCH_CHECK(index_type(ptr) && index_type(idx) && ptr.is_contiguous() && idx.is_contiguous() && ptr.dim() == 1 &&
+                  idx.dim() == 1 && ptr.device().is_cpu() && idx.device().is_cpu(),
+              "tgattn fused: ", what, " must be contiguous int64 or int32 CPU vectors");
   TORCH_CHECK(ptr.size(0) == rows + 1, "tgattn fused: ", what, " pointer has ", ptr.size(0), " entries, expected ",
               rows + 1);
-  const int64_t* p = ptr.data_ptr<int64_t>();
+  const RowPtr p = row_ptr(ptr);
   const int64_t E = idx.size(0);
   TORCH_CHECK(p[0] == 0 && p[rows] == E, "tgattn fused: ", what, " pointer must run from 0 to ", E);
   // Whether good(i) holds for every i < count (in chunks of 2^16, on all threads).
@@ -995,7 +1055,9 @@ void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows,
         },
         [](bool x, bool y) { return x && y; });
   };
-  TORCH_CHECK(every(rows, [&](int64_t r) { return p[r] <= p[r + 1]; }), "tgattn fused: ", what, " pointer goes down");
+  const auto rising = [&](const auto* x) { return every(rows, [&](int64_t r) { return x[r] <= x[r + 1]; }); };
+  const bool up = p.wide ? rising(ptr.data_ptr<int64_t>()) : rising(ptr.data_ptr<int32_t>());
+  TORCH_CHECK(up, "tgattn fused: ", what, " pointer goes down");
   const auto in_range = [&](const auto* x) {
     return every(E, [&](int64_t e) { return (x[e] >= 0) & (int64_t(x[e]) < n); });
   };
@@ -1026,7 +1088,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   BufferCache& cache = BufferCache::get();
   at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, q);
   at::Tensor w = weights ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
-  const int64_t* ptr = rowptr.data_ptr<int64_t>();
+  const RowPtr ptr = row_ptr(rowptr);
   const int64_t* cp = col.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
@@ -1036,10 +1098,14 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
       Entries<scalar_t, int64_t> re;
     };
     const RowBlocks rb = forward_blocks(ptr, cp, n_q, n_k);
+    const int64_t runs = same_head_blocks(H, int64_t(rb.keys.size()));
     for_head_blocks<Scratch>(rb.bounds, ptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t r0, int64_t r1) {
       const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
       const auto [lo, hi] = rb.keys[blk];
-      sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);
+      if (in_place((ptr[r1] - ptr[r0]) * runs, hi - lo))
+        sc.k.view(k, h), sc.v.view(v, h);  // few edges among many keys: no copy
+      else
+        sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);
       attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh,
                             bias_heads, static_cast<scalar_t>(scale), lse.data_ptr<scalar_t>() + h * n_q,
                             weights ? w.data_ptr<scalar_t>() + h * E : nullptr, sc.v.rows, sc.v.stride, dv,
@@ -1063,9 +1129,9 @@ int64_t key_blocks(int64_t heads, int64_t edges, int64_t n_q) {
 
 // grad_out, q, k, v, out [N, H, d] as in forward, lse [H, n_q]; weights and grad_weights [H, E]
 // (grad_weights: the gradient that reached the returned weights, or None); bias as in forward.
-// colptr / row_t / perm_t: the transposed pattern (row_t and perm_t int64 or int32; perm_t is
-// needed with a bias, dropout or grad_weights). Returns (dq, dk, dv, d_scores [H, E] when
-// grad_bias, else empty); d_scores is the gradient of an additive bias.
+// rowptr as in forward; colptr / row_t / perm_t: the transposed pattern (each int64 or int32,
+// row_t and perm_t alike; perm_t is needed with a bias, dropout or grad_weights). Returns (dq, dk,
+// dv, d_scores [H, E] when grad_bias, else empty); d_scores is the gradient of an additive bias.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                  const c10::optional<at::Tensor>& weights,
@@ -1082,9 +1148,9 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
   const at::Tensor perm = perm_t.has_value() ? *perm_t : at::Tensor();
-  TORCH_CHECK(rowptr.scalar_type() == at::kLong && rowptr.is_contiguous() && rowptr.numel() == n_q + 1 &&
-                  rowptr.data_ptr<int64_t>()[n_q] == E,
-              "tgattn fused: rowptr must be int64 [n_q + 1] ending at E");
+  TORCH_CHECK(index_type(rowptr) && rowptr.is_contiguous() && rowptr.numel() == n_q + 1 &&
+                  row_ptr(rowptr)[n_q] == E,
+              "tgattn fused: rowptr must be int64 or int32 [n_q + 1] ending at E");
   check_structure(colptr, row_t, n_k, n_q, "colptr / row_t");
   const bool need_perm = b.defined() || dropout_p > 0 || gw.defined() || grad_bias;
   TORCH_CHECK(!need_perm || perm.defined(), "tgattn fused: a bias, dropout or weight gradients need perm_t");
@@ -1107,8 +1173,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   at::Tensor extra = blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
   at::Tensor ds = grad_bias ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
   at::Tensor delta = cache.empty({H, n_q}, q);
-  const int64_t* ptr = rowptr.data_ptr<int64_t>();
-  const int64_t* tptr = colptr.data_ptr<int64_t>();
+  const RowPtr ptr = row_ptr(rowptr), tptr = row_ptr(colptr);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
     using T = scalar_t;
     const Dropout drop{dropout_p, uint64_t(seed)};
@@ -1126,18 +1191,34 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
         Entries<T, I> ce;
         std::vector<T> a;
       };
+      const int64_t runs = same_head_blocks(H, blocks);
       for_head_blocks<Scratch>(tptr, n_k, H, blocks, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
-        sc.q.hold(q, h), sc.go.hold(go, h);
-        T* dqh = sc.dq.zeros(n_q, dk);  // this block's dq of head h, packed
+        // Block 0 writes dq, block blk > 0 its own extra[blk - 1] (laid out like dq).
+        T* dst = (blk == 0 ? dq.data_ptr<T>() : extra.data_ptr<T>() + (blk - 1) * n_q * H * dk) + h * dk;
+        // A block with few edges for the queries (in_place) reads q and dO in place and sums dq
+        // where it goes (cleared first); otherwise from copies of the head, into a packed dq
+        // copied there.
+        const bool direct = in_place((tptr[c1] - tptr[c0]) * runs, n_q);
+        T* dqh = dst;
+        int64_t dqs = H * dk;
+        if (direct) {
+          sc.q.view(q, h), sc.go.view(go, h);
+          for (int64_t i = 0; i < n_q; ++i) {
+            if (i + AHEAD < n_q) fetch<1>(dst + (i + AHEAD) * dqs, dk * sizeof(T));
+            std::memset(dst + i * dqs, 0, dk * sizeof(T));
+          }
+        } else {
+          sc.q.hold(q, h), sc.go.hold(go, h);
+          dqh = sc.dq.zeros(n_q, dk), dqs = dk;  // this block's dq of head h, packed
+        }
         HeadGrad<T> g{sc.q.rows, head<T>(k, h), head<T>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
                       delta.data_ptr<T>() + h * n_q,
                       b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
                       gw.defined() ? gw.data_ptr<T>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
                       sc.go.stride, bias_heads, dk, dv, dqh, head<T>(dkt, h), head<T>(dvt, h),
-                      grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dk, dkt.stride(0), dvt.stride(0)};
+                      grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
         key_pass<T>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a);
-        // Block 0 writes dq, block blk > 0 its own extra[blk - 1] (laid out like dq).
-        T* dst = (blk == 0 ? dq.data_ptr<T>() : extra.data_ptr<T>() + (blk - 1) * n_q * H * dk) + h * dk;
+        if (direct) return;
         for (int64_t i = 0; i < n_q; ++i) {
           if (i + AHEAD < n_q) fetch<1>(dst + (i + AHEAD) * H * dk, dk * sizeof(T));
           std::memcpy(dst + i * H * dk, dqh + i * dk, dk * sizeof(T));
@@ -1153,11 +1234,24 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   return {dq, dkt, dvt, ds};
 }
 
+// A stable counting sort of E entries by key c[e] in [0, n): fills ptr [n + 1] (zeroed) with the
+// pointer of the keys and calls place(e, t) with the sorted position t of each entry e, in the
+// order of the entries. No array besides ptr: key j's next position is kept in ptr[j + 1], which
+// holds its start after the prefix sum of the counts stored one place further on (key j's count
+// in ptr[j + 2]; the last key's count is never needed), and ends as the start of key j + 1.
+template <typename P, typename C, typename Place>
+void counting_sort(const C* c, int64_t E, int64_t n, P* ptr, const Place& place) {
+  for (int64_t e = 0; e < E; ++e)
+    if (c[e] + 2 <= n) ++ptr[c[e] + 2];
+  for (int64_t j = 2; j <= n; ++j) ptr[j] += ptr[j - 1];
+  for (int64_t e = 0; e < E; ++e) place(e, int64_t(ptr[c[e] + 1]++));
+}
+
 // The transposed pattern of rowptr / col for the backward pass: (colptr [n_k + 1], row_t [E],
 // perm_t [E] or empty) with row_t[t] the query and perm_t[t] the edge of the t-th edge in
-// (source, target) order, as int32 when `narrow` (half the memory) else int64. A stable
-// counting sort on the keys, O(E + n_k): edges sorted by (target, source), sorted stably by
-// source alone, are in (source, target) order.
+// (source, target) order, all three int32 when `narrow` (half the memory) else int64. A stable
+// counting sort on the keys, O(E + n_k) time and nothing besides its outputs: edges sorted by
+// (target, source), sorted stably by source alone, are in (source, target) order.
 std::vector<at::Tensor> transpose_rows(const at::Tensor& rowptr, const at::Tensor& col, int64_t n_k, bool with_perm,
                                        bool narrow) {
   const int64_t n_q = rowptr.numel() - 1, E = col.numel();
@@ -1165,27 +1259,23 @@ std::vector<at::Tensor> transpose_rows(const at::Tensor& rowptr, const at::Tenso
   TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn transpose_rows: col must be int64");
   TORCH_CHECK(!narrow || (E < (int64_t(1) << 31) && n_q < (int64_t(1) << 31)),
               "tgattn transpose_rows: too many edges or queries for int32 indices");
-  const int64_t* ptr = rowptr.data_ptr<int64_t>();
   const int64_t* c = col.data_ptr<int64_t>();
-  at::Tensor colptr = at::zeros({n_k + 1}, col.options());
-  int64_t* cp = colptr.data_ptr<int64_t>();
-  for (int64_t e = 0; e < E; ++e) ++cp[c[e] + 1];
-  for (int64_t j = 0; j < n_k; ++j) cp[j + 1] += cp[j];
   const auto opts = col.options().dtype(narrow ? at::kInt : at::kLong);
+  at::Tensor colptr = at::zeros({n_k + 1}, opts);
   at::Tensor row_t = at::empty({E}, opts), perm = at::empty({with_perm ? E : 0}, opts);
-  const auto fill = [&](auto* rt, auto* pt) {
-    std::vector<int64_t> next(cp, cp + n_k);
-    for (int64_t i = 0; i < n_q; ++i)
-      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-        const int64_t t = next[c[e]]++;
-        rt[t] = i;
-        if (pt) pt[t] = e;
-      }
+  const RowPtr ptr = row_ptr(rowptr);
+  const auto fill = [&](auto* cp, auto* rt, auto* pt) {
+    int64_t i = 0;  // the query of edge e: edges come by query
+    counting_sort(c, E, n_k, cp, [&](int64_t e, int64_t t) {
+      while (ptr[i + 1] <= e) ++i;
+      rt[t] = i;
+      if (pt) pt[t] = e;
+    });
   };
   if (narrow)
-    fill(row_t.data_ptr<int32_t>(), with_perm ? perm.data_ptr<int32_t>() : nullptr);
+    fill(colptr.data_ptr<int32_t>(), row_t.data_ptr<int32_t>(), with_perm ? perm.data_ptr<int32_t>() : nullptr);
   else
-    fill(row_t.data_ptr<int64_t>(), with_perm ? perm.data_ptr<int64_t>() : nullptr);
+    fill(colptr.data_ptr<int64_t>(), row_t.data_ptr<int64_t>(), with_perm ? perm.data_ptr<int64_t>() : nullptr);
   return {colptr, row_t, perm};
 }
 
@@ -1197,8 +1287,9 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   TORCH_CHECK(a.sizes() == b.sizes(), "tgattn gather_rows: a and b must have one shape");
   const int64_t H = a.size(1), n = a.size(0), d = a.size(2), rows = ptr_t.size(0) - 1;
   check_structure(ptr_t, idx_t, rows, n, "ptr / idx");
+  TORCH_CHECK(idx_t.scalar_type() == at::kLong, "tgattn gather_rows: idx must be int64");
   at::Tensor out = at::zeros({rows, H, d}, a.options());
-  const int64_t* ptr = ptr_t.data_ptr<int64_t>();
+  const RowPtr ptr = row_ptr(ptr_t);
   const int64_t* idx = idx_t.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "tgattn_gather_rows", [&] {
     struct None {};
@@ -1278,17 +1369,13 @@ std::vector<at::Tensor> transpose(const at::Tensor& col, int64_t n_k) {
               "tgattn transpose: col must be a contiguous int64 CPU vector");
   const int64_t E = col.size(0);
   const int64_t* c = col.data_ptr<int64_t>();
-  at::Tensor colptr = at::zeros({n_k + 1}, col.options());
-  at::Tensor perm = at::empty({E}, col.options());
-  int64_t* cp = colptr.data_ptr<int64_t>();
-  int64_t* pp = perm.data_ptr<int64_t>();
   bool ok = true;
   for (int64_t e = 0; e < E; ++e) ok &= (c[e] >= 0) & (c[e] < n_k);
   TORCH_CHECK(ok, "tgattn transpose: col holds an index outside [0, ", n_k, ")");
-  for (int64_t e = 0; e < E; ++e) ++cp[c[e] + 1];
-  for (int64_t j = 0; j < n_k; ++j) cp[j + 1] += cp[j];
-  std::vector<int64_t> next(cp, cp + n_k);
-  for (int64_t e = 0; e < E; ++e) pp[next[c[e]]++] = e;
+  at::Tensor colptr = at::zeros({n_k + 1}, col.options());
+  at::Tensor perm = at::empty({E}, col.options());
+  int64_t* pp = perm.data_ptr<int64_t>();
+  counting_sort(c, E, n_k, colptr.data_ptr<int64_t>(), [&](int64_t e, int64_t t) { pp[t] = e; });
   return {colptr, perm};
 }
 

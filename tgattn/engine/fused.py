@@ -147,7 +147,8 @@ def _register_fake_kernels() -> None:
     @torch.library.register_fake("tgattn_fused::transpose_rows")
     def _(rowptr, col, n_k, with_perm, narrow):
         dtype = torch.int32 if narrow else torch.int64
-        return [col.new_empty(n_k + 1), col.new_empty(col.shape, dtype=dtype), col.new_empty(col.shape[0] if with_perm else 0, dtype=dtype)]
+        perm = col.new_empty(col.shape[0] if with_perm else 0, dtype=dtype)
+        return [col.new_empty(n_k + 1, dtype=dtype), col.new_empty(col.shape, dtype=dtype), perm]
 
     @torch.library.register_fake("tgattn_fused::transpose")
     def _(col, n_k):
@@ -169,7 +170,7 @@ def dropout_keep(heads: int, edges: int, dropout_p: float, seed: int) -> Tensor:
 
 def backward_pattern(s: Structure, with_perm: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """``(colptr [n_k + 1], row_t [E], perm_t [E] or None)``: the transposed pattern the backward
-    kernel walks, int32 where the indices fit (cached; ``perm_t`` only when ``with_perm``)."""
+    kernel walks, all int32 where the indices fit (cached; ``perm_t`` only when ``with_perm``)."""
     cached = s.extras.get(("fused_transpose", True)) or s.extras.get(("fused_transpose", with_perm))
     if cached is None:
         narrow = max(s.num_edges, s.n_q) < 2**31

@@ -106,12 +106,14 @@ def walks(s: Structure):
     """``((rowptr, src, row_order), (colptr, row_t, perm_t, col_order))``, cached on ``s``.
 
     The orders list query rows (key columns) by decreasing degree, so that the rows of one
-    program have about as many edges each.
+    program have about as many edges each. The pointers are int64 here (the analysis's may be
+    int32): the kernels form edge offsets from them, ``e * H`` among them.
     """
     cached = s.extras.get("triton")
     if cached is None:
         colptr, row_t, perm_t = transpose_pattern(s)
-        rows = (s.rowptr, s.src, _by_degree(s.rowptr))
+        rowptr, colptr = s.rowptr.long(), colptr.long()
+        rows = (rowptr, s.src, _by_degree(rowptr))
         cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, _by_degree(colptr)))
     return cached
 
