@@ -40,6 +40,7 @@ def test_a_reused_buffer_holds_nothing_of_its_last_use(dtype, dim, p, with_bias)
     # Outputs and gradients of 1.2-2.7 MB each come from the cache; the first call's are
     # filled with NaN and freed, so the second call gets those very blocks back. Fresh pages
     # from the system are zeros, which would hide an unwritten row; reused ones are not.
+    fused.empty_cache()  # blocks left by earlier tests in this process would serve the first call
     n_q, n_k, heads = 1300, 1200, 8 if dtype == torch.float32 else 4
     edge_index = _with_empty_rows_and_keys(n_q, n_k, p)
     q, k, v, grad_out = inputs(n_q, n_k, heads=heads, dk=dim, dtype=dtype)
