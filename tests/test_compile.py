@@ -53,7 +53,7 @@ def test_two_layer_conv_network_compiles_with_fullgraph():
 def test_the_custom_op_backward_sees_the_dropout_mask_of_its_forward():
     """The op compiled models call: a fixed seed fixes the mask, so gradcheck (which reruns the
     forward many times) only passes if the backward recomputes with the forward's mask."""
-    from tgattn.custom_op import graph_attention_op
+    from tgattn.engine.custom_op import graph_attention_op
 
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(6, 1, 2, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
@@ -69,7 +69,7 @@ def test_the_custom_op_backward_sees_the_dropout_mask_of_its_forward():
 
 def test_the_custom_ops_are_kept_out_of_cuda_graphs():
     # A replayed CUDA graph would skip the per-edge-set analysis (Python) and reuse the captured one.
-    import tgattn.custom_op  # noqa: F401  (registers the ops)
+    import tgattn.engine.custom_op  # noqa: F401  (registers the ops)
 
     for op in (torch.ops.tgattn.graph_attention.default, torch.ops.tgattn.graph_attention_backward.default):
         assert torch.Tag.cudagraph_unsafe in op.tags

@@ -14,7 +14,7 @@ from tgattn.functional import graph_attention
 from engine_helpers import inputs, max_err, oracle
 
 pytest.importorskip("triton")
-from tgattn.custom_op import graph_attention_op  # noqa: E402
+from tgattn.engine.custom_op import graph_attention_op  # noqa: E402
 from tgattn.engine.triton.attention import interpreter_ready  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

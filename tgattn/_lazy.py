@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import Callable, Dict, List, Tuple
 
 
@@ -43,3 +44,19 @@ def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable[[str],
         return sorted(set(vars(sys.modules[package])) | set(exports))
 
     return __getattr__, __dir__
+
+
+def moved(old: str, new: str) -> Callable[[str], object]:
+    """The ``__getattr__`` of a module left at an old path: warns once, on import, that ``old``
+    moved to ``new`` (a ``DeprecationWarning``; the old path goes in the next release), imports
+    ``new`` (with its side effects: ``tgattn.custom_op`` registers the ops) and serves every
+    name of ``new`` from ``old``.
+    """
+    warnings.warn(f"{old} is deprecated: import from {new} (the old path goes in the next release)",
+                  DeprecationWarning, stacklevel=3)
+    module = importlib.import_module(new)
+
+    def __getattr__(name: str):
+        return getattr(module, name)
+
+    return __getattr__

@@ -14,80 +14,11 @@ from torch import Tensor
 
 from . import _edge_terms, engine
 from ._edge_terms import EdgeTerm
-from .engine.analysis import on_host
+from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_softcap, eager_graph_attention
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
 
 BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton")
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must have shape [N, H, d] (got {list(t.shape)})")
-        if t.dtype not in FLOATS:
-            raise ValueError(f"{name} must be a floating-point tensor (got {t.dtype})")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
-    if not (q.shape[1] == k.shape[1] == v.shape[1]):
-        raise ValueError(f"q, k, v must have the same number of heads (got {q.shape[1]}, {k.shape[1]}, {v.shape[1]})")
-    if q.shape[1] == 0 or q.shape[2] == 0:
-        raise ValueError(f"q must have at least one head and a head dim >= 1 (got {list(q.shape)})")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"q and k must have the same head dim (got {q.shape[2]} and {k.shape[2]})")
-    if k.shape[0] != v.shape[0]:
-        raise ValueError(f"k and v must have the same number of nodes (got {k.shape[0]} and {v.shape[0]})")
-
-
-def _check_edge_tensor(name: str, t: Tensor, num_edges: int, q: Tensor) -> Tensor:
-    """A per-edge tensor ``[E]`` or ``[E, 1 or H]`` of floats, returned as ``[E, 1 or H]``.
-
-    Its dtype follows scaled_dot_product_attention's rule for a float ``attn_mask``: q's dtype
-    or float32 (the kernels compute in one dtype; any other would be a silent cast or a crash).
-    """
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
-    if t.dtype not in FLOATS:
-        raise ValueError(f"{name} must be a floating-point tensor (got {t.dtype})")
-    if t.dtype not in (q.dtype, torch.float32):
-        raise ValueError(f"{name} must have q's dtype or float32 (got {name} {t.dtype} with q {q.dtype})")
-    if t.dim() == 1:
-        t = t.unsqueeze(-1)
-    num_heads = q.shape[1]
-    if t.dim() != 2 or t.shape[0] != num_edges or t.shape[1] not in (1, num_heads):
-        raise ValueError(f"{name} must have shape [E] or [E, H] = [{num_edges}, {num_heads}] (got {list(t.shape)})")
-    return t
-
-
-def _check_bias(bias: Tensor, num_edges: int, q: Tensor) -> Tensor:
-    bias = _check_edge_tensor("bias", bias, num_edges, q)
-    # On a GPU the check would make the host wait for the device: there +inf gives NaN instead.
-    if on_host(bias) and torch.isposinf(bias).any():
-        raise ValueError("bias holds +inf, which has no softmax; use -inf to remove an edge")
-    return bias
-
-
-def _check_softcap(softcap) -> None:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"softcap must be a positive finite number or None (got {type(softcap).__name__} {softcap!r})")
-    if not (math.isfinite(softcap) and softcap > 0):
-        raise ValueError(f"softcap must be a positive finite number (got {softcap})")
-
-
-def _check_sinks(sinks: Tensor, q: Tensor) -> Tensor:
-    """One sink logit per head ``[H]``, of q's dtype or float32 (the rule of ``bias``)."""
-    if not isinstance(sinks, Tensor):
-        raise TypeError(f"sinks must be a torch.Tensor (got {type(sinks).__name__})")
-    if sinks.dtype not in (q.dtype, torch.float32) or not sinks.is_floating_point():
-        raise ValueError(f"sinks must have q's dtype or float32 (got sinks {sinks.dtype} with q {q.dtype})")
-    if sinks.shape != (q.shape[1],):
-        raise ValueError(f"sinks must have shape [H] = [{q.shape[1]}] (got {list(sinks.shape)})")
-    if on_host(sinks) and torch.isposinf(sinks).any():  # on a GPU: NaN outputs instead of a host sync
-        raise ValueError("sinks holds +inf, which has no softmax; use -inf for a head without a sink")
-    return sinks
 
 
 def graph_attention(
@@ -217,7 +148,7 @@ def graph_attention(
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number (got {scale})")
     if softcap is not None:
-        _check_softcap(softcap)
+        check_softcap(softcap)
         if edge_key is not None:  # its term enters the scores as a bias, after the cap, not inside it
             raise ValueError("softcap cannot be combined with edge_key (the cap would not see the key term)")
     mods = dict(softcap=softcap, sinks=sinks)
@@ -239,7 +170,7 @@ def _attention(
 ):
     """``(out, weights or None)``: the custom op under ``torch.compile``, else :func:`eager_graph_attention`."""
     if torch.compiler.is_compiling():
-        from .custom_op import compiled_graph_attention
+        from .engine.custom_op import compiled_graph_attention
 
         return compiled_graph_attention(
             q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, softcap, sinks
@@ -258,7 +189,7 @@ def attention_with_edge_terms(
 
     ``generator`` draws the dropout mask that both value terms share.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     compiling = torch.compiler.is_compiling()
     # Under torch.compile the op validates the edges; reading them here would break the graph.
     ei = edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0])
@@ -266,7 +197,7 @@ def attention_with_edge_terms(
     work = engine.dispatch.compute_dtype(q.dtype)  # half precision: the terms in float32, as the kernels
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if edge_scale is not None:
-        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q)
+        edge_scale = check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     shared = _same_term(edge_key, edge_value) and v.shape[2] == q.shape[2]  # one term for keys and values
     if edge_key is not None:
         key = _edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
@@ -274,7 +205,7 @@ def attention_with_edge_terms(
             key = _edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)
         key_bias = _edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
         if bias is not None:  # checked before the sum, which would promote its dtype
-            bias = _check_edge_tensor("bias", bias, num_edges, q) if compiling else _check_bias(bias, num_edges, q)
+            bias = check_edge_tensor("bias", bias, num_edges, q) if compiling else check_bias(bias, num_edges, q)
         bias = key_bias if bias is None else key_bias + bias
     mods = dict(softcap=softcap, sinks=sinks)
     if edge_value is None:
@@ -298,45 +229,3 @@ def _same_term(key, value) -> bool:
     if all(pairs):
         return len(key) == len(value) and all(a is b for a, b in zip(key, value))
     return not any(pairs) and key is not None and key is value
-
-
-def eager_graph_attention(
-    q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None, *,
-    softcap=None, sinks=None,
-):
-    """:func:`graph_attention` outside ``torch.compile``: checks, cached analysis, engine.
-
-    Returns ``(out, weights or None)``; ``generator`` draws the dropout mask of the ``csr``
-    backend and of ``gather``.
-    """
-    _check_qkv(q, k, v)
-    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        check_edge_index(edge_index, k.shape[0], q.shape[0])  # raises, naming what is wrong
-    num_edges = edge_index.shape[1]
-    if bias is not None:
-        bias = _check_bias(bias, num_edges, q)
-    if edge_scale is not None:
-        edge_scale = _check_edge_tensor("edge_scale", edge_scale, num_edges, q)
-    if softcap is not None:
-        _check_softcap(softcap)
-    if sinks is not None:
-        sinks = _check_sinks(sinks, q)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if backend == "gather" or num_edges == 0:
-        ei = check_edge_index(edge_index, k.shape[0], q.shape[0])
-        work = engine.dispatch.compute_dtype(q.dtype)
-        cast = (lambda t: t) if work == q.dtype else (lambda t: None if t is None else t.to(work))  # noqa: E731
-        mult = edge_scale
-        if dropout_p > 0:
-            dropped = engine.recompute.dropout_factor(num_edges, q.shape[1], dropout_p, cast(q), generator)  # [E, H]
-            mult = dropped if mult is None else mult * dropped
-        out, weights = engine.recompute.gather_attention(
-            cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult), softcap, cast(sinks)
-        )
-        return out.to(q.dtype), weights.to(q.dtype) if return_weights else None
-    s = engine.structure_of(edge_index, q.shape[0], k.shape[0])
-    return engine.run(
-        q, k, v, s, bias, scale, dropout_p, return_weights, backend, edge_scale=edge_scale, generator=generator,
-        softcap=softcap, sinks=sinks,
-    )
