@@ -8,7 +8,7 @@ from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from conftest import one_line_error
-from tgattn.analysis import plots, show
+from tgattn.analysis import figure, plots, show
 from tgattn.analysis.show import checkpoint_attention, random_attention
 from tgattn.lm import save_checkpoint
 from tgattn.models import GPT, GPTConfig
@@ -142,9 +142,9 @@ def test_the_picture_reads_at_any_length_labels_never_overlap_and_titles_fit(n):
     tokens = [WORDS[(7 * i) % len(WORDS)] + ("-internationalization" if i == n - 1 else "") for i in range(n)]
     attention = random_attention(tokens, builders.window(n, 8, causal=True))  # flow on causal(200) takes 30 s
     query = n - 1
-    ranked = show.rank(attention, query, 5, n)
+    ranked = figure.rank(attention, query, 5, n)
     title = f"{' '.join(tokens)!r} ({n} tokens): causal pattern, 2 random layers x 2 heads, seed 0"
-    fig = show.show_figure(tokens, attention, ranked, query=query, title=show.fit(title, show.TITLE_CHARS))
+    fig = figure.show_figure(tokens, attention, ranked, query=query, title=figure.fit(title, figure.TITLE_CHARS))
     boxes, frame = _drawn_texts(fig)
     assert not _overlapping(boxes)
     outside = [text for text, box in boxes if box.x0 < frame.x0 or box.x1 > frame.x1 or box.y0 < frame.y0 or box.y1 > frame.y1]
@@ -152,7 +152,7 @@ def test_the_picture_reads_at_any_length_labels_never_overlap_and_titles_fit(n):
     # the graph panel draws the query's neighbourhood only: the query, its top keys and influencers
     (graph,) = [ax for ax in fig.axes if " around " in ax.get_title()]
     drawn = sorted(int(label.get_text().rsplit("#", 1)[1]) for label in graph.texts)
-    assert drawn == show.neighbourhood(attention, ranked, query, n) and len(drawn) <= 1 + 2 + 5 + 5
+    assert drawn == figure.neighbourhood(attention, ranked, query, n) and len(drawn) <= 1 + 2 + 5 + 5
     assert query in drawn and set(ranked["rollout"].index.tolist()) <= set(drawn)
     # every token of the heatmap's labels is a real one, at its index
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]

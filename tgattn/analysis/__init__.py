@@ -4,7 +4,9 @@
   weighted ``networkx.DiGraph`` (edge ``j -> i`` = key j to query i, PyG's flow direction).
 * :func:`attention_rollout`, :func:`attention_flow`: Abnar & Zuidema's two ways to follow
   attention through layers; :func:`top_influencers` ranks tokens by either, or by direct weight.
-* :mod:`tgattn.analysis.plots`: pictures (matplotlib, imported only when drawing).
+* :mod:`tgattn.analysis.plots`: pictures (matplotlib, imported only when drawing);
+  :mod:`tgattn.analysis.figure`: the four panels of ``python -m tgattn show``
+  (:mod:`tgattn.analysis.show`, the command line, which sits above :mod:`tgattn.hf`).
 """
 from .flow import attention_flow, top_flow
 from .graph import to_networkx, to_networkx_layered

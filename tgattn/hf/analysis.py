@@ -7,7 +7,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from ..analysis.influence import Influencers
-from ..analysis.show import rank, show_figure
+from ..analysis.figure import rank, show_figure
 from .attention import Layer, attention_forward, recording
 from .support import select
 
