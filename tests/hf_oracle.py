@@ -41,12 +41,23 @@ def capped_sink_attention(q, k, v, keep, bias, scale, softcap=None, sinks=None):
     return (probs @ v).transpose(0, 1)
 
 
+def top_logits(query, key, keep, bias, scaling, softcap, k_top):
+    """Cells among the ``k_top`` largest logits of their row and head ``[B, H, Tq, Tk]`` (torch.topk)."""
+    logits = query @ key.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = (logits + bias).masked_fill(~keep, float("-inf"))
+    best = logits.topk(min(k_top, logits.shape[-1]), dim=-1).indices
+    return torch.zeros_like(keep).scatter_(-1, best, True)
+
+
 def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                      position_bias=None, softcap=None, s_aux=None, sinks=None, **kw):
     """transformers' attention call by the dense oracle.
 
     A module with an ``oracle_window = w`` attribute also keeps only keys with ``|i - j| <= w``
-    (the tests pad only at the ends of a row, so positions differ as the real tokens' ranks do).
+    (the tests pad only at the ends of a row, so positions differ as the real tokens' ranks do);
+    one with ``oracle_topk = K`` keeps each row's and head's K largest logits (:func:`top_logits`).
     ``softcap`` and sinks (``s_aux`` or ``sinks``) go through :func:`capped_sink_attention`.
     """
     CALLS[0] += 1
@@ -69,6 +80,9 @@ def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     if window is not None:
         i, j = torch.arange(q_length).view(-1, 1), torch.arange(kv_length).view(1, -1)
         keep = keep & ((i - j).abs() <= window)
+    topk = getattr(module, "oracle_topk", None)
+    if topk is not None:
+        keep = keep & top_logits(query, key, keep, bias, scaling, softcap, topk)
     sinks = s_aux if s_aux is not None else sinks
     if softcap is not None or sinks is not None:
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling

@@ -114,3 +114,21 @@ def test_use_pattern_window_changes_self_attention_only(side):
         layer.self_attn.oracle_window = 1  # not layer.encoder_attn: cross attention stays whole
     torch.testing.assert_close(windowed, logits(model, "dense_oracle", **inputs), **TOL)
     assert (windowed - own).abs().max() > 1e-3  # the window did change the model
+
+
+def test_use_pattern_reaches_stacks_that_copy_the_config():
+    # T5's encoder and decoder stacks hold deep copies of the model's config: a pattern kept
+    # only beside model.config was silently ignored there (the model ran its own rule).
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
+                                   relative_attention_num_buckets=8, decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(config).eval().double()
+    assert model.encoder.config is not model.config
+    inputs = seq2seq_inputs("right", decoder_length=6)
+    own = logits(model, "tgattn", **inputs)
+    th.use_pattern(model, window=1)
+    windowed = logits(model, "tgattn", **inputs)
+    for name, module in model.named_modules():
+        if name.endswith("SelfAttention"):  # not EncDecAttention: cross attention stays whole
+            module.oracle_window = 1
+    torch.testing.assert_close(windowed, logits(model, "dense_oracle", **inputs), **TOL)
+    assert (windowed - own).abs().max() > 1e-3

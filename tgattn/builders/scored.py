@@ -104,13 +104,27 @@ def topk(q: Tensor, k: Tensor, k_top: int, *, base: Optional[Tensor] = None) -> 
         base = sort_unique(check_edge_index(base, n_k, n_q), n_k)
     src, dst = base
     with torch.no_grad():
-        scores = edge_scores(q, k, src, dst)  # [E, H]
-        by_score = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [E, H]
-        by_target = torch.sort(dst[by_score], dim=0, stable=True).indices  # [E, H]
-        order = by_score.gather(0, by_target)  # [E, H]: edges by (target, score desc)
-        first = torch.zeros(n_q + 1, dtype=torch.long, device=base.device)
-        first[1:] = torch.bincount(dst, minlength=n_q).cumsum(0)  # where each target starts
-        position = torch.arange(base.shape[1], device=base.device)
-        rank = position - first[dst]  # dst is sorted, so this is the rank at each sorted position
-        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(0, order, (rank < k_top).unsqueeze(1).expand_as(order))
+        keep = best_per_target(edge_scores(q, k, src, dst), dst, n_q, k_top)
     return head_pattern(base, keep, q.dtype)
+
+
+def best_per_target(scores: Tensor, dst: Tensor, n_q: int, k_top: int) -> Tensor:
+    """Which edges are among the ``k_top`` best-scoring of their target, per column: ``keep [E, H]``.
+
+    ``scores [E, H]``; ``dst [E]`` sorted (each target's edges together); ties go to the earlier
+    edge (the smaller key when edges are sorted by (target, key)). A target with at most
+    ``k_top`` edges keeps them all.
+
+    Example:
+        >>> scores = torch.tensor([[1.0], [3.0], [2.0], [5.0]])
+        >>> best_per_target(scores, torch.tensor([0, 0, 0, 1]), 2, 2).view(-1)
+        tensor([False,  True,  True,  True])
+    """
+    by_score = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [E, H]
+    by_target = torch.sort(dst[by_score], dim=0, stable=True).indices  # [E, H]
+    order = by_score.gather(0, by_target)  # [E, H]: edges by (target, score desc)
+    first = torch.zeros(n_q + 1, dtype=torch.long, device=dst.device)
+    first[1:] = torch.bincount(dst, minlength=n_q).cumsum(0)  # where each target starts
+    position = torch.arange(dst.shape[0], device=dst.device)
+    rank = position - first[dst]  # dst is sorted, so this is the rank at each sorted position
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(0, order, (rank < k_top).unsqueeze(1).expand_as(order))

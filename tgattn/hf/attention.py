@@ -8,6 +8,7 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..builders.scored import best_per_target, edge_scores
 from ..functional import graph_attention
 from .masks import EdgeMask, causal_rule, edge_mask, from_dense, full_rule
 
@@ -99,6 +100,30 @@ def _score_bias(mask: EdgeMask, position_bias: Optional[Tensor], heads: int, dty
     return bias.to(dtype)
 
 
+def best_keys(q: Tensor, k: Tensor, mask: EdgeMask, bias: Optional[Tensor], scale: Optional[float],
+              softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Each query head's ``mask.topk`` keys with the largest logits, as the softmax sees them.
+
+    ``q [Nq, H, d]``, ``k [Nk, H, d]``, ``bias [E, H]``, ``[E]`` or ``None`` on ``mask``'s edges.
+    Returns ``(edge_index [2, E'], bias [E', H], used [E])``: the edges some head keeps, their
+    bias (``-inf`` where a head drops the edge) and which of the mask's edges they are.
+    """
+    src, dst = mask.edge_index
+    with torch.no_grad():
+        logits = edge_scores(q, k, src, dst) * (q.shape[-1] ** -0.5 if scale is None else scale)  # [E, H]
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        if bias is not None:
+            logits = logits + bias.view(bias.shape[0], -1)
+        keep = best_per_target(logits, dst, mask.num_queries, mask.topk)  # [E, H]
+    used = keep.any(dim=1)  # [E]
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    kept_bias = torch.where(keep[used], zero, torch.full_like(zero, float("-inf")))  # [E', H]
+    if bias is not None:
+        kept_bias = kept_bias + bias[used].view(kept_bias.shape[0], -1)
+    return mask.edge_index[:, used], kept_bias, used
+
+
 def attention_forward(
     module,
     query: Tensor,
@@ -133,6 +158,9 @@ def attention_forward(
         s_aux: attention sinks ``[Hq]`` (gpt-oss and others; also accepted as ``sinks``): one
             logit per query head in each softmax's denominator, without a value.
 
+    A mask with ``topk`` (:func:`tgattn.hf.use_pattern`) keeps each query head's ``topk`` keys
+    with the largest logits (:func:`best_keys`); recorded weights are 0 on the others.
+
     float16 / bfloat16 inputs are computed in float32, as the engine does (eager attention, too,
     runs its softmax in float32); they are cast here once, not once per query-head group.
 
@@ -165,12 +193,16 @@ def attention_forward(
     for g in range(groups):
         group_bias = bias[:, g::groups] if bias is not None and bias.dim() == 2 else bias  # [E, Hkv]: heads h % G == g
         group_sinks = None if sinks is None else sinks[g::groups]  # [Hkv]
-        result = graph_attention(q[:, :, g].contiguous(), k, v, mask.edge_index, bias=group_bias, scale=scaling,
+        group_q, edge_index, used = q[:, :, g].contiguous(), mask.edge_index, None
+        if mask.topk is not None:
+            edge_index, group_bias, used = best_keys(group_q, k, mask, group_bias, scaling, kwargs.get("softcap"))
+        result = graph_attention(group_q, k, v, edge_index, bias=group_bias, scale=scaling,
                                  dropout_p=dropout, return_weights=record is not None,
                                  softcap=kwargs.get("softcap"), sinks=group_sinks)
         if record is not None:
             result, alpha = result
-            weights.append(alpha)
+            weights.append(alpha if used is None else alpha.new_zeros(used.shape[0], alpha.shape[1]).index_copy_(
+                0, used.nonzero().view(-1), alpha))  # [E, Hkv]: 0 on the keys no head of the group kept
         outs.append(result)  # [Nq, Hkv, dv]
     out = torch.stack(outs, dim=2).reshape(batch_size, q_length, heads, -1).to(query.dtype)  # head h = (h // G, h % G)
     if record is not None:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..builders._common import sort_unique
-from .patterns import pattern_edges, pattern_of
+from .patterns import choice_of, pattern_edges
 from .support import check_class, mask_request
 
 # Mask cells one block of the exact fallback (custom mask functions) may hold at once.
@@ -37,6 +37,8 @@ class EdgeMask:
             ``b * kv_length + j``, row 1 = query node ``b * q_length + i``.
         batch_size, q_length, kv_length: the batch's shape (queries ``[B, Tq]``, keys ``[B, Tk]``).
         bias: additive score of each edge ``[E]``, or ``[E, H]`` per head (a custom float mask), or ``None``.
+        topk: keys each query head keeps in each attention call (the ``topk`` of
+            :func:`tgattn.hf.use_pattern`; self-attention only), or ``None``: all.
     """
 
     edge_index: Tensor
@@ -44,6 +46,7 @@ class EdgeMask:
     q_length: int
     kv_length: int
     bias: Optional[Tensor] = None
+    topk: Optional[int] = None
 
     # transformers prepares the mask before the forward when generating with a static cache,
     # then hands it back to the mask builder: it takes a prepared mask for 4-D and copies it.
@@ -218,7 +221,8 @@ def edge_mask(
     * custom rules (``use_vmap=True``, e.g. ``or_mask_function`` overlays of vision tokens):
       transformers' own mask, evaluated in row blocks (``O(Tq Tk)`` time, bounded memory).
     * a pattern set by :func:`tgattn.hf.use_pattern` on this model's ``config`` replaces the
-      model's rule in self-attention (see there).
+      model's rule in self-attention (see there); its ``topk`` goes with the mask to each
+      attention call.
 
     Cross attention is told from the call (:func:`tgattn.hf.support.mask_request`: transformers'
     mask function was given ``encoder_hidden_states``), not from config flags, which a
@@ -259,7 +263,8 @@ def edge_mask(
     q_offset, kv_offset = int(q_offset), int(kv_offset)
     end = kv_offset + kv_length
     pad = padding_of(attention_mask, end, device)
-    pattern = None if request.cross else pattern_of(config)
+    choice = choice_of(None if request.cross else config)
+    pattern = choice.pattern
     if pattern is not None:
         edge_index = pattern_edges(pattern, mask_function, batch_size, q_length, kv_length, q_offset, kv_offset, pad)
     elif use_vmap:
@@ -276,7 +281,7 @@ def edge_mask(
     if pad is not None and not request.cross and q_offset + q_length <= end:
         dst = edge_index[1]
         edge_index = _drop(edge_index, pad[dst // q_length, dst % q_length + q_offset])
-    return EdgeMask(edge_index, batch_size, q_length, kv_length)
+    return EdgeMask(edge_index, batch_size, q_length, kv_length, topk=choice.topk)
 
 
 def from_dense(mask: Tensor) -> EdgeMask:

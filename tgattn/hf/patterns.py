@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -11,18 +11,32 @@ from torch import Tensor
 from .. import builders
 from ..builders._common import check_count
 
-# id(config) -> (weak reference to the config, pattern); entries die with the config.
-_PATTERNS: Dict[int, Tuple[weakref.ref, Callable]] = {}
-
 Pattern = Callable[[list, bool], Tensor]  # (document lengths, causal model) -> LongTensor[2, E]
+
+
+class Choice(NamedTuple):
+    """What :func:`use_pattern` set on a config: the pattern (``None``: the model's own rule) and ``topk``."""
+
+    pattern: Optional[Pattern]
+    topk: Optional[int]
+
+
+# id(config) -> (weak reference to the config, choice); entries die with the config.
+_PATTERNS: Dict[int, Tuple[weakref.ref, Choice]] = {}
+_NONE = Choice(None, None)
+
+
+def choice_of(config) -> Choice:
+    """What :func:`use_pattern` set on ``config`` (``Choice(None, None)``: the model's own attention)."""
+    entry = _PATTERNS.get(id(config)) if config is not None else None
+    if entry is None or entry[0]() is not config:
+        return _NONE
+    return entry[1]
 
 
 def pattern_of(config) -> Optional[Pattern]:
     """The pattern :func:`use_pattern` set on ``config``, or ``None`` (the model's own rule)."""
-    entry = _PATTERNS.get(id(config)) if config is not None else None
-    if entry is None or entry[0]() is not config:
-        return None
-    return entry[1]
+    return choice_of(config).pattern
 
 
 def _forget(key: int, _ref) -> None:
@@ -38,7 +52,7 @@ def _builder(lengths, causal_model: bool, *, builder: Callable) -> Tensor:
 
 
 def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[int] = None,
-                causal: Optional[bool] = None, name: str = "tgattn"):
+                causal: Optional[bool] = None, topk: Optional[int] = None, name: str = "tgattn"):
     """Run ``model``'s attention on another pattern, built for each batch from its lengths.
 
     The pattern replaces the model's self-attention pattern only: cross attention (a decoder's
@@ -51,6 +65,16 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
     ``generate()`` each step keeps the rows of the new queries (the builder runs over whole
     documents, so its cost per step is that of the whole pattern), and keys a sliding-window
     cache no longer holds are dropped.
+
+    ``topk=K`` adds a selection that each layer makes on its own (top-k attention: Gupta et al.,
+    "Memory-efficient Transformers via Top-k Attention", 2021): in every self-attention call,
+    each query head keeps the ``K`` keys with the largest attention logits (scaled, soft-capped,
+    plus any position bias, as the softmax sees them) among the keys the pattern allows (the
+    model's own rule when no builder or window is given), ties to the smaller key; a query
+    with at most ``K`` keys keeps them all. The result equals dense attention with that per-head
+    mask, forward and backward (the choice itself is not differentiated). Cost: one logit per
+    allowed key and head, then the attention over ``K`` keys per query. DeepSeek-V3.2's
+    learned indexer (its ``indices=`` argument) is not run: such a call is refused.
 
     Sets the model's ``attn_implementation`` to ``name`` (registering it when needed). The
     pattern is kept beside the model's config (not in it: ``save_pretrained`` is unchanged);
@@ -65,6 +89,8 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
             causal ``sliding_window = window + 1``.
         causal: for ``window``: ``None`` (default) follows the model (causal when its own
             mask never lets a query see the next token).
+        topk: keys kept per query and head in every self-attention call, ``>= 1`` (default:
+            all that the pattern allows).
         name: the registered implementation to use (default: ``"tgattn"``).
 
     Returns:
@@ -84,7 +110,12 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         'tgattn'
         >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
         torch.Size([1, 5, 32])
+        >>> model = use_pattern(model, topk=2)  # each layer's two best causal keys per query head
+        >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
+        torch.Size([1, 5, 32])
     """
+    from transformers import PreTrainedConfig
+
     from . import register
     from .support import select
 
@@ -98,14 +129,17 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         pattern = partial(_window, w=check_count("window", window), causal=causal)
     else:
         pattern = partial(_builder, builder=builder)
+    choice = Choice(pattern, None if topk is None else check_count("topk", topk, 1))
     register(name)
     select(model, name)
+    # Every config in the model: stacks may hold copies of their own (T5's encoder and decoder).
     configs = {id(c): c for c in (model.config, model.config.get_text_config())}
+    configs.update((id(m.config), m.config) for m in model.modules() if isinstance(getattr(m, "config", None), PreTrainedConfig))
     for key, config in configs.items():
-        if pattern is None:
+        if choice == _NONE:
             _PATTERNS.pop(key, None)
         else:
-            _PATTERNS[key] = (weakref.ref(config, partial(_forget, key)), pattern)
+            _PATTERNS[key] = (weakref.ref(config, partial(_forget, key)), choice)
     return model
 
 
