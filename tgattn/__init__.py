@@ -17,8 +17,8 @@ __all__ += ["__version__"]
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "GraphAttention": "layer",
-        "GraphAttentionConv": "conv",
+        "GraphAttention": "nn.attention",
+        "GraphAttentionConv": "nn.conv",
         "builders": "builders",
         "data": "data",  # sequences as PyG graphs
         "functional": "functional",

@@ -1,7 +1,7 @@
 """Lazy exports (PEP 562): a package names its public objects, each imported on first use.
 
 ``import tgattn`` (and ``python -m tgattn.lm --help``) then costs no torch or PyG import; the
-first ``tgattn.GraphAttention`` imports :mod:`tgattn.layer` and keeps the result.
+first ``tgattn.GraphAttention`` imports :mod:`tgattn.nn.attention` and keeps the result.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .. import builders
 from .._cli import non_negative_int, positive_int, seed_int
-from ..layer import GraphAttention
+from ..nn.attention import GraphAttention
 from .figure import TITLE_CHARS, fit, rank, show_figure
 from .weights import Layer
 

@@ -309,7 +309,8 @@ def probe(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = F
     """
     import gc
 
-    from .. import GraphAttention, builders
+    from .. import builders
+    from ..nn.attention import GraphAttention
     from ..functional import graph_attention
 
     torch.set_num_threads(int(os.environ.get("TGATTN_BENCH_THREADS", "1")))

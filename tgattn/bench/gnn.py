@@ -150,7 +150,7 @@ def edge_net(model: str, features: int = 64, channels: int = 16, heads: int = 4)
     """
     from torch_geometric.nn import GATConv, TransformerConv
 
-    from ..conv import GraphAttentionConv
+    from ..nn.conv import GraphAttentionConv
 
     width = heads * channels
     if model == "gat":
@@ -196,7 +196,7 @@ def _engine_calls(graphs, layers, fresh: bool, p: float = 0.6) -> Callable[[int]
     (projections, self-loops, the other layers of the network, Adam) is left out: this row is
     the least the step costs while the engine stays as it is.
     """
-    from ..conv import _self_loops
+    from ..nn.conv import _self_loops
     from ..functional import graph_attention
 
     g = torch.Generator().manual_seed(0)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._cli import out_help, run, runs_dir
-from ..conv import GraphAttentionConv
+from ..nn.conv import GraphAttentionConv
 from ..datasets import load_planetoid
 
 DATASETS = ("Cora", "CiteSeer", "PubMed")

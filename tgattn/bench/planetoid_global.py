@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import builders
-from ..conv import GraphAttentionConv
+from ..nn.conv import GraphAttentionConv
 from .planetoid import Net, _dropout
 
 DECAY = 2.0  # initial bias per hop of the union model: exp(-2 d) weighs ~2000 far nodes below a neighbour

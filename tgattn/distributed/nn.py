@@ -13,8 +13,8 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from ..conv import GraphAttentionConv
-from ..layer import GraphAttention
+from ..nn.attention import GraphAttention
+from ..nn.conv import GraphAttentionConv
 from .attention import graph_attention
 from .plan import HaloPlan
 

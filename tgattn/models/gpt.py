@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layer import GraphAttention
+from ..nn.attention import GraphAttention
 from .config import SELECTIONS, GPTConfig
 from .dense import DenseAttention
 from .indexer import SelectedAttention

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import builders, functional
-from ..layer import GraphAttention
+from ..nn.attention import GraphAttention
 from .config import GPTConfig
 
 

@@ -1,4 +1,17 @@
-"""Graph-transformer layers on tgattn: GPS, Exphormer, and structural attention biases."""
+"""Every layer of tgattn, PyG's way (``torch_geometric.nn``): the attention layers and the
+graph-transformer layers built on them.
+
+* :class:`GraphAttention` (:mod:`tgattn.nn.attention`): multi-head attention over an edge set;
+* :class:`GraphAttentionConv` (:mod:`tgattn.nn.conv`): ``TransformerConv``'s interface, with its
+  PyG glue (adjacency forms, explainer masks: :mod:`tgattn.nn.explain`);
+* :class:`GPSConv`, :class:`ExphormerConv`, :class:`VirtualNodes` and the structural attention
+  biases (:class:`CentralityEncoding`, :class:`SpatialEncoding`).
+
+Layer "nn" of the package: it imports the builders, :mod:`tgattn.functional` and the engine,
+never the models, applications or benchmarks above it (docs/conventions.md, "Layering").
+"""
+from .attention import GraphAttention
+from .conv import GraphAttentionConv
 from .exphormer import EDGE_KINDS, ExphormerConv, VirtualNodes, exphormer_edge_kinds
 from .gps import GPSConv, check_gps, full_per_graph
 from .structural import CentralityEncoding, SpatialEncoding, shortest_path_distance
@@ -8,6 +21,8 @@ __all__ = [
     "CentralityEncoding",
     "ExphormerConv",
     "GPSConv",
+    "GraphAttention",
+    "GraphAttentionConv",
     "SpatialEncoding",
     "VirtualNodes",
     "check_gps",

@@ -12,7 +12,7 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.inits import reset
 
 from .. import builders
-from ..layer import GraphAttention
+from .attention import GraphAttention
 
 
 def full_per_graph(batch: Optional[Tensor], num_nodes: int) -> Tensor:
