@@ -114,8 +114,6 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
         torch.Size([1, 5, 32])
     """
-    from transformers import PreTrainedConfig
-
     from . import register
     from .support import select
 
@@ -132,9 +130,11 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
     choice = Choice(pattern, None if topk is None else check_count("topk", topk, 1))
     register(name)
     select(model, name)
-    # Every config in the model: stacks may hold copies of their own (T5's encoder and decoder).
+    # Stacks may hold copies of the model's (or text model's) config of their own (T5's encoder and
+    # decoder): those too; a config of another kind (a vision tower's) keeps its model's rule.
     configs = {id(c): c for c in (model.config, model.config.get_text_config())}
-    configs.update((id(m.config), m.config) for m in model.modules() if isinstance(getattr(m, "config", None), PreTrainedConfig))
+    kinds = tuple({type(c) for c in configs.values()})
+    configs.update((id(m.config), m.config) for m in model.modules() if isinstance(getattr(m, "config", None), kinds))
     for key, config in configs.items():
         if choice == _NONE:
             _PATTERNS.pop(key, None)
