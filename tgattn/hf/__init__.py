@@ -36,37 +36,7 @@ its bidirectional window keeps ``|q - j| <= W`` (2W + 1 keys) = ``builders.windo
 """
 from .attention import attention_forward, recording
 from .analysis import attention_graph, show
+from .interface import register, use_pattern
 from .masks import EdgeMask, edge_mask
-from .patterns import use_pattern
 
 __all__ = ["EdgeMask", "attention_forward", "attention_graph", "edge_mask", "recording", "register", "show", "use_pattern"]
-
-
-def register(name: str = "tgattn") -> str:
-    """Register tgattn's attention function and mask builder with transformers under ``name``.
-
-    Afterwards ``model.set_attn_implementation(name)`` (or ``from_pretrained(...,
-    attn_implementation=name)``) runs every model whose attention goes through transformers'
-    attention interface on edge sets. Registering again is harmless.
-
-    Args:
-        name: the ``attn_implementation`` name (default: ``"tgattn"``).
-
-    Returns:
-        ``name``.
-
-    Example:
-        >>> from transformers import AttentionInterface
-        >>> register()
-        'tgattn'
-        >>> "tgattn" in AttentionInterface()
-        True
-    """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string (got {name!r})")
-    AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, edge_mask)
-    return name

@@ -9,6 +9,7 @@ import torch
 from ..analysis.influence import Influencers
 from ..analysis.figure import rank, show_figure
 from .attention import Layer, attention_forward, recording
+from .interface import register
 from .support import select
 
 
@@ -35,8 +36,6 @@ def attention_graph(model, input_ids, *, name: str = "tgattn") -> List[Layer]:
         (2, torch.Size([2, 10]), torch.Size([10, 2]))
     """
     from transformers import AttentionInterface
-
-    from . import register
 
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     ids = ids.unsqueeze(0) if ids.dim() == 1 else ids

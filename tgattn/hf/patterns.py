@@ -1,4 +1,4 @@
-"""Swap a Hugging Face model's attention pattern for any tgattn builder: :func:`use_pattern`."""
+"""The patterns :func:`tgattn.hf.use_pattern` sets (kept beside each config) and the edges they build per batch."""
 from __future__ import annotations
 
 import weakref
@@ -15,7 +15,7 @@ Pattern = Callable[[list, bool], Tensor]  # (document lengths, causal model) -> 
 
 
 class Choice(NamedTuple):
-    """What :func:`use_pattern` set on a config: the pattern (``None``: the model's own rule) and ``topk``."""
+    """What :func:`tgattn.hf.use_pattern` set on a config: the pattern (``None``: the model's own rule) and ``topk``."""
 
     pattern: Optional[Pattern]
     topk: Optional[int]
@@ -27,7 +27,7 @@ _NONE = Choice(None, None)
 
 
 def choice_of(config) -> Choice:
-    """What :func:`use_pattern` set on ``config`` (``Choice(None, None)``: the model's own attention)."""
+    """What :func:`tgattn.hf.use_pattern` set on ``config`` (``Choice(None, None)``: the model's own attention)."""
     entry = _PATTERNS.get(id(config)) if config is not None else None
     if entry is None or entry[0]() is not config:
         return _NONE
@@ -35,7 +35,7 @@ def choice_of(config) -> Choice:
 
 
 def pattern_of(config) -> Optional[Pattern]:
-    """The pattern :func:`use_pattern` set on ``config``, or ``None`` (the model's own rule)."""
+    """The pattern :func:`tgattn.hf.use_pattern` set on ``config``, or ``None`` (the model's own rule)."""
     return choice_of(config).pattern
 
 
@@ -51,72 +51,9 @@ def _builder(lengths, causal_model: bool, *, builder: Callable) -> Tensor:
     return builder(lengths)
 
 
-def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[int] = None,
-                causal: Optional[bool] = None, topk: Optional[int] = None, name: str = "tgattn"):
-    """Run ``model``'s attention on another pattern, built for each batch from its lengths.
-
-    The pattern replaces the model's self-attention pattern only: cross attention (a decoder's
-    queries on the encoder's keys) keeps the model's own mask. It is applied to every document
-    of the batch: each row's real tokens (padding removed), split where transformers' own mask
-    keeps a token from seeing its predecessor (packed sequences; for a chunked-attention model
-    also its chunk borders). The builder
-    gets the list of document lengths and returns the packed batch's edges, like every
-    :mod:`tgattn.builders` function; key j / query i are the real tokens in order. During
-    ``generate()`` each step keeps the rows of the new queries (the builder runs over whole
-    documents, so its cost per step is that of the whole pattern), and keys a sliding-window
-    cache no longer holds are dropped.
-
-    ``topk=K`` adds a selection that each layer makes on its own (top-k attention: Gupta et al.,
-    "Memory-efficient Transformers via Top-k Attention", 2021): in every self-attention call,
-    each query head keeps the ``K`` keys with the largest attention logits (scaled, soft-capped,
-    plus any position bias, as the softmax sees them) among the keys the pattern allows (the
-    model's own rule when no builder or window is given), ties to the smaller key; a query
-    with at most ``K`` keys keeps them all. The result equals dense attention with that per-head
-    mask, forward and backward (the choice itself is not differentiated). Cost: one logit per
-    allowed key and head, then the attention over ``K`` keys per query. DeepSeek-V3.2's
-    learned indexer (its ``indices=`` argument) is not run: such a call is refused.
-
-    Sets the model's ``attn_implementation`` to ``name`` (registering it when needed). The
-    pattern is kept beside the model's config (not in it: ``save_pretrained`` is unchanged);
-    ``use_pattern(model)`` returns to the model's own rule.
-
-    Args:
-        model: a transformers ``PreTrainedModel``.
-        builder: ``lengths -> LongTensor[2, E]``, e.g.
-            ``lambda n: builders.bigbird(n, 8, 1, 2, generator=g)`` (default: none).
-        window: shortcut for ``builders.window(lengths, window, causal=...)``: keys with
-            ``|i - j| <= window`` (``0 <= i - j <= window`` when causal), i.e. transformers'
-            causal ``sliding_window = window + 1``.
-        causal: for ``window``: ``None`` (default) follows the model (causal when its own
-            mask never lets a query see the next token).
-        topk: keys kept per query and head in every self-attention call, ``>= 1`` (default:
-            all that the pattern allows).
-        name: the registered implementation to use (default: ``"tgattn"``).
-
-    Returns:
-        ``model``.
-
-    Raises:
-        ValueError: naming the class, for a model whose attention tgattn cannot run
-            (:func:`tgattn.hf.support.unsupported`: BLOOM, GPT-J, Falcon, ...), which
-            ``set_attn_implementation`` alone would leave on its own attention.
-
-    Example:
-        >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        ...                      num_attention_heads=2, num_key_value_heads=1)
-        >>> model = use_pattern(LlamaForCausalLM(config), window=2)
-        >>> model.config._attn_implementation
-        'tgattn'
-        >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
-        torch.Size([1, 5, 32])
-        >>> model = use_pattern(model, topk=2)  # each layer's two best causal keys per query head
-        >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
-        torch.Size([1, 5, 32])
-    """
-    from . import register
-    from .support import select
-
+def make_choice(builder: Optional[Callable], window: Optional[int], causal: Optional[bool],
+                topk: Optional[int]) -> Choice:
+    """The :class:`Choice` of :func:`tgattn.hf.use_pattern`'s arguments (named errors for bad ones)."""
     if builder is not None and window is not None:
         raise ValueError(f"give builder or window, not both (got builder={builder!r}, window={window!r})")
     if builder is not None and not callable(builder):
@@ -127,9 +64,11 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         pattern = partial(_window, w=check_count("window", window), causal=causal)
     else:
         pattern = partial(_builder, builder=builder)
-    choice = Choice(pattern, None if topk is None else check_count("topk", topk, 1))
-    register(name)
-    select(model, name)
+    return Choice(pattern, None if topk is None else check_count("topk", topk, 1))
+
+
+def set_choice(model, choice: Choice) -> None:
+    """Keep ``choice`` beside ``model``'s configs (``Choice(None, None)``: forget theirs)."""
     # Stacks may hold copies of the model's (or text model's) config of their own (T5's encoder and
     # decoder): those too; a config of another kind (a vision tower's) keeps its model's rule.
     configs = {id(c): c for c in (model.config, model.config.get_text_config())}
@@ -140,7 +79,6 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
             _PATTERNS.pop(key, None)
         else:
             _PATTERNS[key] = (weakref.ref(config, partial(_forget, key)), choice)
-    return model
 
 
 def documents(rule: Callable, real: Tensor, q_offset: int, q_length: int) -> Tuple[Tensor, Tensor]:
