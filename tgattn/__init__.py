@@ -2,7 +2,7 @@
 
 Attention patterns (full, causal, window, ...) are edge sets built by :mod:`tgattn.builders`;
 :class:`GraphAttention` and :func:`tgattn.functional.graph_attention` attend along them and
-equal dense masked attention (:func:`tgattn.reference.dense_attention`).
+equal dense masked attention (:func:`tgattn.verify.reference.dense_attention`).
 
 Names are imported on first use (:mod:`tgattn._lazy`): ``import tgattn`` loads neither torch
 nor PyG, so the command lines answer ``--help`` and bad arguments at once.
@@ -10,7 +10,7 @@ nor PyG, so the command lines answer ``--help`` and bad arguments at once.
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
-__all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse", "reference"]
+__all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse"]
 __all__ += ["ExphormerConv", "GPSConv", "nn"]
 __all__ += ["__version__"]
 
@@ -23,7 +23,6 @@ __getattr__, __dir__ = lazy_exports(
         "data": "data",  # sequences as PyG graphs
         "functional": "functional",
         "probsparse": "probsparse",  # Informer's ProbSparse attention
-        "reference": "reference",
         "nn": "nn",  # graph-transformer layers (GPS, Exphormer) and structural biases
         "GPSConv": "nn",
         "ExphormerConv": "nn",

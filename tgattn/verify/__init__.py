@@ -1,5 +1,8 @@
 """``python -m tgattn verify``: prove on this machine that graph attention equals dense attention.
 
+Verification in one room: the dense oracle every test compares with
+(:func:`tgattn.verify.reference.dense_attention`) and the cases run here.
+
 Each case builds an edge set, runs :func:`tgattn.functional.graph_attention` and the dense
 oracle on the same random float64 inputs, and compares outputs and input gradients.
 """
@@ -11,8 +14,8 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import builders
-from .functional import graph_attention
+from .. import builders
+from ..functional import graph_attention
 from .reference import dense_attention
 
 TOLERANCE = 1e-10  # float64
