@@ -6,7 +6,7 @@ import torch
 
 from builder_checks import TOL, assert_edge_set, ij
 from tgattn import builders
-from tgattn.probsparse import lazy_values, probsparse_attention
+from tgattn.builders.informer import lazy_values, probsparse_attention
 from tgattn.verify.reference import dense_attention
 
 

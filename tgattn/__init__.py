@@ -10,7 +10,7 @@ nor PyG, so the command lines answer ``--help`` and bad arguments at once.
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
-__all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional", "probsparse"]
+__all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional"]
 __all__ += ["ExphormerConv", "GPSConv", "nn"]
 __all__ += ["__version__"]
 
@@ -22,7 +22,6 @@ __getattr__, __dir__ = lazy_exports(
         "builders": "builders",
         "data": "data",  # sequences as PyG graphs
         "functional": "functional",
-        "probsparse": "probsparse",  # Informer's ProbSparse attention
         "nn": "nn",  # graph-transformer layers (GPS, Exphormer) and structural biases
         "GPSConv": "nn",
         "ExphormerConv": "nn",
