@@ -12,8 +12,9 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from . import _edge_terms, engine
-from ._edge_terms import EdgeTerm
+from . import engine
+from .engine import edge_terms
+from .engine.edge_terms import EdgeTerm
 from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_softcap, eager_graph_attention
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
@@ -200,17 +201,17 @@ def attention_with_edge_terms(
         edge_scale = check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     shared = _same_term(edge_key, edge_value) and v.shape[2] == q.shape[2]  # one term for keys and values
     if edge_key is not None:
-        key = _edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
+        key = edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
         if shared and key.weight is not None and not key.factored():
-            key = _edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)
-        key_bias = _edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
+            key = edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)
+        key_bias = edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
         if bias is not None:  # checked before the sum, which would promote its dtype
             bias = check_edge_tensor("bias", bias, num_edges, q) if compiling else check_bias(bias, num_edges, q)
         bias = key_bias if bias is None else key_bias + bias
     mods = dict(softcap=softcap, sinks=sinks)
     if edge_value is None:
         return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator, **mods)
-    value = key if shared else _edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
+    value = key if shared else edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
     mult = edge_scale
     if dropout_p > 0:
         # One mask for a_ij v_j and a_ij ev_ij: drawn here, applied by the backend as an edge scale.
@@ -218,7 +219,7 @@ def attention_with_edge_terms(
         mult = dropped if mult is None else mult.to(work) * dropped  # [E, H]
     out, weights = _attention(q, k, v, ei, bias, mult, scale, 0.0, True, backend, generator, **mods)
     used = weights.to(work) if mult is None else weights.to(work) * mult.to(work)  # [E, H]
-    out = (out.to(work) + _edge_terms.value_sum(used, dst, value, q.shape[0])).to(q.dtype)  # [Nq, H, dv]
+    out = (out.to(work) + edge_terms.value_sum(used, dst, value, q.shape[0])).to(q.dtype)  # [Nq, H, dv]
     return out, weights if return_weights else None
 
 
