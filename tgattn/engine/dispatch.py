@@ -24,7 +24,8 @@ call to ``csr``: slower, still exact.) On a GPU that check would make the host w
 device, so it guards only the tile path (which syncs per chunk anyway): the Triton kernels
 need none, and SDPA runs unchecked (a NaN key or value of a causal or packed set may then
 also reach the other queries of its SDPA tile; ``backend="triton"`` keeps NaN local).
-float16 / bfloat16 run in float32 on the CPU backends.
+float16 / bfloat16 run in float32 on the CPU backends: the fused kernel reads them as they are and
+computes in float32 (:mod:`tgattn.engine.fused`), the others take float32 copies.
 
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
 that every backend name is always exact (``triton`` falls back like ``fused``); :func:`plan`
@@ -179,7 +180,8 @@ def run(
     ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``csr``.
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
-    inside, so that scores and sums accumulate in float32 on every backend.
+    inside, so that scores and sums accumulate in float32 on every backend; ``fused`` and
+    ``triton`` read them as they are, the others take float32 copies.
     ``generator`` draws the dropout mask of ``csr`` and the dropout seed of ``fused``.
 
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
@@ -201,8 +203,10 @@ def run(
     if s.perm is not None:  # sorted edge order
         bias = None if bias is None else bias[s.perm]
         edge_scale = None if edge_scale is None else edge_scale[s.perm]
-    work = dtype if chosen == "triton" else compute_dtype(dtype)  # Triton accumulates in float32 itself
-    bias = None if bias is None else bias.to(work)  # q's dtype or float32 (a float32 bias with float64 q)
+    # Triton and the fused kernel read half precision as it is and accumulate in float32 themselves.
+    work = dtype if chosen in ("triton", "fused") else compute_dtype(dtype)
+    # q's dtype or float32 (a float32 bias with float64 q); the fused kernel's bias is float32 with half q.
+    bias = None if bias is None else bias.to(compute_dtype(dtype) if chosen == "fused" else work)
     if work != dtype:
         q, k, v = q.to(work), k.to(work), v.to(work)
         edge_scale = None if edge_scale is None else edge_scale.to(work)

@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -70,6 +71,86 @@ inline vec_t<T> load(const T* p) {
 template <typename T>
 inline void store(T* p, vec_t<T> v) {
   std::memcpy(p, &v, sizeof v);
+}
+
+// float16 / bfloat16 inputs are read where they are and computed in float: each load widens
+// eight numbers in registers, each store of an output or gradient rounds eight to nearest even
+// (as torch's .to() does), and sums, the log-sum-exp, a bias and its gradient stay float. Half
+// the bytes of float32 cross the memory system; a float32 copy of q, k and v first (the engine
+// before) moved three times as many.
+template <typename S>
+struct Compute {
+  using type = S;
+};
+template <>
+struct Compute<c10::Half> {
+  using type = float;
+};
+template <>
+struct Compute<c10::BFloat16> {
+  using type = float;
+};
+template <typename S>
+using compute_t = typename Compute<S>::type;
+template <typename S>
+constexpr bool is_half_v = !std::is_same_v<S, compute_t<S>>;
+
+typedef uint16_t u16x8_t __attribute__((vector_size(16)));
+typedef uint32_t u32x8_t __attribute__((vector_size(32)));
+typedef int32_t i32x8_t __attribute__((vector_size(32)));
+
+// bfloat16 is the top half of a float: widening is a shift, on every instruction set.
+inline vec_t<float> load(const c10::BFloat16* p) {
+#if defined(__AVX2__)
+  // GCC widens the generic form below in two 128-bit halves (five instructions, not two).
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
+  u16x8_t x;
+  std::memcpy(&x, p, sizeof x);
+  const u32x8_t bits = __builtin_convertvector(x, u32x8_t) << 16;
+  vec_t<float> v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+#endif
+}
+
+inline void store(c10::BFloat16* p, vec_t<float> v) {
+  u32x8_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  u32x8_t r = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // to nearest, ties to even
+  const i32x8_t nan = v != v;
+  r = (r & ~u32x8_t(nan)) | (u32x8_t(nan) & 0x7fc0u);  // torch's quiet NaN, as c10::BFloat16 rounds it
+  const u16x8_t x = __builtin_convertvector(r, u16x8_t);
+  std::memcpy(p, &x, sizeof x);
+}
+
+// float16 through F16C's conversions where the CPU has them (-march=native defines __F16C__ on
+// such a CPU; the build folder is keyed by the CPU's flags), else c10::Half's, one number at a time.
+inline vec_t<float> load(const c10::Half* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  float x[8];
+  for (int l = 0; l < 8; ++l) x[l] = float(p[l]);
+  return load(x);
+#endif
+}
+
+inline void store(c10::Half* p, vec_t<float> v) {
+#if defined(__F16C__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+#else
+  for (int l = 0; l < 8; ++l) p[l] = c10::Half(v[l]);
+#endif
+}
+
+// Which conversions this build compiled: the benchmark and the docs say which path ran.
+std::string half_paths() {
+#if defined(__F16C__)
+  return "float16: F16C; bfloat16: shifts";
+#else
+  return "float16: scalar c10::Half; bfloat16: shifts";
+#endif
 }
 
 // A score is recomputed in the backward (from q, k and the saved log-sum-exp) by other code than
@@ -231,8 +312,8 @@ struct Pointers {
 // out[k] = <x[k], p[k]> for eight pairs of rows of length d (x a Repeat when all eight share one
 // x, whose pieces are then loaded once): eight independent accumulators hide the latency of the
 // multiply-adds, and one transposed sum (hsum8) finishes them.
-template <typename T, typename X>
-__attribute__((always_inline)) inline void dots8(const X& x, const T* const* p, int64_t d, T* out) {
+template <typename T, typename S, typename X>
+__attribute__((always_inline)) inline void dots8(const X& x, const S* const* p, int64_t d, T* out) {
   constexpr int L = Vec<T>::L, R = 8;
   const int64_t dl = d - d % L;
   vec_t<T> acc[R] = {};
@@ -242,45 +323,46 @@ __attribute__((always_inline)) inline void dots8(const X& x, const T* const* p, 
   }
   hsum8<T>(acc, out);
   for (int64_t t = dl; t < d; ++t)
-    for (int k = 0; k < R; ++k) out[k] = madd(x[k][t], p[k][t], out[k]);
+    for (int k = 0; k < R; ++k) out[k] = madd(T(x[k][t]), T(p[k][t]), out[k]);
 }
 
 // out[r] = <x, rows[r]> for n rows, eight at a time (dots8), the last n % 8 one by one.
 // No software prefetch here or in accumulate: prefetching the next group's rows made the
 // forward 1.3-1.6x slower on the 2-core AMD EPYC we measure on (the loads of the current group
 // already keep the memory system busy; the benchmark's floor peer shows how busy).
-template <typename T, typename Rs>
-inline void dots(const T* x, const Rs& rows, int64_t n, int64_t d, T* out) {
+template <typename T, typename S, typename Rs>
+inline void dots(const S* x, const Rs& rows, int64_t n, int64_t d, T* out) {
   constexpr int L = Vec<T>::L, R = 8;
   const int64_t dl = d - d % L;
   int64_t r = 0;
   for (; r + R <= n; r += R) {
-    const T* p[R];
+    const S* p[R];
 #pragma GCC unroll 8
     for (int k = 0; k < R; ++k) p[k] = rows[r + k];
-    dots8(Repeat<T>{x}, p, d, out + r);
+    dots8(Repeat<S>{x}, p, d, out + r);
   }
   for (; r < n; ++r) {
-    const T* p = rows[r];
+    const S* p = rows[r];
     vec_t<T> acc = {};
     for (int64_t t = 0; t < dl; t += L) acc = madd(load(x + t), load(p + t), acc);
     T s = hsum<T>(acc);
-    for (int64_t t = dl; t < d; ++t) s = madd(x[t], p[t], s);
+    for (int64_t t = dl; t < d; ++t) s = madd(T(x[t]), T(p[t]), s);
     out[r] = s;
   }
 }
 
 // y[0 : NV * L] += sum_r coef[r] * rows[r][offset : offset + NV * L], y held in registers
-// (y = the sum when `fresh`: y is not read, so an output row needs no zeroing first).
-template <typename T, int NV, typename R>
-inline void accumulate_chunk(T* y, const T* coef, const R& rows, int64_t n, int64_t offset, bool fresh) {
+// (y = the sum when `fresh`: y is not read, so an output row needs no zeroing first). y and the
+// rows may be float16 / bfloat16 (T float): widened on loading, y rounded once on storing.
+template <typename T, int NV, typename Y, typename R>
+inline void accumulate_chunk(Y* y, const T* coef, const R& rows, int64_t n, int64_t offset, bool fresh) {
   constexpr int L = Vec<T>::L;
   vec_t<T> acc[NV];
 #pragma GCC unroll 8
   for (int k = 0; k < NV; ++k) acc[k] = fresh ? vec_t<T>{} : load(y + k * L);
   for (int64_t r = 0; r < n; ++r) {
     const vec_t<T> c = vec_t<T>{} + coef[r];
-    const T* x = rows[r] + offset;
+    const auto* x = rows[r] + offset;
 #pragma GCC unroll 8
     for (int k = 0; k < NV; ++k) acc[k] += c * load(x + k * L);
   }
@@ -289,29 +371,37 @@ inline void accumulate_chunk(T* y, const T* coef, const R& rows, int64_t n, int6
 }
 
 // y += sum_r coef[r] * rows[r], for rows of length d (y = the sum when `fresh`).
-template <typename T, typename R>
-inline void accumulate(T* y, const T* coef, const R& rows, int64_t n, int64_t d, bool fresh = false) {
+template <typename T, typename Y, typename R>
+inline void accumulate(Y* y, const T* coef, const R& rows, int64_t n, int64_t d, bool fresh = false) {
   constexpr int L = Vec<T>::L, NV = 8;
   int64_t c = 0;
   for (; c + NV * L <= d; c += NV * L) accumulate_chunk<T, NV>(y + c, coef, rows, n, c, fresh);
   for (; c + L <= d; c += L) accumulate_chunk<T, 1>(y + c, coef, rows, n, c, fresh);
-  if (c < d && fresh) std::fill(y + c, y + d, T(0));
-  for (int64_t r = 0; c < d && r < n; ++r)
-    for (int64_t t = c; t < d; ++t) y[t] += coef[r] * rows[r][t];
+  if constexpr (std::is_same_v<Y, T>) {
+    if (c < d && fresh) std::fill(y + c, y + d, T(0));
+    for (int64_t r = 0; c < d && r < n; ++r)
+      for (int64_t t = c; t < d; ++t) y[t] += coef[r] * T(rows[r][t]);
+  } else {  // a float16 / bfloat16 y: summed in float, rounded once
+    for (int64_t t = c; t < d; ++t) {
+      T s = fresh ? T(0) : T(y[t]);
+      for (int64_t r = 0; r < n; ++r) s += coef[r] * T(rows[r][t]);
+      y[t] = Y(s);
+    }
+  }
 }
 
 // accumulate over rows given by pointers, fresh, out of line: key_pass8's sums as GCC compiled
 // them before (under -ffp-contract=fast, which multiply-adds fuse depends on the code around
 // them: a copy inlined into key_pass8 fused others, and dv came out an ulp off).
-template <typename T>
-__attribute__((noinline)) void accumulate_pointers(T* y, const T* coef, const T* const* rows, int64_t n, int64_t d) {
-  accumulate(y, coef, Pointers<const T>{rows}, n, d, /*fresh=*/true);
+template <typename T, typename Y, typename S>
+__attribute__((noinline)) void accumulate_pointers(Y* y, const T* coef, const S* const* rows, int64_t n, int64_t d) {
+  accumulate(y, coef, Pointers<const S>{rows}, n, d, /*fresh=*/true);
 }
 
 // rows[r] += coef[r] * x for n rows of length d (the transpose of accumulate: x is read once
 // into registers, a chunk at a time, and each row is updated in place).
-template <typename T, typename R>
-inline void scatter(const R& rows, const T* coef, const T* x, int64_t n, int64_t d) {
+template <typename T, typename S, typename R>
+inline void scatter(const R& rows, const T* coef, const S* x, int64_t n, int64_t d) {
   constexpr int L = Vec<T>::L, NV = 8;
   int64_t c = 0;
   for (; c + NV * L <= d; c += NV * L) {
@@ -330,7 +420,7 @@ inline void scatter(const R& rows, const T* coef, const T* x, int64_t n, int64_t
     for (int64_t r = 0; r < n; ++r) store(rows[r] + c, load(rows[r] + c) + coef[r] * xv);
   }
   for (int64_t r = 0; c < d && r < n; ++r)
-    for (int64_t t = c; t < d; ++t) rows[r][t] += coef[r] * x[t];
+    for (int64_t t = c; t < d; ++t) rows[r][t] += coef[r] * T(x[t]);
 }
 
 // x[r] *= scale for r < n; returns the largest result.
@@ -348,6 +438,15 @@ inline T scale_max(T* x, int64_t n, T scale) {
   for (int l = 0; l < L; ++l) m = std::max(m, mv[l]);
   for (; r < n; ++r) m = std::max(m, x[r] *= scale);
   return m;
+}
+
+// to[0 : d] = from[0 : d] in the dtype of `to` (float16 / bfloat16 rounded to nearest even).
+template <typename S, typename T>
+inline void convert(S* to, const T* from, int64_t d) {
+  constexpr int L = Vec<T>::L;
+  int64_t c = 0;
+  for (; c + L <= d; c += L) store(to + c, load(from + c));
+  for (; c < d; ++c) to[c] = S(from[c]);
 }
 
 // Per-node tensors [N, H, d] are read in place through their strides (the caller's layout:
@@ -436,9 +535,9 @@ class BufferCache final : public c10::Allocator {
   void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
 
   // [N, ...] tensor of dtype `like` whose storage comes from here.
-  at::Tensor empty(at::IntArrayRef sizes, const at::Tensor& like) {
-    return at::detail::empty_generic(sizes, this, c10::DispatchKeySet(c10::DispatchKey::CPU), like.scalar_type(),
-                                     c10::nullopt);
+  at::Tensor empty(at::IntArrayRef sizes, const at::Tensor& like) { return empty(sizes, like.scalar_type()); }
+  at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+    return at::detail::empty_generic(sizes, this, c10::DispatchKeySet(c10::DispatchKey::CPU), dtype, c10::nullopt);
   }
   // (free bytes held, bytes in use, most bytes ever in use at once, hits, misses, limit)
   std::vector<int64_t> info() {
@@ -580,14 +679,15 @@ struct Slab {
     const T* src = head<T>(t, h);
     const int64_t from = t.stride(0);
     T* to = data() - first * d;  // row j at to + j * d
-    // Short rows (16 floats in a molecule model's heads) copy through vector registers: a
-    // memcpy call per row cost more than the row.
-    constexpr int L = Vec<T>::L;
+    // Short rows (16 floats in a molecule model's heads) copy through vector registers, 32
+    // bytes at a time (float16 / bfloat16 rows as they are): a memcpy call per row cost more
+    // than the row.
+    constexpr int L = 32 / sizeof(T);
     const bool vectors = d % L == 0 && d <= 8 * L;
     for (int64_t i = first; i < last; ++i) {
       if (i + AHEAD < last) fetch(src + (i + AHEAD) * from, d * sizeof(T));
       if (vectors) {
-        for (int64_t c = 0; c < d; c += L) store(to + i * d + c, load(src + i * from + c));
+        for (int64_t c = 0; c < d; c += L) std::memcpy(to + i * d + c, src + i * from + c, 32);
       } else {
         std::memcpy(to + i * d, src + i * from, d * sizeof(T));
       }
@@ -748,30 +848,31 @@ inline bool short_group(RowPtr ptr, int64_t i, int64_t m) {
 // row at once; a row past its last edge repeats it, masked out). The softmax then needs no
 // horizontal reductions, and the eight rows' chains of dependent steps (dot products, max, exp,
 // sum, log, weighted sum) run side by side: one row at a time, at 3-4 edges a row (molecule
-// batches), the forward waited on those chains.
-inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const int64_t* col, const float* q,
-                         int64_t qs, const float* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
-                         float scale, float* lse, float* w, const float* v, int64_t vs, int64_t dv, float* out,
+// batches), the forward waited on those chains. S: float, float16 or bfloat16 rows.
+template <typename S>
+inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const int64_t* col, const S* q,
+                         int64_t qs, const S* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
+                         float scale, float* lse, S* w, const S* v, int64_t vs, int64_t dv, S* out,
                          int64_t os, const Dropout& drop, int64_t h) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0, at[9];
   for (int r = 0; r <= m; ++r) at[r] = ptr[i0 + r];
-  const float* qr[8];
+  const S* qr[8];
   for (int r = 0; r < 8; ++r) {
     const int64_t l = std::min<int64_t>(r, m - 1), i = i0 + l;
     first[r] = at[l], deg[r] = at[l + 1] - at[l], qr[r] = q + i * qs;
     most = std::max(most, deg[r]);
-    if (i + 8 < r1) fetch(q + (i + 8) * qs, d * sizeof(float)), fetch<1>(out + (i + 8) * os, dv * sizeof(float));
+    if (i + 8 < r1) fetch(q + (i + 8) * qs, d * sizeof(S)), fetch<1>(out + (i + 8) * os, dv * sizeof(S));
   }
   ivec_t degs;
   for (int r = 0; r < 8; ++r) degs[r] = int32_t(deg[r]);
   const vec_t<float> neg_inf = vec_t<float>{} - std::numeric_limits<float>::infinity();
   vec_t<float> s[8], mx = neg_inf, sum = {};
   for (int64_t t = 0; t < most; ++t) {
-    const float* kr[8];
+    const S* kr[8];
     for (int r = 0; r < 8; ++r) kr[r] = k + col[first[r] + std::min(t, deg[r] - 1)] * ks;
     float x[8], b[8] = {};
-    dots8(Pointers<const float>{qr}, kr, d, x);
+    dots8(Pointers<const S>{qr}, kr, d, x);
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
     s[t] = (ivec_t{} + int32_t(t)) < degs ? madd(load(x), vec_t<float>{} + scale, load(b)) : neg_inf;
@@ -789,7 +890,7 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     s[t] *= inv;
     if (w)
       for (int r = 0; r < m; ++r)
-        if (t < deg[r]) w[first[r] + t] = s[t][r];
+        if (t < deg[r]) w[first[r] + t] = S(s[t][r]);
     if (drop.on()) {
       float f[8];
       for (int r = 0; r < 8; ++r) f[r] = drop.factor<float>(h, first[r] + t);
@@ -798,9 +899,9 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
   }
   for (int r = 0; r < m; ++r) {
     float coef[8];
-    const float* vr[8];
+    const S* vr[8];
     for (int64_t t = 0; t < most; ++t) coef[t] = s[t][r], vr[t] = v + col[first[r] + std::min(t, deg[r] - 1)] * vs;
-    accumulate(out + (i0 + r) * os, coef, Pointers<const float>{vr}, most, dv, /*fresh=*/true);
+    accumulate(out + (i0 + r) * os, coef, Pointers<const S>{vr}, most, dv, /*fresh=*/true);
   }
 }
 
@@ -812,14 +913,15 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
 // Out of line, as GCC compiled it before row pointers could be int32: inlined into the forward's
 // loop (as it was then) its sums fused other multiply-adds (outputs an ulp off) and rows of 0-2
 // edges ran about 1.1x slower.
-template <typename T>
+// q, k, v, out and w are S (T, or float16 / bfloat16 computed in T = float); bias and lse are T.
+template <typename S, typename T = compute_t<S>>
 __attribute__((noinline))
-void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const T* q, int64_t qs, const T* k,
-                 int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, T* w, const T* v,
-                 int64_t vs, int64_t dv, T* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re) {
+void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S* q, int64_t qs, const S* k,
+                 int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, S* w, const S* v,
+                 int64_t vs, int64_t dv, S* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t i = r0; i < r1; ++i) {
-    if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(T)), fetch<1>(out + (i + 1) * os, dv * sizeof(T));
+    if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(S)), fetch<1>(out + (i + 1) * os, dv * sizeof(S));
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, r1 - i);
       if (short_group(ptr, i, m)) {
@@ -833,7 +935,7 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const T
       return !(bias && bias[e * bias_stride] == neg_inf);  // a -inf edge keeps weight 0
     });
     T* x = re.x.data();
-    dots(q + i * qs, Rows<const T>{k, re.index, ks}, n, d, x);
+    dots(q + i * qs, Rows<const S>{k, re.index, ks}, n, d, x);
     T row_max = neg_inf;
     if (bias) {
       for (int64_t r = 0; r < n; ++r)
@@ -842,7 +944,7 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const T
       row_max = scale_max(x, n, scale);
     }
     if (row_max == neg_inf) {  // no finite score (or no edge): every weight stays 0
-      std::memset(out + i * os, 0, dv * sizeof(T));  // out comes uninitialised
+      std::memset(out + i * os, 0, dv * sizeof(S));  // out comes uninitialised
       continue;
     }
     const T sum = exp_shifted(x, n, row_max);
@@ -850,19 +952,24 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const T
     const T inv_sum = T(1) / sum;
     for (int64_t r = 0; r < n; ++r) x[r] *= inv_sum;
     if (w)
-      for (int64_t r = 0; r < n; ++r) w[re.position(r)] = x[r];
+      for (int64_t r = 0; r < n; ++r) w[re.position(r)] = S(x[r]);
     if (drop.on())
       for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.position(r));
-    accumulate(out + i * os, x, Rows<const T>{v, re.index, vs}, n, dv, /*fresh=*/true);
+    accumulate(out + i * os, x, Rows<const S>{v, re.index, vs}, n, dv, /*fresh=*/true);
   }
 }
 
 // Everything of one head the backward pass reads or writes; per-node rows are `stride` apart.
-template <typename T>
+// The inputs, dk, dv and the weights' gradient are S (the input dtype); the log-sum-exp, deltas,
+// bias, its gradient and the dq sums (added to by many keys) are T.
+template <typename S, typename T = compute_t<S>>
 struct HeadGrad {
-  const T *q, *k, *v, *go, *lse, *delta, *bias, *gw;
+  const S *q, *k, *v, *go, *gw;
+  const T *lse, *delta, *bias;
   int64_t qs, ks, vs, gs, bias_stride, dk, dv;
-  T *dq, *dkey, *dval, *ds;
+  T* dq;
+  S *dkey, *dval;
+  T* ds;
   int64_t dqs, dks, dvs;
 };
 
@@ -870,20 +977,20 @@ struct HeadGrad {
 // gradients (float): key_pass with the keys as the lanes of a vector and their
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
-template <typename I>
+template <typename S, typename I>
 void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
-               const HeadGrad<float>& g, float scale, const Dropout& drop, int64_t h) {
+               const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0, at[9];
   for (int r = 0; r <= m; ++r) at[r] = colptr[j0 + r];
-  const float *kr[8], *vr[8];
+  const S *kr[8], *vr[8];
   for (int r = 0; r < 8; ++r) {
     const int64_t l = std::min<int64_t>(r, m - 1), j = j0 + l;
     first[r] = at[l], deg[r] = at[l + 1] - at[l], kr[r] = g.k + j * g.ks, vr[r] = g.v + j * g.vs;
     most = std::max(most, deg[r]);
     if (j + 8 < c1) {  // the next group's rows (a head's rows are strided: see fetch)
-      fetch(g.k + (j + 8) * g.ks, g.dk * sizeof(float)), fetch(g.v + (j + 8) * g.vs, g.dv * sizeof(float));
-      fetch<1>(g.dkey + (j + 8) * g.dks, g.dk * sizeof(float)), fetch<1>(g.dval + (j + 8) * g.dvs, g.dv * sizeof(float));
+      fetch(g.k + (j + 8) * g.ks, g.dk * sizeof(S)), fetch(g.v + (j + 8) * g.vs, g.dv * sizeof(S));
+      fetch<1>(g.dkey + (j + 8) * g.dks, g.dk * sizeof(S)), fetch<1>(g.dval + (j + 8) * g.dvs, g.dv * sizeof(S));
     }
   }
   ivec_t degs;
@@ -891,7 +998,7 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
   vec_t<float> p[8], a[8];
   int64_t rows[8][8];  // rows[t][r]: the query of slot t of key r
   for (int64_t t = 0; t < most; ++t) {
-    const float *qr[8], *gr[8];
+    const S *qr[8], *gr[8];
     float lse[8], delta[8], f[8], b[8] = {};
     int64_t edge[8];
     for (int r = 0; r < 8; ++r) {
@@ -902,8 +1009,8 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
       if (g.bias) b[r] = g.bias[edge[r] * g.bias_stride];
     }
     float x[8], y[8];
-    dots8(Pointers<const float>{kr}, qr, g.dk, x);
-    dots8(Pointers<const float>{vr}, gr, g.dv, y);
+    dots8(Pointers<const S>{kr}, qr, g.dk, x);
+    dots8(Pointers<const S>{vr}, gr, g.dv, y);
     // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
@@ -919,7 +1026,7 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
   for (int r = 0; r < m; ++r) {
     const int64_t j = j0 + r;
     float ac[8], pc[8];
-    const float *qr[8], *gr[8];
+    const S *qr[8], *gr[8];
     float* dq[8];
     for (int64_t t = 0; t < most; ++t) {
       const int64_t i = rows[t][r];
@@ -943,13 +1050,16 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
 //   dq_i += scale ds_e k_j.
 // The thread owns dk_j and dv_j; dq rows are shared between keys, so the caller gives each
 // key block that may run at the same time as another block of the same head its own dq.
+// A float16 / bfloat16 dk_j, dv_j of more than GROUP queries is summed in float (`sums`) and
+// rounded once at the end, not after each group.
 constexpr int64_t GROUP = 16;
 
-template <typename T, typename I>
-void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<T>& g,
-              T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a) {
+template <typename S, typename I, typename T = compute_t<S>>
+void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>& g,
+              T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const auto edge = [&](int64_t t) -> int64_t { return perm_t ? int64_t(perm_t[t]) : t; };
+  if constexpr (is_half_v<S>) sums.resize(g.dk + g.dv);
   for (int64_t j = c0; j < c1; ++j) {
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, c1 - j);
@@ -960,19 +1070,19 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       }
     }
     if (j + 1 < c1) {
-      fetch(g.k + (j + 1) * g.ks, g.dk * sizeof(T)), fetch(g.v + (j + 1) * g.vs, g.dv * sizeof(T));
-      fetch<1>(g.dkey + (j + 1) * g.dks, g.dk * sizeof(T)), fetch<1>(g.dval + (j + 1) * g.dvs, g.dv * sizeof(T));
+      fetch(g.k + (j + 1) * g.ks, g.dk * sizeof(S)), fetch(g.v + (j + 1) * g.vs, g.dv * sizeof(S));
+      fetch<1>(g.dkey + (j + 1) * g.dks, g.dk * sizeof(S)), fetch<1>(g.dval + (j + 1) * g.dvs, g.dv * sizeof(S));
     }
     const int64_t n = ce.gather(colptr, row_t, j, [&](int64_t t) {
       return !(g.bias && g.bias[edge(t) * g.bias_stride] == neg_inf);
     });
     if (n == 0) {  // dk and dv come uninitialised; the first group writes them otherwise
-      std::memset(g.dkey + j * g.dks, 0, g.dk * sizeof(T));
-      std::memset(g.dval + j * g.dvs, 0, g.dv * sizeof(T));
+      std::memset(g.dkey + j * g.dks, 0, g.dk * sizeof(S));
+      std::memset(g.dval + j * g.dvs, 0, g.dv * sizeof(S));
     }
     T *p = ce.x.data(), *dp = ce.y.data();
     a.resize(n);
-    const T* kj = g.k + j * g.ks;
+    const S* kj = g.k + j * g.ks;
     // A group of GROUP queries at a time: their q, dO and dq rows are read for the dot
     // products and again for the sums while they are in L1 (a key of a window of 64 has 129
     // queries: 100 KB of rows, which would be read from L2 twice).
@@ -980,19 +1090,19 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       const int64_t m = std::min<int64_t>(GROUP, n - g0);
       const I* rows = ce.index + g0;
       T *pg = p + g0, *dpg = dp + g0, *ag = a.data() + g0;
-      dots(kj, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, pg);
+      dots(kj, Rows<const S, I>{g.q, rows, g.qs}, m, g.dk, pg);
       for (int64_t r = 0; r < m; ++r) {
         const T b = g.bias ? g.bias[edge(ce.position(g0 + r)) * g.bias_stride] : T(0);
         pg[r] = madd(pg[r], scale, b) - g.lse[rows[r]];  // the forward's score (see hsum)
       }
       exp_shifted(pg, m, T(0));
-      dots(g.v + j * g.vs, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, dpg);
+      dots(g.v + j * g.vs, Rows<const S, I>{g.go, rows, g.gs}, m, g.dv, dpg);
       for (int64_t r = 0; r < m; ++r) {
         T f = 1;
         if (drop.on() || g.gw || g.ds) {
           const int64_t e = edge(ce.position(g0 + r));
           f = drop.factor<T>(h, e);
-          const T ds = pg[r] * (dpg[r] * f + (g.gw ? g.gw[e] : T(0)) - g.delta[rows[r]]);
+          const T ds = pg[r] * (dpg[r] * f + (g.gw ? T(g.gw[e]) : T(0)) - g.delta[rows[r]]);
           if (g.ds) g.ds[e] = ds;
           ag[r] = ds * scale;
         } else {
@@ -1000,24 +1110,31 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
         }
         pg[r] *= f;
       }
-      accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, g0 == 0);
-      accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
+      const Rows<const S, I> qrows{g.q, rows, g.qs}, gorows{g.go, rows, g.gs};
+      if (is_half_v<S> && n > GROUP) {
+        accumulate(sums.data(), ag, qrows, m, g.dk, g0 == 0);
+        accumulate(sums.data() + g.dk, pg, gorows, m, g.dv, g0 == 0);
+      } else {
+        accumulate(g.dkey + j * g.dks, ag, qrows, m, g.dk, g0 == 0);
+        accumulate(g.dval + j * g.dvs, pg, gorows, m, g.dv, g0 == 0);
+      }
       scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
     }
+    if (is_half_v<S> && n > GROUP) convert(g.dkey + j * g.dks, sums.data(), g.dk), convert(g.dval + j * g.dvs, sums.data() + g.dk, g.dv);
   }
 }
 
 // delta_i = <dO_i, O_i> (+ sum_e w_e gw_e over row i when the returned weights got a gradient):
 // sum_e p_e dp_e of the backward, from the output instead of the edges (FlashAttention-2).
-template <typename T>
-void deltas(int64_t r0, int64_t r1, const T* go, int64_t gs, const T* out, int64_t os, int64_t dv, RowPtr ptr,
-            const T* w, const T* gw, T* delta) {
+template <typename S, typename T = compute_t<S>>
+void deltas(int64_t r0, int64_t r1, const S* go, int64_t gs, const S* out, int64_t os, int64_t dv, RowPtr ptr,
+            const S* w, const S* gw, T* delta) {
   for (int64_t i = r0; i < r1; ++i) {
-    if (i + AHEAD < r1) fetch(go + (i + AHEAD) * gs, dv * sizeof(T)), fetch(out + (i + AHEAD) * os, dv * sizeof(T));
+    if (i + AHEAD < r1) fetch(go + (i + AHEAD) * gs, dv * sizeof(S)), fetch(out + (i + AHEAD) * os, dv * sizeof(S));
     T s = 0;
-    for (int64_t t = 0; t < dv; ++t) s += go[i * gs + t] * out[i * os + t];
+    for (int64_t t = 0; t < dv; ++t) s += T(go[i * gs + t]) * T(out[i * os + t]);
     if (gw)
-      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) s += w[e] * gw[e];
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) s += T(w[e]) * T(gw[e]);
     delta[i] = s;
   }
 }
@@ -1065,11 +1182,18 @@ void check_structure(const at::Tensor& ptr, const at::Tensor& idx, int64_t rows,
   TORCH_CHECK(ok, "tgattn fused: ", what, " holds an index outside [0, ", n, ")");
 }
 
+// The dtype the kernels compute in: float for float16 / bfloat16 inputs (also the dtype of the
+// log-sum-exp, a bias and its gradient), else the inputs' own.
+at::ScalarType compute_type(const at::Tensor& q) {
+  const at::ScalarType t = q.scalar_type();
+  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
 at::Tensor checked_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& q, int64_t E) {
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || (b.dim() == 2 && b.size(0) == E && (b.size(1) == 1 || b.size(1) == q.size(1)) &&
-                               b.scalar_type() == q.scalar_type()),
-              "tgattn fused: bias must be [E, 1 or H] of the dtype of q");
+                               b.scalar_type() == compute_type(q)),
+              "tgattn fused: bias must be [E, 1 or H] of the dtype of q (float32 for float16 / bfloat16 q)");
   return b;
 }
 
@@ -1086,28 +1210,29 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   const at::Tensor b = checked_bias(bias, q, E);
   // Every row of out and lse is written by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
-  at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, q);
+  at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, compute_type(q));
   at::Tensor w = weights ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
   const RowPtr ptr = row_ptr(rowptr);
   const int64_t* cp = col.data_ptr<int64_t>();
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_forward", [&] {
+    using T = compute_t<scalar_t>;
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
     const Dropout drop{dropout_p, uint64_t(seed)};
     struct Scratch {
       Slab<scalar_t> k, v;
-      Entries<scalar_t, int64_t> re;
+      Entries<T, int64_t> re;
     };
     const RowBlocks rb = forward_blocks(ptr, cp, n_q, n_k);
     const int64_t runs = same_head_blocks(H, int64_t(rb.keys.size()));
     for_head_blocks<Scratch>(rb.bounds, ptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t r0, int64_t r1) {
-      const scalar_t* bh = b.defined() ? b.data_ptr<scalar_t>() + (bias_heads == 1 ? 0 : h) : nullptr;
+      const T* bh = b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr;
       const auto [lo, hi] = rb.keys[blk];
       if (in_place((ptr[r1] - ptr[r0]) * runs, hi - lo))
         sc.k.view(k, h), sc.v.view(v, h);  // few edges among many keys: no copy
       else
         sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);
       attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh,
-                            bias_heads, static_cast<scalar_t>(scale), lse.data_ptr<scalar_t>() + h * n_q,
+                            bias_heads, static_cast<T>(scale), lse.data_ptr<T>() + h * n_q,
                             weights ? w.data_ptr<scalar_t>() + h * E : nullptr, sc.v.rows, sc.v.stride, dv,
                             head<scalar_t>(out, h), out.stride(0), drop, h, sc.re);
     });
@@ -1158,50 +1283,71 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     check_structure(colptr, perm, n_k, E, "colptr / perm_t");
     TORCH_CHECK(perm.scalar_type() == row_t.scalar_type(), "tgattn fused: row_t and perm_t must share a dtype");
   }
-  const auto same = [&](const at::Tensor& t, at::IntArrayRef shape) {
-    return t.sizes() == shape && t.scalar_type() == q.scalar_type();
+  const auto same = [&](const at::Tensor& t, at::IntArrayRef shape, at::ScalarType dtype) {
+    return t.sizes() == shape && t.scalar_type() == dtype;
   };
-  TORCH_CHECK(same(go, {n_q, H, dv}) && same(o, {n_q, H, dv}) && same(lse, {H, n_q}) && lse.is_contiguous() &&
-                  (!gw.defined() || (same(gw, {H, E}) && w.defined() && same(w, {H, E}))),
-              "tgattn fused: grad_out and out [n_q, H, dv], lse [H, n_q], weights and grad_weights [H, E] must match q");
+  const at::ScalarType dtype = q.scalar_type(), ct = compute_type(q);
+  TORCH_CHECK(same(go, {n_q, H, dv}, dtype) && same(o, {n_q, H, dv}, dtype) && same(lse, {H, n_q}, ct) &&
+                  lse.is_contiguous() &&
+                  (!gw.defined() || (same(gw, {H, E}, dtype) && w.defined() && same(w, {H, E}, dtype))),
+              "tgattn fused: grad_out and out [n_q, H, dv], weights and grad_weights [H, E] must match q, "
+              "lse [H, n_q] (float32 for float16 / bfloat16 q)");
   const int64_t blocks = std::min(key_blocks(H, E, n_q), std::max<int64_t>(n_k, 1));
+  const RowPtr ptr = row_ptr(rowptr), tptr = row_ptr(colptr);
+  const std::vector<int64_t> bounds = n_k > 0 ? balanced(tptr, n_k, blocks) : std::vector<int64_t>{};
+  const int64_t runs = same_head_blocks(H, blocks);
+  // A block with few edges for the queries (in_place) reads q and dO in place and sums dq where
+  // it goes (cleared first); otherwise from copies of the head, into a packed dq copied there.
+  const auto direct = [&](int64_t blk) { return in_place((tptr[bounds[blk + 1]] - tptr[bounds[blk]]) * runs, n_q); };
+  bool any_direct = false;
+  for (int64_t blk = 0; blk + 1 < int64_t(bounds.size()); ++blk) any_direct |= direct(blk);
   // Written in full by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
   at::Tensor dq = cache.empty({n_q, H, dk}, q);
   if (n_k == 0) dq.zero_();
   at::Tensor dkt = cache.empty({n_k, H, dk}, q), dvt = cache.empty({n_k, H, dv}, q);
-  at::Tensor extra = blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
-  at::Tensor ds = grad_bias ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
-  at::Tensor delta = cache.empty({H, n_q}, q);
-  const RowPtr ptr = row_ptr(rowptr), tptr = row_ptr(colptr);
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "tgattn_fused_backward", [&] {
-    using T = scalar_t;
+  // Each key block but the first sums its dq apart (extra, laid out like dq), added at the end.
+  // float16 / bfloat16: dq is summed in float, by every block apart (sums) where there are several
+  // or one sums in place; a single block's packed float dq is rounded into dq as it is copied there.
+  const bool half = ct != dtype;
+  at::Tensor extra = !half && blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
+  at::Tensor sums = half && (blocks > 1 || any_direct) ? cache.empty({blocks, n_q, H, dk}, ct) : at::Tensor();
+  at::Tensor ds = grad_bias ? cache.empty({H, E}, ct).zero_() : at::empty({0}, q.options().dtype(ct));
+  at::Tensor delta = cache.empty({H, n_q}, ct);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_backward", [&] {
+    using S = scalar_t;
+    using T = compute_t<S>;
     const Dropout drop{dropout_p, uint64_t(seed)};
     struct None {};
     for_head_blocks<None>(ptr, n_q, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
-      deltas<T>(r0, r1, head<T>(go, h), go.stride(0), head<T>(o, h), o.stride(0), dv, ptr,
-                w.defined() ? w.data_ptr<T>() + h * E : nullptr, gw.defined() ? gw.data_ptr<T>() + h * E : nullptr,
+      deltas<S>(r0, r1, head<S>(go, h), go.stride(0), head<S>(o, h), o.stride(0), dv, ptr,
+                w.defined() ? w.data_ptr<S>() + h * E : nullptr, gw.defined() ? gw.data_ptr<S>() + h * E : nullptr,
                 delta.data_ptr<T>() + h * n_q);
     });
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
     const auto run = [&](const auto* rt, const auto* pt) {
       using I = std::remove_const_t<std::remove_pointer_t<decltype(rt)>>;
       struct Scratch {
-        Slab<T> q, go, dq;
+        Slab<S> q, go;
+        Slab<T> dq;
         Entries<T, I> ce;
-        std::vector<T> a;
+        std::vector<T> a, sums;
       };
-      const int64_t runs = same_head_blocks(H, blocks);
-      for_head_blocks<Scratch>(tptr, n_k, H, blocks, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
-        // Block 0 writes dq, block blk > 0 its own extra[blk - 1] (laid out like dq).
-        T* dst = (blk == 0 ? dq.data_ptr<T>() : extra.data_ptr<T>() + (blk - 1) * n_q * H * dk) + h * dk;
-        // A block with few edges for the queries (in_place) reads q and dO in place and sums dq
-        // where it goes (cleared first); otherwise from copies of the head, into a packed dq
-        // copied there.
-        const bool direct = in_place((tptr[c1] - tptr[c0]) * runs, n_q);
+      for_head_blocks<Scratch>(bounds, tptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
+        // Where this block's dq of head h goes: T sums (dq itself for block 0 of float / double
+        // inputs), or, for float16 / bfloat16 without `sums`, rounded into dq.
+        T* dst = nullptr;
+        S* rounded = nullptr;
+        if constexpr (is_half_v<S>) {
+          if (sums.defined()) dst = sums.data_ptr<T>() + blk * n_q * H * dk + h * dk;
+          else rounded = dq.data_ptr<S>() + h * dk;
+        } else {
+          dst = (blk == 0 ? dq.data_ptr<T>() : extra.data_ptr<T>() + (blk - 1) * n_q * H * dk) + h * dk;
+        }
+        const bool in_place_dq = direct(blk);  // then dst is set: sums exists
         T* dqh = dst;
         int64_t dqs = H * dk;
-        if (direct) {
+        if (in_place_dq) {
           sc.q.view(q, h), sc.go.view(go, h);
           for (int64_t i = 0; i < n_q; ++i) {
             if (i + AHEAD < n_q) fetch<1>(dst + (i + AHEAD) * dqs, dk * sizeof(T));
@@ -1211,14 +1357,21 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
           sc.q.hold(q, h), sc.go.hold(go, h);
           dqh = sc.dq.zeros(n_q, dk), dqs = dk;  // this block's dq of head h, packed
         }
-        HeadGrad<T> g{sc.q.rows, head<T>(k, h), head<T>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
+        HeadGrad<S> g{sc.q.rows, head<S>(k, h), head<S>(v, h), sc.go.rows,
+                      gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, lse.data_ptr<T>() + h * n_q,
                       delta.data_ptr<T>() + h * n_q,
-                      b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
-                      gw.defined() ? gw.data_ptr<T>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
-                      sc.go.stride, bias_heads, dk, dv, dqh, head<T>(dkt, h), head<T>(dvt, h),
+                      b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr, sc.q.stride, k.stride(0),
+                      v.stride(0), sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
                       grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
-        key_pass<T>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a);
-        if (direct) return;
+        key_pass<S>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums);
+        if (in_place_dq) return;
+        if (rounded) {
+          for (int64_t i = 0; i < n_q; ++i) {
+            if (i + AHEAD < n_q) fetch<1>(rounded + (i + AHEAD) * H * dk, dk * sizeof(S));
+            convert(rounded + i * H * dk, dqh + i * dk, dk);
+          }
+          return;
+        }
         for (int64_t i = 0; i < n_q; ++i) {
           if (i + AHEAD < n_q) fetch<1>(dst + (i + AHEAD) * H * dk, dk * sizeof(T));
           std::memcpy(dst + i * H * dk, dqh + i * dk, dk * sizeof(T));
@@ -1231,6 +1384,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
       run(row_t.data_ptr<int64_t>(), perm.defined() ? perm.data_ptr<int64_t>() : nullptr);
   });
   if (extra.defined()) dq.add_(extra.sum(0));
+  if (sums.defined())  // in the float32 path's order: block 0 plus the sum of the others
+    dq.copy_(blocks > 1 ? sums[0].add_(sums.slice(0, 1).sum(0)) : sums[0]);
   return {dq, dkt, dvt, ds};
 }
 
@@ -1291,13 +1446,13 @@ at::Tensor gather_rows(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   at::Tensor out = at::zeros({rows, H, d}, a.options());
   const RowPtr ptr = row_ptr(ptr_t);
   const int64_t* idx = idx_t.data_ptr<int64_t>();
-  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "tgattn_gather_rows", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "tgattn_gather_rows", [&] {
     struct None {};
     for_head_blocks<None>(ptr, rows, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
-      std::vector<scalar_t> one;
+      std::vector<compute_t<scalar_t>> one;
       for (int64_t i = r0; i < r1; ++i) {
         const int64_t e0 = ptr[i], deg = ptr[i + 1] - e0;
-        one.assign(deg, scalar_t(1));
+        one.assign(deg, 1);
         scalar_t* o = head<scalar_t>(out, h) + i * out.stride(0);
         accumulate(o, one.data(), Rows<const scalar_t>{head<scalar_t>(a, h), idx + e0, a.stride(0)}, deg, d);
         accumulate(o, one.data(), Rows<const scalar_t>{head<scalar_t>(b, h), idx + e0, b.stride(0)}, deg, d);
@@ -1396,6 +1551,7 @@ TORCH_LIBRARY(tgattn_fused, m) {
   m.def("transpose(Tensor col, int n_k) -> Tensor[]");
   m.def("sort_edges(Tensor src, Tensor dst, int n_q, int n_k) -> Tensor[]");
   m.def("cache_info() -> int[]", [] { return BufferCache::get().info(); });
+  m.def("half_paths() -> str", &half_paths);
   m.def("cache_limit(int limit) -> ()", [](int64_t limit) {
     TORCH_CHECK(limit >= 0, "tgattn fused: the cache limit must be >= 0 bytes, got ", limit);
     BufferCache::get().set_limit(size_t(limit));

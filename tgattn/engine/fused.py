@@ -133,15 +133,18 @@ def empty_cache() -> None:
 def _register_fake_kernels() -> None:
     """Shapes of the C++ ops' outputs, so that ``torch.compile`` can trace calls to them."""
 
+    from .dispatch import compute_dtype  # dispatch imports this module
+
     @torch.library.register_fake("tgattn_fused::forward")
     def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights):
         w = q.new_empty(q.shape[1], col.shape[0]) if weights else q.new_empty(0)
-        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[1], q.shape[0]), w]
+        lse = q.new_empty(q.shape[1], q.shape[0], dtype=compute_dtype(q.dtype))
+        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), lse, w]
 
     @torch.library.register_fake("tgattn_fused::backward")
     def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
           seed, grad_bias):
-        ds = q.new_empty(q.shape[1], row_t.shape[0]) if grad_bias else q.new_empty(0)
+        ds = q.new_empty(q.shape[1], row_t.shape[0] if grad_bias else 0, dtype=compute_dtype(q.dtype))
         return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
 
     @torch.library.register_fake("tgattn_fused::transpose_rows")
@@ -212,9 +215,13 @@ class FusedAttention(torch.autograd.Function):
             if ctx.p > 0:
                 mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
 
-            def attend(q, k, v, bias):
-                out, w = gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, ctx.scale, mult)
-                return out, w.T
+            def attend(q, k, v, bias):  # float16 / bfloat16 in float32, as the kernels compute
+                from .dispatch import compute_dtype  # dispatch imports this module
+
+                work = compute_dtype(q.dtype)
+                out, w = gather_attention(q.to(work), k.to(work), v.to(work), s.src, s.dst, s.n_q, bias, ctx.scale,
+                                          None if mult is None else mult.to(work))
+                return out.to(q.dtype), w.T.to(q.dtype)
 
             grads = recompute_grads(attend, (q, k, v, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
             return (*grads, None, None, None, None, None)
@@ -246,6 +253,9 @@ def fused_attention(
     """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
 
     ``q``, ``k``, ``v`` may have any strides (a feature dimension that is not contiguous is copied).
+    float16 / bfloat16 inputs are read as they are and computed in float32 (the bias too, and
+    its gradient); the output, the weights and the gradients of ``q``, ``k``, ``v`` come in the
+    input dtype.
 
     The dropout seed comes from ``generator`` (default: torch's global generator), so
     ``torch.manual_seed`` reproduces the dropped edges.
@@ -255,8 +265,10 @@ def fused_attention(
     if not _state["fakes"]:
         _register_fake_kernels()
         _state["fakes"] = True
+    from .dispatch import compute_dtype  # dispatch imports this module
+
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
-    bias = None if bias is None else bias.to(q.dtype)
+    bias = None if bias is None else bias.to(compute_dtype(q.dtype))
     # The kernels read rows through any row and head strides, but a row's features must be contiguous.
     q, k, v = (t if t.shape[2] <= 1 or t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
     out, weights = FusedAttention.apply(q, k, v, bias, s, scale, dropout_p, seed, return_weights)
