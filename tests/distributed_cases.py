@@ -142,7 +142,7 @@ def gnn_case(data, part: Partition, rank: int, world: int, group, halo_group):
     """One DDP step of the GAT-protocol network (dropout off) vs one process on Cora."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from tgattn.bench.planetoid import Net, prepare
+    from tgattn.bench.models import Net, prepare
     from tgattn.distributed.gnn import distributed_net, graph_with_loops, loss_share, shard
 
     torch.manual_seed(0)

@@ -5,7 +5,8 @@ import torch
 
 from tgattn.bench.__main__ import main
 from tgattn.bench.attention import sizes_for
-from tgattn.bench.gpu import gnn_steps, gpu_targets, molecule_batches
+from tgattn.bench.gpu import gnn_steps, gpu_targets
+from tgattn.bench.models import molecule_batches
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")

@@ -7,6 +7,7 @@ from torch_geometric.utils.smiles import e_map, x_map
 from tgattn.bench import graph_transformers as bench
 from tgattn.bench.gt_models import MoleculeNet, NodeNet, add_expander
 from tgattn.bench.gt_scaling import measure_point, measure_scaling, ring_with_chords
+from tgattn.bench.report import write_csv
 
 
 def molecules(lengths, seed=0):
@@ -121,7 +122,7 @@ def test_epoch_timing_rows(monkeypatch):
 def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch, capsys):
     runs = [dict(dataset="FreeSolv", model=m, seed=0, metric="rmse", value=1.0, val=1.0, epochs=1, ms_per_epoch=2.0,
                  min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "gps_tgattn")]
-    bench._write(tmp_path / "runs.csv", runs)
+    write_csv(runs, tmp_path / "runs.csv", list(runs[0]))
     rows = [{"model": "exphormer", "n": 100, "ms": 1.0, "peak_mb": 2.0, "note": ""}]
     monkeypatch.setattr(bench, "measure_scaling", lambda *a, **k: rows)
     assert bench.main(["--scaling-only", "--out", str(tmp_path), "--no-progress"]) == 0
@@ -135,12 +136,12 @@ def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch, capsys):
 def test_tables_only_rebuilds_from_the_csv_files(tmp_path, capsys):
     runs = [dict(dataset="Cora", model=m, seed=0, metric="accuracy", value=0.5, val=0.5, epochs=1, ms_per_epoch=2.0,
                  min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "exphormer")]
-    bench._write(tmp_path / "runs.csv", runs)
+    write_csv(runs, tmp_path / "runs.csv", list(runs[0]))
     scaling = [{"model": "gps_tgattn", "n": 10, "ms": 1.0, "peak_mb": 2.0, "predicted_ms": None, "predicted_mb": None,
                 "note": ""},
                {"model": "gps_tgattn", "n": 100, "ms": None, "peak_mb": None, "predicted_ms": 100.0,
                 "predicted_mb": 200.0, "note": "out of memory under a 1 MB address-space cap (RLIMIT_AS)"}]
-    bench._write(tmp_path / "scaling.csv", scaling)
+    write_csv(scaling, tmp_path / "scaling.csv", list(scaling[0]))
     assert bench._read_scaling(tmp_path / "scaling.csv") == scaling
     assert bench.main(["--tables-only", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "wrote " + ", ".join(

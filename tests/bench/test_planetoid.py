@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import DATA, one_line_error
+from tgattn.bench import models
 from tgattn.bench import planetoid as bench
 from tgattn.datasets import load_planetoid
 
@@ -21,15 +22,15 @@ def one_thread():
 def cora():
     if not DATA.is_dir():
         pytest.skip(f"shared data folder not found at {DATA} (set TGATTN_DATA)")
-    return bench.prepare(load_planetoid("Cora", DATA))
+    return models.prepare(load_planetoid("Cora", DATA))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["tgattn", "gat"])
 def test_few_epochs_on_cora_beat_chance(cora, model):
     torch.manual_seed(0)
-    net = bench.build_model(model, cora, "Cora")
-    result = bench.train(net, cora, epochs=30, patience=100)
+    net = models.build_model(model, cora, "Cora")
+    result = models.train(net, cora, epochs=30, patience=100)
     # 7 classes: chance is ~14 %, the majority class ~32 % of the test nodes
     assert result["test_acc"] > 0.7
     assert result["epochs"] == 30 and 1 <= result["best_epoch"] <= 30
@@ -45,21 +46,21 @@ def test_prepare_row_normalizes_into_csr(cora):
 def test_sparse_dropout_keeps_pattern_and_scales():
     x = torch.eye(4).to_sparse_csr()
     torch.manual_seed(0)
-    out = bench._dropout(x, 0.5, True).to_dense()
+    out = models._dropout(x, 0.5, True).to_dense()
     assert set(out.unique().tolist()) <= {0.0, 2.0}
-    assert torch.equal(bench._dropout(x, 0.5, False).to_dense(), torch.eye(4))
+    assert torch.equal(models._dropout(x, 0.5, False).to_dense(), torch.eye(4))
 
 
 def test_early_stopping_stops_after_patience(cora):
     torch.manual_seed(0)
-    net = bench.build_model("gat", cora, "Cora")
+    net = models.build_model("gat", cora, "Cora")
     seen = []
     with torch.no_grad():  # a model that never learns: validation never improves after epoch 1
         for p in net.parameters():
             p.zero_()
             p.requires_grad_(False)
     net.conv1.lin.weight.requires_grad_(True)  # Adam needs one parameter; its gradient stays 0
-    result = bench.train(net, cora, epochs=50, patience=3, on_epoch=seen.append)
+    result = models.train(net, cora, epochs=50, patience=3, on_epoch=seen.append)
     assert result["epochs"] == 4 and result["best_epoch"] == 1
     assert [s["epoch"] for s in seen] == [1, 2, 3, 4]
 

@@ -3,8 +3,9 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
+from tgattn.bench import models
 from tgattn.bench import planetoid as bench
-from tgattn.bench.planetoid_global import GlobalNet, spd_buckets
+from tgattn.bench.models import GlobalNet, spd_buckets
 
 
 def small_graph():
@@ -34,9 +35,9 @@ def test_union_with_local_only_bias_equals_the_local_model():
     """Bias -inf beyond distance 1 turns the all-pairs union back into graph edges + self-loops."""
     data = small_graph()
     torch.manual_seed(0)
-    union = bench.build_model("tgattn_union", data, "Cora").double().eval()
+    union = models.build_model("tgattn_union", data, "Cora").double().eval()
     assert isinstance(union, GlobalNet) and union.pairs.shape == (2, 100)
-    local = bench.build_model("tgattn", data, "Cora").double().eval()
+    local = models.build_model("tgattn", data, "Cora").double().eval()
     local.load_state_dict({k: v for k, v in union.state_dict().items() if k.startswith("conv")})
     with torch.no_grad():
         for emb in (union.bias1, union.bias2):
@@ -53,11 +54,11 @@ def test_union_with_local_only_bias_equals_the_local_model():
 def test_global_model_ignores_edges_and_trains_its_distance_bias():
     data = small_graph()
     torch.manual_seed(0)
-    plain = bench.build_model("tgattn_global", data, "Cora").double().eval()
+    plain = models.build_model("tgattn_global", data, "Cora").double().eval()
     assert plain.bias1 is None
     out = plain(data.x, data.edge_index)
     torch.testing.assert_close(plain(data.x, data.edge_index[:, :0]), out, rtol=0, atol=0)
-    union = bench.build_model("tgattn_union", data, "Cora").double().train()
+    union = models.build_model("tgattn_union", data, "Cora").double().train()
     union(data.x, data.edge_index).pow(2).sum().backward()
     grad = union.bias1.weight.grad  # [8 buckets, 8 heads]
     assert torch.isfinite(grad).all()

@@ -1,7 +1,7 @@
 """PyG workloads side by side: ``python -m tgattn.bench.gnn``.
 
 One training step (forward, backward, Adam) and one evaluation forward of the GAT paper's
-two-layer network (:class:`tgattn.bench.planetoid.Net`, dropout 0.6) with ``GATConv``,
+two-layer network (:class:`tgattn.bench.models.Net`, dropout 0.6) with ``GATConv``,
 ``TransformerConv`` and tgattn's ``GraphAttentionConv`` (default and ``shared_projection``),
 on the workloads PyG users run every day:
 
@@ -38,8 +38,7 @@ from tqdm import tqdm
 from torch import nn
 
 from .._cli import out_help, positive_int, run, runs_dir
-from .gpu import molecule_batches
-from .planetoid import MODELS, Net, build_model, prepare
+from .models import MODELS, Net, build_model, molecule_batches, prepare
 
 WORKLOADS = ("molecules", "molecules_edges", "cora", "citeseer", "random100k")
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer"}  # the workloads that read a data set

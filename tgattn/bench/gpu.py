@@ -29,7 +29,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -59,24 +59,6 @@ def check_device(device: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu or cuda (got {device!r})")
     return dev
-
-
-def molecule_batches(steps: int, *, graphs: int = 128, sizes=(18, 30), features: int = 64, seed: int = 0) -> Iterator:
-    """``steps`` batches ``(x [N, features], edge_index [2, E], y [N])`` of ring-shaped graphs with
-    three random chords each (both directions), a fresh edge set per batch."""
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        lengths = torch.randint(sizes[0], sizes[1] + 1, (graphs,), generator=g)
-        offsets = torch.cumsum(lengths, 0) - lengths
-        node_graph = torch.repeat_interleave(torch.arange(graphs), lengths)
-        nodes = torch.arange(int(lengths.sum()))
-        ring = torch.stack([nodes, offsets[node_graph] + (nodes - offsets[node_graph] + 1) % lengths[node_graph]])
-        pick = torch.randint(0, 1 << 30, (2, graphs * 3), generator=g)
-        graph = torch.arange(graphs).repeat_interleave(3)
-        chords = offsets[graph] + pick % lengths[graph]
-        edges = torch.cat([ring, chords], dim=1)
-        edges = torch.cat([edges, edges.flip(0)], dim=1)
-        yield torch.randn(nodes.numel(), features, generator=g), edges, torch.randint(0, 16, (nodes.numel(),), generator=g)
 
 
 def _sync(device) -> None:
@@ -113,7 +95,7 @@ def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molec
     as :func:`tgattn.datasets.load_planetoid` returns it, loaded by the caller before any work
     (so that a missing data set fails first).
     """
-    from .planetoid import MODELS, Net, build_model, prepare
+    from .models import MODELS, Net, build_model, molecule_batches, prepare
 
     rows, data = [], None
     if "cora" in workloads:

@@ -40,6 +40,7 @@ from .._cli import out_help, run, runs_dir
 from .gt_models import MOLECULE_MODELS, NODE_MODELS, MoleculeNet, NodeNet, add_expander
 from .gt_scaling import SCALING_MODELS, measure_scaling
 from .measure import peak_extra_mb
+from .report import write_csv
 
 MOLECULE_SETS = ("FreeSolv", "Solubility")
 NODE_SETS = ("Cora", "CiteSeer")
@@ -149,7 +150,7 @@ def run_nodes(graph, dataset: str, model: str, seed: int, s: Dict) -> Dict:
     """
     import torch.nn.functional as F
 
-    from .planetoid import build_model, train
+    from .models import build_model, train
 
     torch.manual_seed(seed)
     classes = int(graph.y.max()) + 1
@@ -255,13 +256,6 @@ def plot(rows: List[Dict], scaling: List[Dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _write(path: Path, rows: List[Dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -373,7 +367,7 @@ def _load(dataset: str, rwse: int, data_root=None):
     if dataset in MOLECULE_SETS:
         return molecule_splits(dataset, rwse)
     from ..datasets import load_planetoid
-    from .planetoid import prepare
+    from .models import prepare
 
     return prepare(load_planetoid(dataset, data_root))
 
@@ -412,7 +406,7 @@ def _bench(args, argv) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.epoch_timing:
         rows = [r for d in args.datasets if d in MOLECULE_SETS for r in epoch_timing(d, args.epoch_timing)]
-        _write(out / "epoch_timing.csv", rows)
+        write_csv(rows, out / "epoch_timing.csv", list(rows[0]))
         text = "\n".join(f"{r['dataset']} {r['model']}: min {r['min_ms']:.1f} ms / epoch, median {r['median_ms']:.1f}, "
                          f"speed-up vs gps_mha {r['speedup_vs_mha']:.2f}x" for r in rows)
         sys.stdout.write(text + f"\nwrote {out / 'epoch_timing.csv'}\n")
@@ -442,14 +436,14 @@ def _bench(args, argv) -> int:
             results = (f.result() for f in [pool.submit(run_task, *task, **options) for task in tasks])
         for row in results:
             runs.append(row)
-            _write(out / "runs.csv", runs)
+            write_csv(runs, out / "runs.csv", list(runs[0]))
             bar.set_description(f"{row['dataset']} {row['model']} seed {row['seed']}")
             bar.update()
         if args.jobs > 1:
             pool.shutdown()
     scaling = [] if scaling is None else scaling.result()
     if scaling:
-        _write(out / "scaling.csv", scaling)
+        write_csv(scaling, out / "scaling.csv", list(scaling[0]))
     return _tables(out, runs, scaling, argv, written=["runs.csv"] * bool(tasks) + ["scaling.csv"] * bool(scaling))
 
 
@@ -470,7 +464,7 @@ def _tables(out: Path, runs: List[Dict], scaling: List[Dict], argv, written=()) 
     """``results.csv``, ``results.md`` and the plot from the runs and scaling rows; ends naming
     them after the ``written`` files of ``out`` that came before."""
     rows = summarize(runs)
-    _write(out / "results.csv", rows)
+    write_csv(rows, out / "results.csv", list(rows[0]))
     command = "python -m tgattn.bench.graph_transformers " + " ".join(sys.argv[1:] if argv is None else argv)
     (out / "results.md").write_text(markdown(rows, scaling, command.strip()))
     plot(rows, scaling, out / "graph_transformers.png")

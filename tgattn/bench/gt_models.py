@@ -130,7 +130,7 @@ class MoleculeNet(nn.Module):
 class NodeNet(nn.Module):
     """Node classification on one graph: input dropout, a linear encoder, ``layers`` GT layers, a linear head.
 
-    ``forward(x, edge_index)`` (the signature of :func:`tgattn.bench.planetoid.train`); the
+    ``forward(x, edge_index)`` (the signature of :func:`tgattn.bench.models.train`); the
     attention edge set (all pairs, or the Exphormer set) is built once in the constructor.
     """
 
@@ -154,7 +154,7 @@ class NodeNet(nn.Module):
             self.virtual = VirtualNodes(1, hidden)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        from .planetoid import _dropout
+        from .models import _dropout
 
         x = self.encoder(_dropout(x, self.dropout, self.training))  # [N, hidden]
         if self.virtual is not None:

@@ -8,7 +8,7 @@ Cases (``--cases``), each one :func:`~tgattn.functional.graph_attention` forward
 gradient, backend ``auto``:
 
 * ``molecules``: a batch of 128 molecule-sized graphs as :mod:`tgattn.bench.gnn` makes them
-  (:func:`tgattn.bench.gpu.molecule_batches`: rings with random chords, both directions, some
+  (:func:`tgattn.bench.models.molecule_batches`: rings with random chords, both directions, some
   chords repeating a ring edge), H = 8, d = 8;
 * ``molecules_distinct``: the same batch without its repeated edges, in PyG's coalesced order
   (sorted by source), as a batch of real molecules comes: a set without repeated edges is
@@ -49,7 +49,7 @@ TARGET = 1.10
 def molecule_edges(distinct: bool = False) -> Tuple[int, torch.Tensor]:
     """``(nodes, edge_index)`` of the first batch :mod:`tgattn.bench.gnn` trains on; ``distinct``:
     without repeated edges, sorted by (source, target) as PyG's ``coalesce`` leaves them."""
-    from .gpu import molecule_batches
+    from .models import molecule_batches
 
     x, edge_index, _ = next(molecule_batches(1))
     n = x.shape[0]

@@ -16,159 +16,20 @@ dataset x model) under ``--out`` (default ``$TGATTN_RUNS/planetoid``, else
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
-import time
-import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
 
 from .._cli import out_help, run, runs_dir
-from ..nn.conv import GraphAttentionConv
 from ..datasets import load_planetoid
+from .models import MODEL_NAMES, build_model, prepare, train
+from .models import MODELS, Net  # noqa: F401  (tgattn.bench.big_graphs imports them from here: to move to .models)
+from .report import write_csv
 
 DATASETS = ("Cora", "CiteSeer", "PubMed")
-
-
-def _gat(i, o, heads, concat):
-    from torch_geometric.nn import GATConv
-
-    return GATConv(i, o, heads=heads, concat=concat, dropout=0.6)
-
-
-def _transformer(i, o, heads, concat):
-    from torch_geometric.nn import TransformerConv
-
-    return TransformerConv(i, o, heads=heads, concat=concat, dropout=0.6)
-
-
-def _tgattn(i, o, heads, concat):
-    return GraphAttentionConv(i, o, heads, concat=concat, dropout=0.6, add_self_loops=True, root_weight=False)
-
-
-def _tgattn_shared(i, o, heads, concat):
-    return GraphAttentionConv(i, o, heads, concat=concat, dropout=0.6, add_self_loops=True, root_weight=False,
-                              shared_projection=True)
-
-
-# model name -> conv factory (in_channels, out_channels, heads, concat). GATConv adds self-loops
-# itself (its default); TransformerConv runs on the graph's edges with its defaults (root weight
-# on, no self-loops); tgattn attends over the edges plus self-loops, without a root weight, like
-# GAT (on Cora, seed 0, the root weight cost 2.4 points: 80.7 vs 83.1 %, see README_planetoid.md).
-# tgattn_shared: the same with one projection for queries, keys and values (GAT's single W).
-MODELS: Dict[str, Callable[[int, int, int, bool], nn.Module]] = {
-    "gat": _gat,
-    "transformer": _transformer,
-    "tgattn": _tgattn,
-    "tgattn_shared": _tgattn_shared,
-}
-# Graph-transformer networks (all node pairs, see tgattn.bench.planetoid_global): name -> SPD bias on?
-GRAPH_TRANSFORMERS: Dict[str, bool] = {"tgattn_global": False, "tgattn_union": True}
-MODEL_NAMES = (*MODELS, *GRAPH_TRANSFORMERS)
-
-
-class Net(nn.Module):
-    """The GAT paper's two-layer network around any conv factory from :data:`MODELS`."""
-
-    def __init__(self, conv: Callable, in_channels: int, num_classes: int, *, hidden: int = 8, heads: int = 8,
-                 out_heads: int = 1, dropout: float = 0.6):
-        super().__init__()
-        self.dropout = dropout
-        self.conv1 = conv(in_channels, hidden, heads, True)
-        self.conv2 = conv(hidden * heads, num_classes, out_heads, False)
-
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        x = _dropout(x, self.dropout, self.training)
-        x = F.elu(self.conv1(x, edge_index))  # [N, heads * hidden]
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, edge_index)  # [N, classes] logits
-
-
-def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Dropout on a dense or sparse CSR tensor (on its stored values: zeros stay zero either way)."""
-    if x.layout != torch.sparse_csr:
-        return F.dropout(x, p, training)
-    values = F.dropout(x.values(), p, training)
-    return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, x.shape, check_invariants=False)
-
-
-def prepare(data):
-    """Row-normalized features (as in the GAT paper) stored as sparse CSR.
-
-    Bag-of-words features are ~1 % non-zero; a sparse first projection gives every model the
-    same, ~3x cheaper input layer on CPU without changing any number the model computes.
-    """
-    data = data.clone()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
-        data.x = (data.x / data.x.sum(dim=1, keepdim=True).clamp(min=1)).to_sparse_csr()
-    return data
-
-
-def build_model(model: str, data, dataset: str) -> Net:
-    """The network for ``model`` (one of :data:`MODEL_NAMES`) on a Planetoid ``data`` object."""
-    if model not in MODEL_NAMES:
-        raise ValueError(f"unknown model {model!r}; choose from {sorted(MODEL_NAMES)}")
-    out_heads = 8 if dataset == "PubMed" else 1
-    classes = int(data.y.max()) + 1
-    if model in GRAPH_TRANSFORMERS:
-        from .planetoid_global import GlobalNet
-
-        return GlobalNet(data.num_features, classes, data.edge_index, data.num_nodes,
-                         distance_bias=GRAPH_TRANSFORMERS[model], out_heads=out_heads)
-    return Net(MODELS[model], data.num_features, classes, out_heads=out_heads)
-
-
-def train(net: Net, data, *, epochs: int = 1000, patience: int = 100, lr: float = 0.005,
-          weight_decay: float = 5e-4, on_epoch: Optional[Callable[[dict], None]] = None) -> dict:
-    """Train with Adam and the GAT paper's early stopping; return the run's summary.
-
-    Training stops when neither the validation accuracy nor the validation loss improved for
-    ``patience`` epochs. The reported test accuracy is the one at the epoch with the best
-    validation accuracy (ties: lower validation loss). ``on_epoch`` receives each epoch's
-    ``{"epoch", "loss", "train_acc", "val_acc", "test_acc", "val_loss"}``.
-    """
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    best = {"val_acc": -1.0, "val_loss": float("inf")}
-    best_loss, best_acc, waited, train_time = float("inf"), -1.0, 0, 0.0
-    for epoch in range(1, epochs + 1):
-        start = time.perf_counter()
-        net.train()
-        opt.zero_grad()
-        loss = F.cross_entropy(net(data.x, data.edge_index)[data.train_mask], data.y[data.train_mask])
-        loss.backward()
-        opt.step()
-        train_time += time.perf_counter() - start
-        stats = {"epoch": epoch, "loss": loss.item(), **evaluate(net, data)}
-        if on_epoch is not None:
-            on_epoch(stats)
-        if (stats["val_acc"], -stats["val_loss"]) > (best["val_acc"], -best["val_loss"]):
-            best = stats
-        if stats["val_acc"] > best_acc or stats["val_loss"] < best_loss:
-            best_acc, best_loss, waited = max(best_acc, stats["val_acc"]), min(best_loss, stats["val_loss"]), 0
-        else:
-            waited += 1
-            if waited >= patience:
-                break
-    return {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "best_epoch": best["epoch"],
-            "epochs": epoch, "ms_per_epoch": 1000 * train_time / epoch}
-
-
-@torch.no_grad()
-def evaluate(net: Net, data) -> dict:
-    """Accuracy on the train/val/test masks and the validation loss, in eval mode."""
-    net.eval()
-    logits = net(data.x, data.edge_index)
-    pred = logits.argmax(-1)
-    acc = {f"{split}_acc": float((pred[m] == data.y[m]).float().mean())
-           for split, m in (("train", data.train_mask), ("val", data.val_mask), ("test", data.test_mask))}
-    acc["val_loss"] = float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
-    return acc
 
 
 def summarize(runs: List[dict]) -> List[dict]:
@@ -195,13 +56,6 @@ def markdown(rows: List[dict]) -> str:
         lines.append(f"| {r['dataset']} | {r['model']} | {r['test_acc_mean']:.1f} ± {r['test_acc_std']:.1f} | "
                      f"{r['runs']} | {r['epochs_mean']:.0f} | {r['ms_per_epoch']:.1f} | {r['time_vs_gat']:.2f} |")
     return "\n".join(lines) + "\n"
-
-
-def _write_csv(path: Path, rows: List[dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -285,14 +139,14 @@ def _bench(args: argparse.Namespace) -> int:
             results = (future.result() for future in futures)
         for result in results:
             runs.append(result)
-            _write_csv(out / "runs.csv", runs)
+            write_csv(runs, out / "runs.csv", list(runs[0]))
             bar.set_description(f"{result['dataset']} {result['model']} seed {result['seed']}")
             bar.set_postfix(acc=f"{100 * result['test_acc']:.1f}")
             bar.update()
         if args.jobs > 1:
             pool.shutdown()
     rows = summarize(runs)
-    _write_csv(out / "results.csv", rows)
+    write_csv(rows, out / "results.csv", list(rows[0]))
     (out / "results.md").write_text(markdown(rows))
     sys.stdout.write(markdown(rows))
     print(f"\nwrote {', '.join(str(out / name) for name in ('runs.csv', 'results.csv', 'results.md'))}")

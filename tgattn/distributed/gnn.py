@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._cli import out_help, run, runs_dir
-from ..bench.planetoid import Net, prepare
+from ..bench.models import Net, prepare
 from .launch import launch
 from .nn import DistributedGraphAttentionConv
 from .partition import Partition, partition_graph
@@ -46,7 +46,7 @@ def graph_with_loops(data) -> Tensor:
 
 
 def distributed_net(in_channels: int, num_classes: int, *, dropout: float = 0.6) -> Net:
-    """The GAT-protocol :class:`~tgattn.bench.planetoid.Net` built from distributed convs."""
+    """The GAT-protocol :class:`~tgattn.bench.models.Net` built from distributed convs."""
 
     def conv(i, o, heads, concat):
         return DistributedGraphAttentionConv(i, o, heads, concat=concat, dropout=dropout, root_weight=False)
