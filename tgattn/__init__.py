@@ -4,6 +4,10 @@ Attention patterns (full, causal, window, ...) are edge sets built by :mod:`tgat
 :class:`GraphAttention` and :func:`tgattn.functional.graph_attention` attend along them and
 equal dense masked attention (:func:`tgattn.verify.reference.dense_attention`).
 
+The package is layered, each role in one room importing only from the rooms below it:
+engine < functional < builders < nn (with data, datasets) < models / lm / hf / distributed /
+analysis / verify < bench and the command lines (docs/conventions.md, "Layering").
+
 Names are imported on first use (:mod:`tgattn._lazy`): ``import tgattn`` loads neither torch
 nor PyG, so the command lines answer ``--help`` and bad arguments at once.
 """

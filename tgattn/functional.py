@@ -3,6 +3,8 @@
 Edge convention (the same everywhere in tgattn): ``edge_index[0]`` = source = key/value
 node j, ``edge_index[1]`` = target = query node i. The dense twin of an edge set is
 ``mask[i, j] = True`` (rows = queries i, columns = keys j).
+
+Layer "functional": above the engine, below the builders and the layers (docs/conventions.md).
 """
 from __future__ import annotations
 

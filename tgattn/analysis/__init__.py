@@ -7,6 +7,9 @@
 * :mod:`tgattn.analysis.plots`: pictures (matplotlib, imported only when drawing);
   :mod:`tgattn.analysis.figure`: the four panels of ``python -m tgattn show``
   (:mod:`tgattn.analysis.show`, the command line, which sits above :mod:`tgattn.hf`).
+
+Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
+below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
 """
 from .flow import attention_flow, top_flow
 from .graph import to_networkx, to_networkx_layered

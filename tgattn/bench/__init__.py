@@ -1,1 +1,8 @@
-"""Benchmarks, run as code: ``python -m tgattn.bench ...``. Never part of the test suite's timing."""
+"""Benchmarks, run as code: ``python -m tgattn.bench ...``. Never part of the test suite's timing.
+
+The top layer, with the command lines: a benchmark may import every room. Each benchmark is a
+module with a command line and imports no other benchmark; what they share lives in modules
+without one (:mod:`~tgattn.bench.measure`: timing and memory probes; :mod:`~tgattn.bench.report`:
+tables, CSV files, plots; :mod:`~tgattn.bench.models`: the GNN models and inputs;
+:mod:`~tgattn.bench.patterns`, :mod:`~tgattn.bench.peers`).
+"""

@@ -3,6 +3,9 @@
 Every builder returns ``LongTensor[2, E]`` sorted by (target, source), without duplicates:
 ``edge_index[0]`` = key j, ``edge_index[1]`` = query i (rows = queries i, columns = keys j
 in the dense twin ``to_mask``). Each accepts a length ``n`` or the lengths of a packed batch.
+
+Layer "builders": above :mod:`tgattn.functional` (scored builders attend to choose), below the
+layers (docs/conventions.md).
 """
 from .bigbird import bigbird, random
 from .combine import add_self_loops, difference, intersection, membership, union

@@ -12,6 +12,9 @@ Every file that PyG would unpickle is checked first: pickled data can run code w
 A data set that cannot be had (not in the data folder; no data folder and no download) raises
 one ``FileNotFoundError`` whose message names the data set, where it looked and how to get it,
 so that a command line can end on that one line.
+
+Layer "nn" (beside the layers and :mod:`tgattn.data`): loaders import nothing of tgattn above the
+builders (docs/conventions.md, "Layering").
 """
 from __future__ import annotations
 

@@ -37,6 +37,10 @@ Example:
     >>> part = contiguous(12, 3)
     >>> [p.halo_rows for p in make_plans(builders.window(12, 2, causal=True), part)]  # w rows per boundary
     [0, 2, 2]
+
+Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
+below, never importing a benchmark or a command line (docs/conventions.md, "Layering"). Its command lines
+(:mod:`tgattn.distributed.gnn`, :mod:`tgattn.distributed.gpt`) sit with the benchmarks.
 """
 from .attention import exchange_keys_values, graph_attention
 from .exchange import halo_exchange

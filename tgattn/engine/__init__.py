@@ -15,6 +15,10 @@ Backends (all exact, none holds an ``[E, H, d]`` tensor in forward or backward):
 Edge sets are analysed once and cached (:func:`structure_of`); :func:`plan` names the
 backend ``auto`` picks. The fused kernels keep freed output buffers for the next call
 (:func:`cache_info`, :func:`empty_cache`).
+
+The lowest layer of the package: it imports nothing of tgattn above it. The custom op that
+``torch.compile`` traces (:mod:`tgattn.engine.custom_op`) and the eager call
+(:mod:`tgattn.engine.eager`) share the checks of :func:`tgattn.functional.graph_attention`.
 """
 from .analysis import CACHE, Structure, analyse, structure_of
 from .dispatch import ENGINE_BACKENDS, plan, run

@@ -33,6 +33,9 @@
 Sliding-window conventions: transformers' causal ``sliding_window = W`` keeps keys
 ``q - W < j <= q`` (W keys, the query included) = ``builders.window(n, W - 1, causal=True)``;
 its bidirectional window keeps ``|q - j| <= W`` (2W + 1 keys) = ``builders.window(n, W)``.
+
+Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
+below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
 """
 from .attention import attention_forward, recording
 from .analysis import attention_graph, show

@@ -1,4 +1,9 @@
-"""A character-level language model on Tiny Shakespeare: ``python -m tgattn.lm train|sample|eval``."""
+"""A character-level language model on Tiny Shakespeare: ``python -m tgattn.lm train|sample|eval``.
+
+Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
+below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
+Its benchmark, :mod:`tgattn.lm.bench`, sits with the benchmarks.
+"""
 from .._lazy import lazy_exports
 
 __all__ = [

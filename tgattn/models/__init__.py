@@ -1,4 +1,8 @@
-"""Models built on graph attention: a nanoGPT-style character GPT and its dense twin."""
+"""Models built on graph attention: a nanoGPT-style character GPT and its dense twin.
+
+Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
+below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
+"""
 from .._lazy import lazy_exports
 
 __all__ = ["GPT", "GPTConfig", "PATTERNS", "generate", "make_pattern"]

@@ -5,6 +5,9 @@ Verification in one room: the dense oracle every test compares with
 
 Each case builds an edge set, runs :func:`tgattn.functional.graph_attention` and the dense
 oracle on the same random float64 inputs, and compares outputs and input gradients.
+
+Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
+below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
 """
 from __future__ import annotations
 
