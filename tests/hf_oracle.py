@@ -14,6 +14,9 @@ from tgattn.verify.reference import dense_attention
 
 NAME = "dense_oracle"
 CALLS = [0]  # attention calls the oracle has run (tests compare it with tgattn's)
+# When set to w: every call with as many queries as keys (self-attention without a cache; the tests
+# give encoder and decoder different lengths) also keeps only keys with |i - j| <= w.
+SELF_WINDOW = [None]
 
 
 def oracle_mask(**kw):
@@ -76,7 +79,7 @@ def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     if position_bias is not None:
         bias = bias + position_bias
     keep = attention_mask.expand(batch_size, heads, q_length, kv_length)  # [B, H, Tq, Tk]
-    window = getattr(module, "oracle_window", None)
+    window = getattr(module, "oracle_window", SELF_WINDOW[0] if q_length == kv_length else None)
     if window is not None:
         i, j = torch.arange(q_length).view(-1, 1), torch.arange(kv_length).view(1, -1)
         keep = keep & ((i - j).abs() <= window)

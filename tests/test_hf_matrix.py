@@ -74,6 +74,34 @@ def test_exact_architecture(arch):
             torch.testing.assert_close(step_ours, step_oracle, **FLOAT64)
 
 
+# Models that build some attention mask themselves, as a dense tensor: a pattern cannot apply there.
+OWN_DENSE_MASK = {"LayoutLMForMaskedLM": "LayoutLMSelfAttention",
+                  "SwitchTransformersForConditionalGeneration": "SwitchTransformersAttention"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", EXACT, ids=lambda a: a.cls)
+def test_pattern_on_exact_architecture(arch):
+    # use_pattern(window=1) equals the oracle with |i - j| <= 1 in self-attention only (cross attention
+    # keeps its keys), and changes the model; T5's stacks (config copies) ignored it before.
+    model = tiny_model(arch).double()
+    batch, real = inputs(arch.kind)
+    own = logits(model, "tgattn", batch)
+    th.use_pattern(model, window=1)
+    if arch.cls in OWN_DENSE_MASK:
+        with pytest.raises(ValueError, match=f"{OWN_DENSE_MASK[arch.cls]}: use_pattern cannot apply here"):
+            logits(model, "tgattn", batch)
+        return
+    ours = logits(model, "tgattn", batch)
+    hf_oracle.SELF_WINDOW[0] = 1
+    try:
+        oracle = logits(model, hf_oracle.NAME, batch)
+    finally:
+        hf_oracle.SELF_WINDOW[0] = None
+    torch.testing.assert_close(ours[real], oracle[real], **FLOAT64)
+    assert (ours[real] - own[real]).abs().max() > 1e-6
+
+
 GRADIENTS = ["T5ForConditionalGeneration", "T5GemmaForConditionalGeneration", "LlamaForCausalLM",
              "BartForConditionalGeneration", "BertForMaskedLM", "Gemma2ForCausalLM", "GptOssForCausalLM"]
 

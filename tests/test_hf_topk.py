@@ -161,3 +161,18 @@ def test_call_ranks_keys_by_the_logits_the_softmax_sees(kw):
 def test_bad_topk_is_named(bad, error):
     with pytest.raises(error, match="topk"):
         th.use_pattern(llama(), topk=bad)
+
+
+@pytest.mark.parametrize("choice", [dict(window=1), dict(topk=2)])
+def test_a_model_that_builds_its_own_dense_mask_refuses_a_pattern(choice):
+    # LayoutLM (and SwitchTransformers' encoder) hand the attention call a dense mask they built
+    # themselves: the pattern, which rides on tgattn's own masks, was silently not applied.
+    config = transformers.LayoutLMConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=64)
+    model = transformers.LayoutLMForMaskedLM(config).eval()
+    ids = torch.randint(3, VOCAB, (1, 6))
+    th.use_pattern(model, **choice)
+    with pytest.raises(ValueError, match="LayoutLMSelfAttention: use_pattern cannot apply here"):
+        model(input_ids=ids)
+    th.use_pattern(model)  # the model's own rule runs again
+    assert model(input_ids=ids).logits.shape == (1, 6, VOCAB)

@@ -11,6 +11,7 @@ from torch import Tensor
 from ..builders.scored import best_per_target, edge_scores
 from ..functional import graph_attention
 from .masks import EdgeMask, causal_rule, edge_mask, from_dense, full_rule
+from .patterns import NO_CHOICE, choice_of
 
 Layer = Tuple[Tensor, Tensor]
 _RECORD: ContextVar[Optional[List[Layer]]] = ContextVar("tgattn_hf_record", default=None)
@@ -48,6 +49,11 @@ def _as_edge_mask(mask, module, batch_size: int, q_length: int, kv_length: int, 
     if isinstance(mask, EdgeMask):
         return mask
     if isinstance(mask, Tensor):  # a model's own 4-D mask, broadcast as eager attention reads it
+        if choice_of(getattr(module, "config", None)) != NO_CHOICE:
+            # The pattern and top-k ride on the masks tgattn builds; this one the model built itself.
+            raise ValueError(f"{type(module).__name__}: use_pattern cannot apply here: the model builds this "
+                             "attention mask itself, as a dense tensor, not through transformers' mask interface; "
+                             "call use_pattern(model) to return to the model's own rule")
         if mask.dim() != 4 or mask.shape[0] not in (1, batch_size) or mask.shape[2] not in (1, q_length) \
                 or mask.shape[3] != kv_length:
             raise ValueError(f"a dense attention mask must broadcast to [B, 1 or H, Tq, Tk] = "

@@ -23,14 +23,14 @@ class Choice(NamedTuple):
 
 # id(config) -> (weak reference to the config, choice); entries die with the config.
 _PATTERNS: Dict[int, Tuple[weakref.ref, Choice]] = {}
-_NONE = Choice(None, None)
+NO_CHOICE = Choice(None, None)
 
 
 def choice_of(config) -> Choice:
     """What :func:`tgattn.hf.use_pattern` set on ``config`` (``Choice(None, None)``: the model's own attention)."""
     entry = _PATTERNS.get(id(config)) if config is not None else None
     if entry is None or entry[0]() is not config:
-        return _NONE
+        return NO_CHOICE
     return entry[1]
 
 
@@ -75,7 +75,7 @@ def set_choice(model, choice: Choice) -> None:
     kinds = tuple({type(c) for c in configs.values()})
     configs.update((id(m.config), m.config) for m in model.modules() if isinstance(getattr(m, "config", None), kinds))
     for key, config in configs.items():
-        if choice == _NONE:
+        if choice == NO_CHOICE:
             _PATTERNS.pop(key, None)
         else:
             _PATTERNS[key] = (weakref.ref(config, partial(_forget, key)), choice)
