@@ -261,3 +261,15 @@ def test_help_and_bad_arguments_import_no_torch():
             "print(sorted(m for m in ('torch', 'torch_geometric', 'networkx') if m in sys.modules), file=sys.stderr)")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.stderr.strip().splitlines()[-1] == "[]", run.stderr
+
+
+def test_bench_train_times_any_attentions_side_by_side(capsys):
+    assert main(["bench-train", "--models", "dense", "window", "indexer_topk", "block_topk", "--window", "3",
+                 "--k-top", "8", "--block", "4", "--block-size", "16", "--batch-size", "1", "--steps", "1",
+                 "--threads", "1"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert set(row) >= {"dense_ms", "window_ms", "indexer_topk_ms", "block_topk_ms", "window/dense",
+                        "indexer_topk/dense", "block_topk/dense"}
+    assert all(row[f"{name}_ms"] > 0 for name in ("dense", "window", "indexer_topk", "block_topk"))
+    assert main(["bench-train", "--block-size", "8", "--batch-size", "1", "--steps", "1"]) == 0
+    assert {"graph_ms", "dense_ms", "ratio"} <= set(json.loads(capsys.readouterr().out))  # the default pair

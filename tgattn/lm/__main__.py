@@ -14,7 +14,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from .._cli import boolean, non_negative_int, positive_float, positive_int, positive_ints, run, seed_int
-from ..models.config import ATTENTIONS, PATTERNS, GPTConfig
+from ..models.config import ATTENTIONS, PATTERNS, SELECTIONS, GPTConfig
 from .config import TrainConfig
 
 COMMANDS = ("train", "eval", "sample", "bench-decode", "bench-train", "bench-memory")  # memory-probe: internal
@@ -198,8 +198,13 @@ def _add_bench_parsers(sub) -> None:
 
     p = sub.add_parser("bench-train", help="time per training step: graph GPT vs dense twin, interleaved")
     p.add_argument("--threads", **THREADS)
+    p.add_argument("--models", nargs="+", default=["graph", "dense"], choices=("graph", "dense", "window") + SELECTIONS,
+                   help="what to time: graph / dense (the pattern's graph GPT, its dense twin), window (the graph "
+                        "GPT on --window), indexer_topk, block_topk (default: graph dense)")
     p.add_argument("--pattern", default="causal", choices=PATTERNS)
     p.add_argument("--window", type=non_negative_int, default=32)
+    p.add_argument("--k-top", type=positive_int, default=64, help="keys per query of indexer_topk and block_topk (k_top // block blocks) (default: 64)")
+    p.add_argument("--block", type=positive_int, default=16, help="block_topk: keys per block (default: 16)")
     p.add_argument("--block-size", type=positive_int, default=64)
     p.add_argument("--batch-size", type=positive_int, default=12)
     p.add_argument("--steps", type=positive_int, default=60, help="timed steps per model (default: 60)")

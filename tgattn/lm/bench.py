@@ -2,8 +2,9 @@
 
 * ``bench-decode``: per-token cost of incremental decoding (one node + its in-edges, cached
   keys/values) against recomputing the whole context, for a window pattern at long lengths.
-* ``bench-train``: time per training step of the graph GPT and its dense twin, interleaved
-  step by step in one process so that machine load hits both alike.
+* ``bench-train``: time per training step of the graph GPT and its dense twin (or of any
+  attentions, learned selections included), interleaved step by step in one process so that
+  machine load hits all alike.
 * ``bench-memory``: the memory that training a configuration takes, each in a fresh
   subprocess (tensor bytes kept between steps plus a step's peak, and peak RSS as a
   cross-check), and the longest context a window pattern trains at within the dense
@@ -25,6 +26,7 @@ import time
 import torch
 
 from ..models import GPT, GPTConfig
+from ..models.config import SELECTIONS
 from ..models.decode import DecodePattern, KVCache, step
 
 
@@ -72,39 +74,62 @@ def bench_decode(args) -> int:
 
 
 def _train_step(model, optimizer, x, y) -> None:
-    _, loss = model(x, y)
+    if model.config.attention in SELECTIONS:  # the selected keys' loss plus the indexers' (as training does)
+        _, loss, indexer_loss = model(x, y, return_indexer_loss=True)
+        loss = loss + indexer_loss
+    else:
+        _, loss = model(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
+def _bench_config(name: str, args) -> GPTConfig:
+    """``graph`` / ``dense``: the pattern's graph GPT or its dense twin; ``window``: the graph GPT
+    on a window of ``args.window``; a selection: ``args.k_top`` keys per query (``block_topk``:
+    ``k_top // block`` blocks of ``block`` keys)."""
+    common = dict(block_size=args.block_size, pattern=args.pattern, window=args.window)
+    if name in ("graph", "window"):
+        return GPTConfig(**{**common, "pattern": "window"} if name == "window" else common)
+    if name == "dense":
+        return GPTConfig(**common, attention="dense")
+    blocks = max(1, args.k_top // args.block)  # block_topk counts blocks: as many keys as indexer_topk
+    return GPTConfig(block_size=args.block_size, attention=name, k_top=args.k_top if name == "indexer_topk" else blocks,
+                     block=args.block)
+
+
 def bench_train(args) -> int:
+    """Median time per training step of each of ``args.models``, interleaved step by step.
+
+    The first model sets the weights the others load where their parameters match (the dense
+    twin's are the graph GPT's); each step every model trains on the same batch, the order
+    rotating so that none always goes first.
+    """
     _threads(args)
     torch.manual_seed(0)
-    common = dict(block_size=args.block_size, pattern=args.pattern, window=args.window)
-    graph = GPT(GPTConfig(**common)).train()
-    dense = GPT(GPTConfig(**common, attention="dense")).train()
-    dense.load_state_dict(graph.state_dict())
-    opts = {m: m.configure_optimizer(lr=1e-3, weight_decay=0.1) for m in (graph, dense)}
+    models = {name: GPT(_bench_config(name, args)).train() for name in args.models}
+    first = next(iter(models.values()))
+    for model in models.values():
+        model.load_state_dict(first.state_dict(), strict=False)
+    opts = {name: m.configure_optimizer(lr=1e-3, weight_decay=0.1) for name, m in models.items()}
     g = torch.Generator().manual_seed(0)
-    times = {graph: [], dense: []}
+    times = {name: [] for name in models}
+    names = list(models)
     for i in range(args.steps + 5):
         x = torch.randint(65, (args.batch_size, args.block_size), generator=g)
-        for model in ((graph, dense) if i % 2 else (dense, graph)):  # alternate who goes first
+        for name in names[i % len(names):] + names[:i % len(names)]:  # rotate who goes first
             t0 = time.perf_counter()
-            _train_step(model, opts[model], x, x)
+            _train_step(models[name], opts[name], x, x)
             if i >= 5:  # the first steps warm up allocators and caches
-                times[model].append(time.perf_counter() - t0)
-    row = {
-        "pattern": args.pattern,
-        "block_size": args.block_size,
-        "batch_size": args.batch_size,
-        "threads": torch.get_num_threads(),
-        "graph_ms": 1e3 * statistics.median(times[graph]),
-        "dense_ms": 1e3 * statistics.median(times[dense]),
-    }
-    row["ratio"] = row["graph_ms"] / row["dense_ms"]
+                times[name].append(time.perf_counter() - t0)
+    row = {"pattern": args.pattern, "window": args.window, "k_top": args.k_top, "block": args.block,
+           "block_size": args.block_size, "batch_size": args.batch_size, "threads": torch.get_num_threads()}
+    row.update({f"{name}_ms": 1e3 * statistics.median(times[name]) for name in names})
+    if names == ["graph", "dense"]:
+        row["ratio"] = row["graph_ms"] / row["dense_ms"]
+    else:
+        row.update({f"{name}/{names[0]}": row[f"{name}_ms"] / row[f"{names[0]}_ms"] for name in names[1:]})
     print(json.dumps(row))
     return 0
 
