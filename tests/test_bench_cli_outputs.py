@@ -20,6 +20,7 @@ from tgattn.bench import __main__ as bench_main
 # Each command line that takes --out, and the folder name of its default.
 OUT_CLIS = {
     "tgattn.bench.__main__": "bench",
+    "tgattn.bench.big_graphs": "big_graphs",
     "tgattn.bench.distributed": "distributed",
     "tgattn.bench.engine_scaling": "engine_scaling",
     "tgattn.bench.gnn": "gnn",

@@ -1,6 +1,7 @@
 """Timing and peak-memory probes for the attention benchmark."""
 from __future__ import annotations
 
+import re
 import time
 import weakref
 from typing import Callable, Optional, Sequence
@@ -98,3 +99,86 @@ def peak_extra_mb(fn: Callable, backward: bool, leaves, grad) -> float:
     with probe:
         run_once(fn, backward, leaves, grad)
     return probe.peak / 2**20
+
+
+def rss_high_water_mb() -> float:
+    """This process's resident-set high-water mark (``VmHWM``) in MB, Linux only."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise OSError("/proc/self/status has no VmHWM line: resident-set peaks are read on Linux only")
+
+
+def reset_rss_high_water() -> None:
+    """Set this process's ``VmHWM`` to its current resident set (Linux: ``5 > /proc/self/clear_refs``),
+    so that :func:`rss_high_water_mb` then reads the peak of what runs after the call.
+
+    Example:
+        >>> reset_rss_high_water()
+        >>> rss_high_water_mb() > 0
+        True
+    """
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+_TRIED = re.compile(r"tried to allocate (\d+) bytes")
+
+
+def failed_allocation(err: BaseException) -> Optional[int]:
+    """The bytes a failed CPU allocation asked for: ``0`` where the error is an allocation failure
+    that does not say its size (``MemoryError``, ``std::bad_alloc``), ``None`` where ``err`` is no
+    allocation failure at all.
+
+    Example:
+        >>> failed_allocation(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4096 bytes."))
+        4096
+        >>> failed_allocation(MemoryError()), failed_allocation(RuntimeError("shape mismatch"))
+        (0, None)
+    """
+    if isinstance(err, MemoryError):
+        return 0
+    text = str(err)
+    found = _TRIED.search(text)
+    if found:
+        return int(found.group(1))
+    return 0 if "bad_alloc" in text or "can't allocate memory" in text or "Cannot allocate memory" in text else None
+
+
+def memory_capped(cap_bytes: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for :mod:`subprocess` that caps the child's data segment at ``cap_bytes``.
+
+    ``RLIMIT_DATA`` (Linux >= 4.7) counts the private writable mappings, which is where malloc and
+    torch's CPU allocator put tensors, and not the shared libraries a ``RLIMIT_AS`` cap would also
+    charge (about 0.5 GB for torch). The kernel refuses the mapping itself, so an allocation over
+    the cap fails at once (torch: ``RuntimeError: ... you tried to allocate N bytes``, Python:
+    ``MemoryError``) and the out-of-memory killer never runs, even with overcommit on.
+    """
+    if cap_bytes <= 0:
+        raise ValueError(f"the memory cap must be a positive number of bytes (got {cap_bytes})")
+
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (cap_bytes, cap_bytes))
+
+    return cap
+
+
+def release_free_memory() -> None:
+    """Hand the C allocator's free memory back to the system (glibc's ``malloc_trim``), so that
+    the resident set holds live memory only; nothing where the C library has no ``malloc_trim``.
+
+    Example:
+        >>> release_free_memory()
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return
+    trim(0)
