@@ -129,7 +129,11 @@ def test_same_bits_as_the_float32_kernel_rounded_once(shape, dtype):
     (GCC fuses multiply-adds by context) and float16's subnormal spacing. A rounding to the
     input dtype on the way (dk / dv over groups of queries, dq over keys and key blocks) is
     off by more. The backward's twin is given what the half-precision forward saved (its
-    output, in the input dtype); the log-sum-exp is the same float32."""
+    output, in the input dtype); the log-sum-exp is the same float32. Not for bfloat16 where
+    the build forms its dot products natively (AVX512-BF16: another order of float32 sums,
+    whose roundings a score's cancellation magnifies); the oracle tests cover it."""
+    if dtype == torch.bfloat16 and "bfloat16: dot products" in torch.ops.tgattn_fused.half_paths():
+        pytest.skip("this build forms bfloat16 dot products natively (another summation order)")
     _, make, n, heads, dk, dv = shape
     s = engine.structure_of(make(), n, n)
     g = torch.Generator().manual_seed(10)

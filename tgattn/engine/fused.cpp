@@ -144,14 +144,6 @@ inline void store(c10::Half* p, vec_t<float> v) {
 #endif
 }
 
-// Which conversions this build compiled: the benchmark and the docs say which path ran.
-std::string half_paths() {
-#if defined(__F16C__)
-  return "float16: F16C; bfloat16: shifts";
-#else
-  return "float16: scalar c10::Half; bfloat16: shifts";
-#endif
-}
 
 // A score is recomputed in the backward (from q, k and the saved log-sum-exp) by other code than
 // the forward's: a key's edges are grouped by eight where a row's were, and the dot products are
@@ -309,6 +301,41 @@ struct Pointers {
   T* operator[](int64_t r) const { return p[r]; }
 };
 
+// bfloat16 dot products on CPUs with AVX512-BF16 (AMD Zen 4, Intel Cooper Lake and later):
+// vdpbf16ps multiplies 16 pairs exactly and adds them, two to a float32 lane, into 8 lanes in
+// one instruction, where widening both rows and a multiply-add take six for 16. Every bfloat16
+// dot product goes through it (dots8 and the single rows of dots alike, forward and backward), so
+// the backward still recomputes each score bit for bit (see hsum). Like every instruction here it
+// is chosen when the build is made: -march=native on the machine that loads the build (its folder
+// is keyed by the CPU's flags), so the check is that of the compiler on this CPU.
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+#define TGATTN_BF16_DOT 1
+inline vec_t<float> dot16(vec_t<float> acc, const c10::BFloat16* a, const c10::BFloat16* b) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  return _mm256_dpbf16_ps(acc, (__m256bh)x, (__m256bh)y);
+}
+#else
+#define TGATTN_BF16_DOT 0
+#endif
+
+// Which conversions this build compiled: the benchmark and the docs say which path ran.
+std::string half_paths() {
+  std::string paths = "float16: ";
+#if defined(__F16C__)
+  paths += "F16C conversions";
+#else
+  paths += "c10::Half conversions (no F16C)";
+#endif
+  paths += "; bfloat16: ";
+#if TGATTN_BF16_DOT
+  paths += "dot products AVX512-BF16 (vdpbf16ps), sums widened by shifts";
+#else
+  paths += "widened by shifts";
+#endif
+  return paths;
+}
+
 // out[k] = <x[k], p[k]> for eight pairs of rows of length d (x a Repeat when all eight share one
 // x, whose pieces are then loaded once): eight independent accumulators hide the latency of the
 // multiply-adds, and one transposed sum (hsum8) finishes them.
@@ -317,10 +344,21 @@ __attribute__((always_inline)) inline void dots8(const X& x, const S* const* p, 
   constexpr int L = Vec<T>::L, R = 8;
   const int64_t dl = d - d % L;
   vec_t<T> acc[R] = {};
-  for (int64_t t = 0; t < dl; t += L) {
+#if TGATTN_BF16_DOT
+  if constexpr (std::is_same_v<S, c10::BFloat16>) {
+    const int64_t d16 = d - d % 16;
+    for (int64_t t = 0; t < d16; t += 16) {
 #pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) acc[k] = madd(load(x[k] + t), load(p[k] + t), acc[k]);
-  }
+      for (int k = 0; k < R; ++k) acc[k] = dot16(acc[k], x[k] + t, p[k] + t);
+    }
+    if (d16 < dl)
+      for (int k = 0; k < R; ++k) acc[k] = madd(load(x[k] + d16), load(p[k] + d16), acc[k]);
+  } else
+#endif
+    for (int64_t t = 0; t < dl; t += L) {
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) acc[k] = madd(load(x[k] + t), load(p[k] + t), acc[k]);
+    }
   hsum8<T>(acc, out);
   for (int64_t t = dl; t < d; ++t)
     for (int k = 0; k < R; ++k) out[k] = madd(T(x[k][t]), T(p[k][t]), out[k]);
@@ -344,7 +382,14 @@ inline void dots(const S* x, const Rs& rows, int64_t n, int64_t d, T* out) {
   for (; r < n; ++r) {
     const S* p = rows[r];
     vec_t<T> acc = {};
-    for (int64_t t = 0; t < dl; t += L) acc = madd(load(x + t), load(p + t), acc);
+#if TGATTN_BF16_DOT
+    if constexpr (std::is_same_v<S, c10::BFloat16>) {  // as dots8 forms each lane
+      const int64_t d16 = d - d % 16;
+      for (int64_t t = 0; t < d16; t += 16) acc = dot16(acc, x + t, p + t);
+      if (d16 < dl) acc = madd(load(x + d16), load(p + d16), acc);
+    } else
+#endif
+      for (int64_t t = 0; t < dl; t += L) acc = madd(load(x + t), load(p + t), acc);
     T s = hsum<T>(acc);
     for (int64_t t = dl; t < d; ++t) s = madd(T(x[t]), T(p[t]), s);
     out[r] = s;
@@ -357,6 +402,37 @@ inline void dots(const S* x, const Rs& rows, int64_t n, int64_t d, T* out) {
 template <typename T, int NV, typename Y, typename R>
 inline void accumulate_chunk(Y* y, const T* coef, const R& rows, int64_t n, int64_t offset, bool fresh) {
   constexpr int L = Vec<T>::L;
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(rows[0])>>, c10::BFloat16> &&
+                NV % 2 == 0) {
+    // bfloat16 rows 16 numbers a load: unpacking against zeros widens numbers 0-3, 8-11 and
+    // 4-7, 12-15 in one instruction each (a shift and a widening per 8 otherwise); the sums keep
+    // that order in registers and are put back in order once, at the end.
+    vec_t<float> lo[NV / 2], hi[NV / 2];
+#pragma GCC unroll 4
+    for (int m = 0; m < NV / 2; ++m) {
+      const vec_t<float> a = fresh ? vec_t<float>{} : load(y + 2 * m * L), b = fresh ? vec_t<float>{} : load(y + (2 * m + 1) * L);
+      lo[m] = _mm256_permute2f128_ps(a, b, 0x20), hi[m] = _mm256_permute2f128_ps(a, b, 0x31);
+    }
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t r = 0; r < n; ++r) {
+      const __m256 c = _mm256_set1_ps(coef[r]);
+      const c10::BFloat16* x = rows[r] + offset;
+#pragma GCC unroll 4
+      for (int m = 0; m < NV / 2; ++m) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 2 * m * L));
+        lo[m] = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw)), lo[m]);
+        hi[m] = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw)), hi[m]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < NV / 2; ++m) {
+      store(y + 2 * m * L, vec_t<float>(_mm256_permute2f128_ps(lo[m], hi[m], 0x20)));
+      store(y + (2 * m + 1) * L, vec_t<float>(_mm256_permute2f128_ps(lo[m], hi[m], 0x31)));
+    }
+    return;
+  }
+#endif
   vec_t<T> acc[NV];
 #pragma GCC unroll 8
   for (int k = 0; k < NV; ++k) acc[k] = fresh ? vec_t<T>{} : load(y + k * L);
@@ -964,8 +1040,9 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
 // bias, its gradient and the dq sums (added to by many keys) are T.
 template <typename S, typename T = compute_t<S>>
 struct HeadGrad {
-  const S *q, *k, *v, *go, *gw;
+  const S *q, *k, *v, *go;
   const T *lse, *delta, *bias;
+  const S* gw;
   int64_t qs, ks, vs, gs, bias_stride, dk, dv;
   T* dq;
   S *dkey, *dval;
@@ -1110,17 +1187,23 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
         }
         pg[r] *= f;
       }
-      const Rows<const S, I> qrows{g.q, rows, g.qs}, gorows{g.go, rows, g.gs};
-      if (is_half_v<S> && n > GROUP) {
-        accumulate(sums.data(), ag, qrows, m, g.dk, g0 == 0);
-        accumulate(sums.data() + g.dk, pg, gorows, m, g.dv, g0 == 0);
+      if constexpr (is_half_v<S>) {
+        const Rows<const S, I> qrows{g.q, rows, g.qs}, gorows{g.go, rows, g.gs};
+        if (n > GROUP) {
+          accumulate(sums.data(), ag, qrows, m, g.dk, g0 == 0);
+          accumulate(sums.data() + g.dk, pg, gorows, m, g.dv, g0 == 0);
+        } else {  // one group: the sums are rounded as they are stored
+          accumulate(g.dkey + j * g.dks, ag, qrows, m, g.dk, true);
+          accumulate(g.dval + j * g.dvs, pg, gorows, m, g.dv, true);
+        }
       } else {
-        accumulate(g.dkey + j * g.dks, ag, qrows, m, g.dk, g0 == 0);
-        accumulate(g.dval + j * g.dvs, pg, gorows, m, g.dv, g0 == 0);
+        accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, g0 == 0);
+        accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
       }
       scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
     }
-    if (is_half_v<S> && n > GROUP) convert(g.dkey + j * g.dks, sums.data(), g.dk), convert(g.dval + j * g.dvs, sums.data() + g.dk, g.dv);
+    if constexpr (is_half_v<S>)
+      if (n > GROUP) convert(g.dkey + j * g.dks, sums.data(), g.dk), convert(g.dval + j * g.dvs, sums.data() + g.dk, g.dv);
   }
 }
 
@@ -1357,11 +1440,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
           sc.q.hold(q, h), sc.go.hold(go, h);
           dqh = sc.dq.zeros(n_q, dk), dqs = dk;  // this block's dq of head h, packed
         }
-        HeadGrad<S> g{sc.q.rows, head<S>(k, h), head<S>(v, h), sc.go.rows,
-                      gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, lse.data_ptr<T>() + h * n_q,
+        HeadGrad<S> g{sc.q.rows, head<S>(k, h), head<S>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
                       delta.data_ptr<T>() + h * n_q,
-                      b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr, sc.q.stride, k.stride(0),
-                      v.stride(0), sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
+                      b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
+                      gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
+                      sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
                       grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
         key_pass<S>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums);
         if (in_place_dq) return;
