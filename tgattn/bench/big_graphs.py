@@ -25,6 +25,9 @@ from a planted partition that the edges follow, features with a weak signal of t
   sampling, the same for all, left out and reported apart), and the loss of the first and last
   tenth of the batches shows the run learns.
 
+Writes ``full.csv``, ``full.md`` (the table and the targets) and ``full.png``, and
+``minibatch.csv`` / ``minibatch.md``, under ``--out``.
+
 Targets (issue 34): tgattn trains at the largest size whose inputs fit, where both peers run out;
 at the largest size both peers fit, tgattn's step memory (peak - inputs) <= 0.5x each peer's and
 its step time <= 1.0x GATConv's; mini-batch steps per second >= 1.0x GATConv's.
@@ -559,21 +562,21 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _bench(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     print(f"torch {torch.__version__}, {platform.machine()}, one thread; cap {args.cap_gb} GB per child "
           f"(RLIMIT_DATA); {available_gb():.1f} of {total_gb():.1f} GB available; load average {os.getloadavg()[0]:.1f}",
           flush=True)
-    text, written = [], []
+    written = []
     if "full" in args.parts:
+        start = time.perf_counter()
         rows = full_sweep(args.nodes, args.convs, args.steps, args.cap_gb, args.seed, args.out)
-        text.append(full_summary(rows))
-        written.append(args.out / "full.csv")
+        written += _summary(args.out / "full", full_summary(rows), start)
         try:
             plot(rows, args.out / "full.png", args.cap_gb)
             written.append(args.out / "full.png")
         except ImportError:
             print('(no plot: pip install "tgattn[plot]")')
     if "minibatch" in args.parts:
+        start = time.perf_counter()
         print(f"mini-batches: N = {args.minibatch_nodes:,}, {args.sampler} sampler", flush=True)
         try:
             rows = run_capped("minibatch_point", dict(nodes=args.minibatch_nodes, batches=args.batches,
@@ -584,13 +587,17 @@ def _bench(args) -> int:
         for r in rows:
             r["cap_gb"] = args.cap_gb
         write_csv(rows, args.out / "minibatch.csv", MINI_FIELDS)
-        text.append(mini_summary(rows))
-        written.append(args.out / "minibatch.csv")
-    text.append(f"total {time.perf_counter() - start:.0f} s")
-    (args.out / "summary.md").write_text("\n\n".join(text) + "\n")
-    print("\n\n".join(text))
-    print(f"wrote {', '.join(map(str, written + [args.out / 'summary.md']))}")
+        written += _summary(args.out / "minibatch", mini_summary(rows), start)
+    print(f"wrote {', '.join(map(str, written))}")
     return 0
+
+
+def _summary(stem: Path, text: str, start: float) -> List[Path]:
+    """Print ``text`` with the part's wall time and write it to ``stem.md``; the files written."""
+    text += f"\n\ntotal {time.perf_counter() - start:.0f} s\n"
+    print(text)
+    stem.with_suffix(".md").write_text(text)
+    return [stem.with_suffix(".csv"), stem.with_suffix(".md")]
 
 
 if __name__ == "__main__":
