@@ -1,6 +1,8 @@
-"""``python -m tgattn.bench.hf``: a tiny random Mistral at long context, tgattn against transformers.
+"""``python -m tgattn.bench.hf``: a tiny random Mistral or Gemma 2 at long context, tgattn against transformers.
 
-One forward (prefill, batch 1, no gradient) of a seeded random ``MistralModel`` whose own
+One forward (prefill, batch 1, no gradient) of a seeded random ``MistralModel`` (or, with
+``--model gemma2``, a ``Gemma2Model`` whose every layer is a sliding window with logit
+soft-capping at 50, Gemma 2's value) whose own
 pattern is a causal sliding window (``sliding_window = W``: W keys per query), with
 transformers' ``sdpa`` and ``eager`` attention (both build the ``n x n`` mask) and with
 ``attn_implementation="tgattn"`` (the same window as an edge set, ``n W`` edges). Per run:
@@ -13,6 +15,7 @@ Examples::
 
     python -m tgattn.bench.hf --sizes 2048 8192 --no-progress      # a minute
     python -m tgattn.bench.hf                                       # 4k .. 128k tokens
+    python -m tgattn.bench.hf --model gemma2 --window 4096 --sizes 1024 4096 16384
 """
 from __future__ import annotations
 
@@ -34,17 +37,28 @@ FIELDS = ("peer", "n", "window", "edges", "ms", "tensor_mb", "rss_mb", "load", "
 PEERS = ("tgattn", "sdpa", "eager")
 
 
-def tiny_mistral(window: int, max_length: int, *, layers: int = 2, hidden: int = 128, heads: int = 4,
-                 kv_heads: int = 2, seed: int = 0):
-    """A seeded random ``MistralModel`` (grouped-query attention, RoPE, sliding window ``window``)."""
-    from transformers import MistralConfig, MistralModel
+MODELS = ("mistral", "gemma2")
+SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 
-    config = MistralConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                           num_attention_heads=heads, num_key_value_heads=kv_heads, sliding_window=window,
-                           max_position_embeddings=max_length)
+
+def tiny_model(window: int, max_length: int, *, model: str = "mistral", layers: int = 2, hidden: int = 128,
+               heads: int = 4, kv_heads: int = 2, seed: int = 0):
+    """A seeded random ``MistralModel`` (grouped-query attention, RoPE, sliding window ``window``), or a
+    ``Gemma2Model`` of the same sizes whose layers are all sliding windows, with soft-capped logits."""
+    import transformers
+
+    common = dict(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, sliding_window=window,
+                  max_position_embeddings=max_length)
+    if model == "gemma2":
+        config = transformers.Gemma2Config(**common, head_dim=hidden // heads, attn_logit_softcapping=SOFTCAP,
+                                           layer_types=["sliding_attention"] * layers)
+        cls = transformers.Gemma2Model
+    else:
+        config, cls = transformers.MistralConfig(**common), transformers.MistralModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MistralModel(config).eval()
+        return cls(config).eval()
 
 
 def measure(model, peer: str, n: int, *, repeats: int, budget_s: float = 60.0) -> dict:
@@ -72,7 +86,7 @@ def run(sizes, window: int, peers, *, repeats: int = 3, mask_gb: float = 2.0, pr
     import tgattn.hf
 
     tgattn.hf.register()
-    model = tiny_mistral(window, max(sizes), **model_kw)
+    model = tiny_model(window, max(sizes), **model_kw)
     measure(model, "tgattn", 64, repeats=1)  # one-time costs (kernel library, thread pools) out of the way
     rows = []
     for n in tqdm(sorted(sizes), desc="hf bench", disable=not progress):
@@ -80,7 +94,9 @@ def run(sizes, window: int, peers, *, repeats: int = 3, mask_gb: float = 2.0, pr
         for peer in peers:
             row = {"peer": peer, "n": n, "window": window, "edges": edges, "load": round(os.getloadavg()[0], 1)}
             mask_bytes = n * n * (1 if peer == "sdpa" else 4)  # bool for sdpa, float for eager
-            if peer != "tgattn" and mask_bytes > mask_gb * 2**30:
+            if peer == "sdpa" and not model._supports_sdpa:
+                row["note"] = f"skipped: transformers has no sdpa attention for {type(model).__name__}"
+            elif peer != "tgattn" and mask_bytes > mask_gb * 2**30:
                 row["note"] = f"skipped: the n x n mask alone is {mask_bytes / 2**30:.1f} GB (--mask-gb {mask_gb})"
             else:
                 row.update(measure(model, peer, n, repeats=repeats))
@@ -109,6 +125,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.hf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 16384, 32768, 65536, 131072], help="tokens")
+    parser.add_argument("--model", default="mistral", choices=MODELS,
+                        help="mistral, or gemma2 (every layer a window, logits soft-capped at 50) (default: mistral)")
     parser.add_argument("--window", type=int, default=256, help="the model's sliding_window W (default: 256)")
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="attention implementations")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (default: 2)")
@@ -120,13 +138,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args.sizes, args.window, args.peers, repeats=args.repeats, mask_gb=args.mask_gb,
-               progress=not args.no_progress, layers=args.layers)
-    write_csv(rows, args.out / "hf_long_context.csv")
+               progress=not args.no_progress, layers=args.layers, model=args.model)
+    name = "hf_long_context.csv" if args.model == "mistral" else f"hf_long_context_{args.model}.csv"
+    write_csv(rows, args.out / name)
+    kind = "MistralModel" if args.model == "mistral" else f"Gemma2Model (softcap {SOFTCAP:g}, every layer sliding)"
     print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
-          f"MistralModel {args.layers} layers, hidden 128, 4 query / 2 key-value heads, sliding_window {args.window}, "
+          f"{kind} {args.layers} layers, hidden 128, 4 query / 2 key-value heads, sliding_window {args.window}, "
           f"fp32, batch 1, forward without cache; load = 1-minute load average at the start of each size")
     print(table(rows))
-    print(f"\nwrote {args.out / 'hf_long_context.csv'}")
+    print(f"\nwrote {args.out / name}")
     return 0
 
 
