@@ -148,6 +148,33 @@ def test_block_sizes_head_dims_and_differentiable_weights(blocks):
         assert max_err(a, b) <= 1e-10
 
 
+@pytest.mark.parametrize("blocks", [(2, 4), (16, 2)])
+def test_softcap_and_sinks_across_block_sizes_with_dropout(blocks):
+    # Gemma 2's cap and gpt-oss's sinks: rows of one program end at different chunks, rows without an
+    # edge (the sink takes their whole weight), dropout on the edges only (the sink has no value).
+    from test_functional_softcap_sinks import oracle as capped_oracle
+
+    ei = random_edges(20, 16, 0.25, seed=7)
+    s, ei = _sorted(ei[:, ei[1] % 5 != 2], 20, 16)  # queries 2, 7, ... have no edge
+    q, k, v, grad_out = inputs(20, 16, heads=2, dk=8)
+    q, k = (t.detach().mul(2).requires_grad_() for t in (q, k))  # scores of a few units: the cap bites
+    bias = torch.randn(s.num_edges, 2, dtype=torch.float64, requires_grad=True)
+    sinks = torch.tensor([0.3, -1.2], dtype=torch.float64, requires_grad=True)
+    p = 0.3
+    torch.manual_seed(5)
+    keep = backend.dropout_keep(backend.draw_seed(), s.num_edges, 2, p, DEVICE).cpu()
+    torch.manual_seed(5)
+    mine = _dev(q, k, v, bias, sinks)
+    out, w = triton_attention(*mine[:3], s, mine[3], 0.4, p, True, blocks=blocks, softcap=1.5, sinks=mine[4])
+    ref, ref_w = capped_oracle(q, k, v, ei, 0.4, softcap=1.5, bias=bias, sinks=sinks, mult=keep.double() / (1 - p))
+    assert max_err(out.cpu(), ref) <= 1e-10 and max_err(w.cpu(), ref_w) <= 1e-10
+    r = torch.randn(s.num_edges, 2, dtype=torch.float64)
+    loss = (out * grad_out.to(DEVICE)).sum() + (w * r.to(DEVICE)).sum()
+    ref_loss = (ref * grad_out).sum() + (ref_w * r).sum()
+    for a, b in zip([g.cpu() for g in torch.autograd.grad(loss, mine)], torch.autograd.grad(ref_loss, (q, k, v, bias, sinks))):
+        assert max_err(a, b) <= 1e-10
+
+
 # Float64 oracle vs. low-precision kernels: float32 accumulation, inputs and outputs rounded.
 DTYPE_TOL = {torch.float32: 2e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 

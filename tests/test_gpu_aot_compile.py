@@ -4,7 +4,7 @@ The interpreter tests (``test_engine_triton.py``) check what the kernels compute
 semantics; they cannot see what a GPU compiler refuses or what the kernels cost on a GPU.
 Here Triton's compiler and the ptxas of its wheel build the kernels for both targets, in a
 child process (this one runs Triton's interpreter: ``tests/conftest.py`` sets
-``TRITON_INTERPRET=1`` before triton is imported). Compiling all 705 configurations for both
+``TRITON_INTERPRET=1`` before triton is imported). Compiling all 993 configurations for both
 targets takes ~12 minutes of CPU (``python -m tgattn.bench.gpu_compiled --out data/gpu``, run and
 committed: 1,410 compiles, 696 s of CPU); the test compiles each kernel's configuration with
 every option on (bias per head, dropout, returned weights or their gradient, bias gradient) at
@@ -61,7 +61,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_within_shared_me
 def test_the_committed_table_covers_every_configuration_at_the_blocks_the_backend_picks():
     rows = _read(COMMITTED)
     expected = {(t.name, c.kernel, c.dtype_name, c.head_dim, c.options) for t in aot.TARGETS for c in aot.configurations()}
-    assert len(rows) == len(expected) == 2 * 705
+    assert len(rows) == len(expected) == 2 * 993
     assert {_key(r) for r in rows} == expected
     assert failures(rows) == []
     for r in rows:
@@ -77,10 +77,12 @@ def _meta_key(launch):
     return launch.kernel.__name__, launch.args[0].dtype, tuple(sorted(meta.items()))
 
 
+@pytest.mark.parametrize("call", ["bias, dropout, weights", "softcap and sinks", "every option"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_every_launch_of_a_real_call_is_among_the_compiled_configurations(dtype, monkeypatch):
-    """A call with bias, dropout and returned weights, forward and backward, launches nothing the
-    compiled matrix lacks (the configurations come from the launchers, not from a copy)."""
+def test_every_launch_of_a_real_call_is_among_the_compiled_configurations(dtype, call, monkeypatch):
+    """A call with bias, dropout and returned weights (or Gemma 2 / gpt-oss's softcap and sinks, or
+    everything), forward and backward, launches nothing the compiled matrix lacks (the
+    configurations come from the launchers, not from a copy)."""
     if not kernels_module().INTERPRETED:
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py)")
     from tgattn.engine.analysis import analyse
@@ -100,7 +102,14 @@ def test_every_launch_of_a_real_call_is_among_the_compiled_configurations(dtype,
     s = analyse(edge_index, n, n)
     q, k, v = (torch.randn(n, heads, d, dtype=dtype, requires_grad=True) for _ in range(3))
     bias = torch.randn(s.num_edges, heads, dtype=dtype, requires_grad=True)
-    out, w = triton_attention(q, k, v, s, bias, 0.25, 0.2, True)
+    sinks = torch.zeros(heads, dtype=dtype, requires_grad=True)
+    if call == "softcap and sinks":
+        out, w = triton_attention(q, k, v, s, None, 0.25, 0.0, False, softcap=2.0, sinks=sinks)
+        w = out.new_zeros(())
+    else:
+        every = call == "every option"
+        out, w = triton_attention(q, k, v, s, bias, 0.25, 0.2, True, softcap=2.0 if every else None,
+                                  sinks=sinks if every else None)
     (out.sum() + w.sum()).backward()
     compiled = {_meta_key(aot.launch_of(c)) for c in aot.configurations() if c.dtype == dtype and c.head_dim == d}
     assert len(seen) == 3 and set(seen) <= compiled
@@ -124,10 +133,11 @@ def test_configurations_cover_every_dtype_head_dim_and_option():
     assert {c.dtype for c in configs if c.head_dim} == set(DTYPES)
     assert {c.head_dim for c in configs if c.head_dim} == set(aot.HEAD_DIMS)
     forward = [c for c in configs if c.kernel == "forward_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
-    assert len(forward) == 3 * 2 * 2  # bias none / [E, 1] / [E, H], dropout, weights
+    # bias none / [E, 1] / [E, H] x dropout x weights; softcap, sinks or both with each bias; every option
+    assert len(forward) == 3 * 2 * 2 + 3 * 3 + 1
     dq = [c for c in configs if c.kernel == "dq_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
-    assert len(dq) == 2 * 2 + 2 * 2 * 2 * 2  # a bias gradient only with a bias
-    assert len({(c.kernel, c.dtype, c.head_dim, c.options) for c in configs}) == len(configs) == 705
+    assert len(dq) == 2 * 2 + 2 * 2 * 2 * 2 + 3 + 1  # a bias gradient only with a bias; softcap with each bias
+    assert len({(c.kernel, c.dtype, c.head_dim, c.options) for c in configs}) == len(configs) == 993
 
 
 def test_failures_name_spills_shared_memory_over_the_limit_and_occupancy_under_the_floor():

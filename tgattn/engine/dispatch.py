@@ -11,11 +11,11 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`, dropout included) for CPU calls,
    when the kernel could be compiled;
 4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``;
-   softcap / sinks run on csr for now, from every backend name).
+   a softcap / sinks run on csr from every CPU backend name, on triton where it runs).
 
 On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
-when Triton is installed; it honours every option but ``edge_scale``, runs float16 / bfloat16
-natively and needs no NaN check (no host sync).
+when Triton is installed; it honours every option but ``edge_scale`` (softcap and sinks
+included), runs float16 / bfloat16 natively and needs no NaN check (no host sync).
 
 Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr`` on the CPU, which
 touches nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
@@ -95,7 +95,7 @@ def plan(
     false for inputs the fused kernel does not take (not on the CPU); the kernel must also be
     available (:func:`tgattn.engine.fused.available`). ``triton`` is true when the Triton
     kernels can run the inputs (:func:`tgattn.engine.triton.usable`). Only ``csr`` takes an
-    ``edge_scale``, a ``softcap`` or ``sinks`` (softcap / sinks run on csr for now).
+    ``edge_scale``; a ``softcap`` or ``sinks`` run on ``triton`` where it runs, else on ``csr``.
 
     Example:
         >>> from tgattn import builders
@@ -106,8 +106,10 @@ def plan(
     """
     if backend not in ("auto",) + ENGINE_BACKENDS:
         raise ValueError(f"unknown engine backend {backend!r}")
-    if edge_scale or softcap or sinks:
+    if edge_scale:
         return "csr"
+    if softcap or sinks:  # csr and Triton's kernels take them (the fused kernel not yet)
+        return "triton" if triton and backend in ("auto", "triton") else "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
     if triton and (backend == "triton" or (backend == "auto" and not (dense_ok and dense_pays(s)))):
         return "triton"
@@ -177,7 +179,7 @@ def run(
     sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on structure ``s``; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order,
-    ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``csr``.
+    ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``triton`` where it runs, else on ``csr``.
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
     inside, so that scores and sums accumulate in float32 on every backend; ``fused`` and
@@ -210,7 +212,7 @@ def run(
     if work != dtype:
         q, k, v = q.to(work), k.to(work), v.to(work)
         edge_scale = None if edge_scale is None else edge_scale.to(work)
-    sinks = None if sinks is None else sinks.to(work)
+    sinks = None if sinks is None else sinks.to(compute_dtype(dtype))
     csr_only = (edge_scale, generator, softcap, sinks)  # generator: also fused's dropout seed
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
@@ -232,7 +234,8 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
     if chosen == "triton":
-        return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights)
+        return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights, softcap=softcap,
+                                               sinks=sinks)
     if chosen == "fused":
         return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator, return_weights)
     return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator, softcap, sinks)

@@ -85,13 +85,16 @@ class Config:
     dropout: bool = False
     weights: bool = False  # forward: returns the weights; backward: they have a gradient
     bias_grad: bool = False
+    softcap: bool = False
+    sinks: bool = False  # forward only: the backward kernels need nothing of the sinks
 
     @property
     def every_option(self) -> bool:
         """Whether every option this kernel has is on (its heaviest code)."""
         if self.kernel == "keep_kernel":
             return True
-        return self.bias == "per-head" and self.dropout and self.weights and (self.bias_grad or self.kernel != "dq_kernel")
+        return (self.bias == "per-head" and self.dropout and self.weights and self.softcap
+                and (self.bias_grad or self.kernel != "dq_kernel") and (self.sinks or self.kernel != "forward_kernel"))
 
     @property
     def options(self) -> str:
@@ -99,6 +102,7 @@ class Config:
         names += ["dropout"] * self.dropout
         names += (["weights"] if self.kernel == "forward_kernel" else ["weights' grad"]) * self.weights
         names += ["bias grad"] * self.bias_grad
+        names += ["softcap"] * self.softcap + ["sinks"] * self.sinks
         return ", ".join(names) or "-"
 
     @property
@@ -109,10 +113,14 @@ class Config:
 def configurations() -> Iterator[Config]:
     """Every configuration the backend launches: each kernel, dtype, head dim and option set.
 
+    Soft-capping and sinks (Gemma 2, gpt-oss) are compiled with each bias in the calls of those
+    models (no dropout, no returned weights) and once with every other option on (the heaviest
+    code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
+
     Example:
         >>> configs = list(configurations())
         >>> len(configs), sum(c.every_option for c in configs)
-        (705, 49)
+        (993, 49)
     """
     for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
         for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
@@ -120,6 +128,15 @@ def configurations() -> Iterator[Config]:
             for bias_grad in (False, True) if bias != "none" else (False,):
                 yield Config("dq_kernel", dtype, d, bias, dropout, weights, bias_grad)
             yield Config("dkdv_kernel", dtype, d, bias, dropout, weights)
+        for bias in BIASES:
+            for softcap, sinks in ((True, False), (False, True), (True, True)):
+                yield Config("forward_kernel", dtype, d, bias, softcap=softcap, sinks=sinks)
+            yield Config("dq_kernel", dtype, d, bias, softcap=True)
+            yield Config("dkdv_kernel", dtype, d, bias, softcap=True)
+        every = dict(bias="per-head", dropout=True, weights=True, softcap=True)
+        yield Config("forward_kernel", dtype, d, **every, sinks=True)
+        yield Config("dq_kernel", dtype, d, **every, bias_grad=True)
+        yield Config("dkdv_kernel", dtype, d, **every)
     yield Config("keep_kernel", torch.int8, 0)
 
 
@@ -143,13 +160,17 @@ def launch_of(config: Config):
     q, k, v = (torch.zeros(ROWS, HEADS, d, dtype=config.dtype) for _ in range(3))
     bias = None if config.bias == "none" else torch.zeros(edges, 1 if config.bias == "shared" else HEADS, dtype=config.dtype)
     blocks = blocks_for(d, d, config.dtype)
+    softcap = 2.0 if config.softcap else None
     if config.kernel == "forward_kernel":
-        return kern.forward_launch(q, k, v, bias, *rows, 0.125, p, seed, config.weights, blocks)[0]
+        sinks = torch.zeros(HEADS, dtype=torch.float64 if config.dtype == torch.float64 else torch.float32) \
+            if config.sinks else None
+        return kern.forward_launch(q, k, v, bias, *rows, 0.125, p, seed, config.weights, blocks, softcap, sinks)[0]
     acc = torch.float64 if config.dtype == torch.float64 else torch.float32
     lse, delta = torch.zeros(HEADS, ROWS, dtype=acc), torch.zeros(HEADS, ROWS, dtype=acc)
     grad_w = torch.zeros(edges, HEADS, dtype=config.dtype) if config.weights else None
     launches, _ = kern.backward_launches(
-        q, k, v, bias, torch.zeros_like(q), lse, delta, grad_w, rows, cols, 0.125, p, seed, config.bias_grad, blocks
+        q, k, v, bias, torch.zeros_like(q), lse, delta, grad_w, rows, cols, 0.125, p, seed, config.bias_grad, blocks,
+        softcap,
     )
     return launches[0] if config.kernel == "dq_kernel" else launches[1]
 

@@ -148,17 +148,18 @@ class TritonAttention(torch.autograd.Function):
     """Sorted-edge attention on the Triton kernels: ``(out [n_q, H, dv], weights [E, H] or [0, H])``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float, weights: bool, blocks):
+    def forward(ctx, q, k, v, bias, sinks, s: Structure, scale: float, p: float, weights: bool, blocks, softcap):
         kern = kernels_module()
         q, k, v = (_unit_stride(t) for t in (q, k, v))
+        sinks = None if sinks is None else sinks.contiguous()
         rows, cols = walks(s)
         seed = draw_seed() if p > 0 else 0
-        out, lse, w = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks)
+        out, lse, w = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks, softcap, sinks)
         if not weights:
             ctx.mark_non_differentiable(w)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, bias, out, lse, w)
-        ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.blocks = s, scale, p, seed, blocks
+        ctx.save_for_backward(q, k, v, bias, sinks, out, lse, w)
+        ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.blocks, ctx.softcap = s, scale, p, seed, blocks, softcap
         return out, w
 
     @staticmethod
@@ -168,7 +169,7 @@ class TritonAttention(torch.autograd.Function):
                 "the Triton attention kernels have no second derivative; "
                 "pass backend='csr' to graph_attention (or GraphAttention) for double backward"
             )
-        q, k, v, bias, out, lse, w = ctx.saved_tensors
+        q, k, v, bias, sinks, out, lse, w = ctx.saved_tensors
         s = ctx.s
         grad_out = torch.zeros_like(out) if grad_out is None else _unit_stride(grad_out)
         delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # [n_q, H]: <dO_i, O_i>
@@ -177,14 +178,19 @@ class TritonAttention(torch.autograd.Function):
             delta = delta.index_add(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
         rows, cols = walks(s)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
+        delta = delta.T.contiguous()  # [H, n_q]
         dq, dk, dv, d_scores = kernels_module().backward(
-            q, k, v, bias, grad_out, lse, delta.T.contiguous(), grad_w, rows, cols,
-            ctx.scale, ctx.p, ctx.seed, bias_grad, ctx.blocks,
+            q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols,
+            ctx.scale, ctx.p, ctx.seed, bias_grad, ctx.blocks, ctx.softcap,
         )
-        grad_bias = None
+        grad_bias = grad_sinks = None
         if bias_grad:
             grad_bias = (d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)).to(bias.dtype)
-        return dq, dk, dv, grad_bias, None, None, None, None, None
+        if sinks is not None and ctx.needs_input_grad[4]:
+            # The sink's weight in row i is exp(sink - lse_i); as a score without a value its
+            # gradient is that weight times (0 - delta_i). Rows without a logit have lse = +inf.
+            grad_sinks = -(torch.exp(sinks.to(lse.dtype)[:, None] - lse) * delta).sum(1).to(sinks.dtype)
+        return dq, dk, dv, grad_bias, grad_sinks, None, None, None, None, None, None
 
 
 def triton_attention(
@@ -198,13 +204,17 @@ def triton_attention(
     return_weights: bool = False,
     *,
     blocks: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]``
     in sorted order. ``blocks = (BLOCK_M, BLOCK_N)`` overrides :func:`blocks_for`.
 
     Accumulates in float32 (float64 for float64 inputs); dropout draws its seed from torch's
-    CPU generator (:func:`dropout_keep` regenerates the mask).
+    CPU generator (:func:`dropout_keep` regenerates the mask). ``softcap`` caps the scaled
+    scores before the bias (``c * tanh(s / c)``); ``sinks [H]`` adds one logit per head to
+    each softmax, without a value; both with gradients.
     """
     blocks = blocks or blocks_for(q.shape[2], v.shape[2], q.dtype)
-    out, w = TritonAttention.apply(q, k, v, bias, s, scale, dropout_p, return_weights, blocks)
+    out, w = TritonAttention.apply(q, k, v, bias, sinks, s, scale, dropout_p, return_weights, blocks, softcap)
     return out, (w if return_weights else None)

@@ -16,7 +16,11 @@ block have about the same number of edges and few slots idle.
 
 * :func:`forward_kernel`: scores, online softmax (Milakov & Gimelshein, 2018) and the
   weighted sum of values, accumulated in float32 (float64 for float64 inputs); saves the
-  log-sum-exp of each row and head; optionally writes the weights in a second pass.
+  log-sum-exp of each row and head; optionally writes the weights in a second pass. Options:
+  logit soft-capping ``c * tanh(s / c)`` of the scaled scores before the bias (Gemma 2), and
+  a sink logit per head in each softmax without a value (gpt-oss); the backward kernels
+  recompute the cap and multiply by its derivative, the sinks' gradient needs only the
+  log-sum-exp and ``delta`` (:mod:`tgattn.engine.triton.attention`).
 * :func:`dq_kernel` and :func:`dkdv_kernel`: the backward pass of FlashAttention-2 (Dao,
   2023), recomputing each edge's weight from the saved log-sum-exp: ``dq`` (and the bias
   gradient) over query rows, ``dk`` / ``dv`` over key rows of the transposed pattern. Each
@@ -71,23 +75,39 @@ def _gather(X, idx, h, s_n, s_h, edge, offs, d, ACC: tl.constexpr):
 
 
 @triton.jit
-def _scores(x, ys, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
-    """``scale * <x_r, ys_rc> + bias_e`` per edge slot, ``-inf`` on empty slots."""
+def _tanh(x):
+    """``tanh(x)`` from one exponential (``tl`` has none of its own): -1 and 1 at the ends, no overflow to NaN."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _scores(x, ys, scale, cap, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr,
+            ACC: tl.constexpr):
+    """``(s, t)``: ``s = c * tanh(scale * <x_r, ys_rc> / c) + bias_e`` per edge slot (the cap only with
+    ``SOFTCAP``), ``-inf`` on empty slots; ``t`` the tanh, whose ``1 - t^2`` the backward needs."""
     s = tl.sum(x[:, None, :] * ys, axis=2) * scale
+    t = s  # not used without a cap
+    if SOFTCAP:
+        t = _tanh(s / cap)
+        s = cap * t
     if HAS_BIAS:
         s += tl.load(BIAS + e * s_be + h * s_bh, mask=edge, other=0.0).to(ACC)
-    return tl.where(edge, s, float("-inf"))
+    return tl.where(edge, s, float("-inf")), t
 
 
 @triton.jit(do_not_specialize=["seed"])
 def forward_kernel(
-    Q, K, V, BIAS, OUT, LSE, W, ROWPTR, SRC, ORDER,
-    n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
+    Q, K, V, BIAS, SINK, OUT, LSE, W, ROWPTR, SRC, ORDER,
+    n_q, heads, dk, dv, scale, cap, p_drop, inv_keep, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_on, s_oh, s_be, s_bh,
-    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, WEIGHTS: tl.constexpr, ACC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, WEIGHTS: tl.constexpr, SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """``OUT [n_q, H, dv]``, ``LSE [H, n_q]`` (``+inf`` for rows without a finite score), ``W [E, H]``."""
+    """``OUT [n_q, H, dv]``, ``LSE [H, n_q]`` (``+inf`` for rows without a finite score), ``W [E, H]``.
+
+    With ``SINKS`` the logit ``SINK[h]`` joins each row's softmax without a value (it enters the
+    log-sum-exp, so the weights of the edges sum to less than 1)."""
     h = tl.program_id(1)
     rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
@@ -100,7 +120,8 @@ def forward_kernel(
         e = start[:, None] + t + on[None, :]  # [BM, BN] edge ids
         edge = e < end[:, None]
         j = tl.load(SRC + e, mask=edge, other=0)
-        s = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC)
+        s, _ = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, cap, BIAS, e, h, s_be, s_bh, edge,
+                       HAS_BIAS, SOFTCAP, ACC)
         m_new = tl.maximum(m, tl.max(s, axis=1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows without a finite score yet
         alpha = tl.exp(m - shift)
@@ -110,6 +131,14 @@ def forward_kernel(
             p = tl.where(_keep(seed, e, h, heads, p_drop), p * inv_keep, 0.0)
         vs = _gather(V, j, h, s_vn, s_vh, edge, ov, dv, ACC)  # [BM, BN, BDV]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vs, axis=1)
+        m = m_new
+    if SINKS:  # one more logit, without a value: rescale as for a chunk of one slot
+        sink = tl.load(SINK + h).to(ACC)
+        m_new = tl.maximum(m, sink)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - shift)
+        l = l * alpha + tl.exp(sink - shift)
+        acc = acc * alpha[:, None]
         m = m_new
     dead = l == 0.0  # no edge, or every score -inf (NaN rows stay NaN)
     out = tl.where(dead[:, None], 0.0, acc / tl.where(dead, 1.0, l)[:, None])
@@ -122,17 +151,19 @@ def forward_kernel(
             e = start[:, None] + t + on[None, :]
             edge = e < end[:, None]
             j = tl.load(SRC + e, mask=edge, other=0)
-            s = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC)
+            s, _ = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, cap, BIAS, e, h, s_be, s_bh,
+                           edge, HAS_BIAS, SOFTCAP, ACC)
             tl.store(W + e * heads + h, tl.exp(s - lse[:, None]).to(W.dtype.element_ty), mask=edge)
 
 
 @triton.jit(do_not_specialize=["seed"])
 def dq_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DQ, DB, ROWPTR, SRC, ORDER,
-    n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
+    n_q, heads, dk, dv, scale, cap, p_drop, inv_keep, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SOFTCAP: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """``DQ [n_q, H, dk]`` (contiguous) and, with ``BIAS_GRAD``, the score gradients ``DB [E, H]``."""
     h = tl.program_id(1)
@@ -148,15 +179,18 @@ def dq_kernel(
         edge = e < end[:, None]
         j = tl.load(SRC + e, mask=edge, other=0)
         ks = _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC)  # [BM, BN, BDK]
-        p = tl.exp(_scores(q, ks, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC) - lse[:, None])
+        s, t = _scores(q, ks, scale, cap, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, SOFTCAP, ACC)
+        p = tl.exp(s - lse[:, None])
         dp = tl.sum(do[:, None, :] * _gather(V, j, h, s_vn, s_vh, edge, ov, dv, ACC), axis=2)
         if DROPOUT:
             dp = tl.where(_keep(seed, e, h, heads, p_drop), dp * inv_keep, 0.0)
         if HAS_GW:
             dp += tl.load(GW + e * heads + h, mask=edge, other=0.0).to(ACC)
-        ds = tl.where(edge, p * (dp - delta[:, None]), 0.0)  # d score
+        ds = tl.where(edge, p * (dp - delta[:, None]), 0.0)  # d score (the bias's gradient)
         if BIAS_GRAD:
             tl.store(DB + e * heads + h, ds, mask=edge)
+        if SOFTCAP:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh^2
+            ds = ds * (1.0 - t * t)
         dq += tl.sum(ds[:, :, None] * ks, axis=1)
     tl.store(DQ + rows[:, None] * (heads * dk) + h * dk + od[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=live[:, None] & (od < dk)[None, :])
@@ -165,9 +199,9 @@ def dq_kernel(
 @triton.jit(do_not_specialize=["seed"])
 def dkdv_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DK, DV, COLPTR, ROW_T, PERM_T, ORDER,
-    n_k, n_q, heads, dk, dv, scale, p_drop, inv_keep, seed,
+    n_k, n_q, heads, dk, dv, scale, cap, p_drop, inv_keep, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
-    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, SOFTCAP: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """``DK [n_k, H, dk]`` and ``DV [n_k, H, dv]`` (contiguous) over key rows of the transposed pattern."""
@@ -185,7 +219,8 @@ def dkdv_kernel(
         e = tl.load(PERM_T + slot, mask=edge, other=0)  # edge ids
         qs = _gather(Q, i, h, s_qn, s_qh, edge, od, dk, ACC)  # [BM, BN, BDK]
         lse = tl.load(LSE + h * n_q + i, mask=edge, other=0.0).to(ACC)
-        p = tl.exp(_scores(k, qs, scale, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, ACC) - lse)
+        s, t = _scores(k, qs, scale, cap, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, SOFTCAP, ACC)
+        p = tl.exp(s - lse)
         dos = _gather(DO, i, h, s_don, s_doh, edge, ov, dv, ACC)  # [BM, BN, BDV]
         dp = tl.sum(v[:, None, :] * dos, axis=2)
         used = p
@@ -197,6 +232,8 @@ def dkdv_kernel(
             dp += tl.load(GW + e * heads + h, mask=edge, other=0.0).to(ACC)
         delta = tl.load(DELTA + h * n_q + i, mask=edge, other=0.0).to(ACC)
         ds = tl.where(edge, p * (dp - delta), 0.0)
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dval += tl.sum(used[:, :, None] * dos, axis=1)
         dkey += tl.sum(ds[:, :, None] * qs, axis=1)
     mask = live[:, None]
@@ -250,11 +287,11 @@ def _strides(q, k, v, bias):
     return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)) + bias_strides
 
 
-def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks):
+def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks, softcap=None, sinks=None):
     """The :func:`forward_kernel` launch and its outputs ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``.
 
     ``q, k, v`` have unit stride in their last dim; ``bias`` is ``[E, 1 or H]`` or ``None``;
-    ``blocks = (BLOCK_M, BLOCK_N)``.
+    ``blocks = (BLOCK_M, BLOCK_N)``; ``softcap`` a float or ``None``; ``sinks`` ``[H]`` or ``None``.
     """
     n_q, heads, dk = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -263,33 +300,37 @@ def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weigh
     w = q.new_empty(src.numel() if weights else 0, heads)
     strides = _strides(q, k, v, bias)
     launch = Launch(forward_kernel, (triton.cdiv(n_q, blocks[0]), heads), (
-        q, k, v, q if bias is None else bias, out, lse, w, rowptr, src, order,
-        n_q, heads, dk, v.shape[2], scale, p_drop, 1.0 / (1.0 - p_drop), seed,
+        q, k, v, q if bias is None else bias, lse if sinks is None else sinks, out, lse, w, rowptr, src, order,
+        n_q, heads, dk, v.shape[2], scale, 1.0 if softcap is None else softcap, p_drop, 1.0 / (1.0 - p_drop), seed,
         *strides[:6], out.stride(0), out.stride(1), *strides[6:],
-    ), dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, **_meta(q, v, blocks)))
+    ), dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, SOFTCAP=softcap is not None,
+            SINKS=sinks is not None, **_meta(q, v, blocks)))
     return launch, (out, lse, w)
 
 
-def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks):
+def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks, softcap=None, sinks=None):
     """Launch :func:`forward_kernel`: ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``."""
-    launch, outputs = forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks)
+    launch, outputs = forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks,
+                                     softcap, sinks)
     launch()
     return outputs
 
 
-def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks):
+def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks,
+                      softcap=None):
     """The :func:`dq_kernel` and :func:`dkdv_kernel` launches and their outputs
-    ``(dq, dk, dv, d_scores [E, H] or None)``.
+    ``(dq, dk, dv, d_scores [E, H] or None)``; ``d_scores`` are the gradients of the capped scores.
 
     ``rows = (rowptr, src, order)`` and ``cols = (colptr, row_t, perm_t, order)`` are the two
     CSR walks; ``delta [H, n_q]`` holds ``<dO_i, O_i>`` (plus the returned weights' share).
     """
     n_q, heads, dk = q.shape
     n_k, dv = k.shape[0], v.shape[2]
-    common = (scale, p_drop, 1.0 / (1.0 - p_drop), seed)
+    common = (scale, 1.0 if softcap is None else softcap, p_drop, 1.0 / (1.0 - p_drop), seed)
     strides = _strides(q, k, v, bias)
     strides = strides[:6] + (grad_out.stride(0), grad_out.stride(1)) + strides[6:]
-    flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, **_meta(q, v, blocks))
+    flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, SOFTCAP=softcap is not None,
+                 **_meta(q, v, blocks))
     b = q if bias is None else bias
     gw = lse if grad_w is None else grad_w
     dq = q.new_empty(n_q, heads, dk)
@@ -308,10 +349,11 @@ def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, s
     return launches, (dq, dkey, dval, d_scores)
 
 
-def backward(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks):
+def backward(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks,
+             softcap=None):
     """Launch :func:`dq_kernel` and :func:`dkdv_kernel`: ``(dq, dk, dv, d_scores [E, H] or None)``."""
     launches, outputs = backward_launches(
-        q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks
+        q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks, softcap
     )
     for launch in launches:
         launch()
