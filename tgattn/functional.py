@@ -117,8 +117,9 @@ def graph_attention(
             weights are the edges' shares of that denominator: a query's weights sum to one
             minus its sink's share, and a query without edges has no weights and outputs 0.
 
-    softcap / sinks run on csr for now: every backend name falls back to ``"csr"`` for them
-    (``"gather"`` honours them too).
+    softcap / sinks run on Triton's kernels where those run (``"auto"`` or ``"triton"``) and
+    on csr otherwise: every other backend name falls back to ``"csr"`` for them (``"gather"``
+    honours them too).
 
     Edge terms run on every backend, exactly: the key term is added to the score bias as
     ``scale * <q_i, ek_ij>``, the value term is ``sum_j a_ij ev_ij`` over the weights the backend

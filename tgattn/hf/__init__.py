@@ -26,7 +26,7 @@
   attention call with indexer-selected keys (DeepSeek V3.2's ``indices``) raises
   ``NotImplementedError``.
 * Logit soft-capping (Gemma 2, VaultGemma, T5Gemma) and attention sinks (gpt-oss's ``s_aux``)
-  go to :func:`tgattn.functional.graph_attention`'s ``softcap=`` / ``sinks=`` (on ``csr`` for now).
+  go to :func:`tgattn.functional.graph_attention`'s ``softcap=`` / ``sinks=`` (on Triton's kernels or ``csr``).
 * :func:`attention_graph` and :func:`show` read a model's attention as graphs for
   :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
 
