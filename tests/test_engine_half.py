@@ -256,3 +256,43 @@ def test_gnn_layer_in_bfloat16_runs_the_fused_kernel_on_bfloat16(monkeypatch):
     ref.square().sum().backward()
     _check(torch.bfloat16, out, ref, 2, "out")
     _check(torch.bfloat16, x16.grad, x64.grad, 8, "dx")
+
+
+def test_hf_sliding_window_model_in_bfloat16_runs_the_fused_kernel_on_bfloat16(monkeypatch):
+    """A transformers Mistral with a sliding window of 3, cast to bfloat16 and run through
+    tgattn.hf: its attention reaches the kernel in bfloat16 and the logits match transformers'
+    own sdpa in bfloat16 (the tolerance of tests/test_hf.py's half-precision test), forward and
+    a training step's gradients."""
+    transformers = pytest.importorskip("transformers")
+    import tgattn.hf as th
+
+    th.register()
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        sliding_window=3)
+    model = transformers.MistralForCausalLM(config).to(torch.bfloat16)
+    ids = torch.randint(1, 40, (3, 24))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    seen = []
+    kernel = torch.ops.tgattn_fused.forward
+
+    def spy(q, *args):
+        seen.append(q.dtype)
+        return kernel(q, *args)
+
+    monkeypatch.setattr(torch.ops.tgattn_fused, "forward", spy)
+    logits, grads = {}, {}
+    for impl in ("tgattn", "sdpa"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+        out.loss.backward()
+        logits[impl] = out.logits.detach()
+        grads[impl] = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        if impl == "tgattn":
+            assert seen and set(seen) == {torch.bfloat16}
+    real = mask.bool()
+    torch.testing.assert_close(logits["tgattn"][real].float(), logits["sdpa"][real].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(grads["tgattn"].float(), grads["sdpa"].float(), atol=8e-2, rtol=8e-2)

@@ -167,8 +167,9 @@ def attention_forward(
     A mask with ``topk`` (:func:`tgattn.hf.use_pattern`) keeps each query head's ``topk`` keys
     with the largest logits (:func:`best_keys`); recorded weights are 0 on the others.
 
-    float16 / bfloat16 inputs are computed in float32, as the engine does (eager attention, too,
-    runs its softmax in float32); they are cast here once, not once per query-head group.
+    float16 / bfloat16 inputs are computed in float32 by the engine (eager attention, too, runs its
+    softmax in float32): q, k, v go to it as they are (the fused kernel reads them so, at half
+    the bytes), a score bias and sinks in float32.
 
     Returns:
         ``(out [B, Tq, Hq, dv], None)``; weights go to :func:`recording`, not to the caller.
@@ -191,9 +192,9 @@ def attention_forward(
     bias = _score_bias(mask, kwargs.get("position_bias"), heads, dtype)  # [E, Hq], [E] or None
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     sinks = None if sinks is None else sinks.to(dtype)  # [Hq]
-    q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim).to(dtype)  # [Nq, Hkv, G, d]
-    k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim).to(dtype)  # [Nk, Hkv, d]
-    v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1]).to(dtype)  # [Nk, Hkv, dv]
+    q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim)  # [Nq, Hkv, G, d]
+    k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim)  # [Nk, Hkv, d]
+    v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1])  # [Nk, Hkv, dv]
     record = _RECORD.get()
     outs, weights = [], []
     for g in range(groups):
