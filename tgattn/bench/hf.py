@@ -20,7 +20,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import os
 import platform
@@ -32,6 +31,7 @@ import torch
 from .._cli import out_help, runs_dir
 from ..lm.bench import _peak_rss_bytes, _reset_peak_rss, _rss_bytes
 from .measure import _LiveBytes, best_time
+from .report import write_csv
 
 FIELDS = ("peer", "n", "window", "edges", "ms", "tensor_mb", "rss_mb", "load", "note")
 PEERS = ("tgattn", "sdpa", "eager")
@@ -104,14 +104,6 @@ def run(sizes, window: int, peers, *, repeats: int = 3, mask_gb: float = 2.0, pr
     return rows
 
 
-def write_csv(rows, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows({k: row.get(k) for k in FIELDS} for row in rows)
-
-
 def table(rows) -> str:
     head = f"{'n':>7} {'peer':<7} {'edges':>10} {'ms':>10} {'tensor MB':>10} {'RSS MB':>9} {'load':>5}  note"
     lines = [head, "-" * len(head)]
@@ -140,7 +132,7 @@ def main(argv=None) -> int:
     rows = run(args.sizes, args.window, args.peers, repeats=args.repeats, mask_gb=args.mask_gb,
                progress=not args.no_progress, layers=args.layers, model=args.model)
     name = "hf_long_context.csv" if args.model == "mistral" else f"hf_long_context_{args.model}.csv"
-    write_csv(rows, args.out / name)
+    write_csv(rows, args.out / name, FIELDS)
     kind = "MistralModel" if args.model == "mistral" else f"Gemma2Model (softcap {SOFTCAP:g}, every layer sliding)"
     print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
           f"{kind} {args.layers} layers, hidden 128, 4 query / 2 key-value heads, sliding_window {args.window}, "
