@@ -33,6 +33,7 @@ from .. import builders
 from ..distributed import ExchangeStats, contiguous, graph_attention, halo_rows, make_plan, make_plans, spawn
 from ..distributed.partition import partition_graph
 from .measure import _LiveBytes
+from .report import write_csv
 
 ATTENTION_FIELDS = ("case", "n", "edges", "heads", "dim", "world", "rank", "queries", "local_edges", "halo_rows",
                     "min_rows", "ring_rows", "bytes_per_step", "total_ms", "exchange_ms", "compute_ms", "peak_mb",
@@ -158,14 +159,6 @@ def _partition_row(graph: str, edge_index, part, num: int) -> dict:
             "balance": max(sizes) * part.world_size / num}
 
 
-def _write(rows: List[dict], fields, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in fields} for r in rows)
-
-
 def summary(rows: List[dict]) -> str:
     """One line per (case, world): slowest rank's time split, halo and bytes summed over ranks."""
     head = (f"{'case':<26} {'P':>2} {'total ms':>9} {'exch ms':>8} {'comp ms':>8} {'halo rows':>10} {'minimum':>8} "
@@ -246,13 +239,13 @@ def main(argv=None) -> int:
 def _bench(args) -> int:
     if not args.no_partitions:  # first: it reads Cora and CiteSeer, so a missing data set is one line before any run
         rows = partition_rows(args.data, parts=(2, 4) if args.quick else (2, 4, 8, 16))
-        _write(rows, PARTITION_FIELDS, args.out / "partition.csv")
+        write_csv(rows, args.out / "partition.csv", PARTITION_FIELDS)
     specs = cases(args.quick, 0 if args.quick else args.big)
     rows = []
     for world in args.worlds:
         for ranks in spawn(_job, world, specs, args.repeats, timeout_s=3600):
             rows += ranks
-        _write(rows, ATTENTION_FIELDS, args.out / "attention.csv")  # after each world: partial results survive
+        write_csv(rows, args.out / "attention.csv", ATTENTION_FIELDS)  # after each world: partial results survive
     plot(rows, args.out / "attention.png")
     print(f"torch {torch.__version__}, fp32, 1 thread per rank, gloo on 127.0.0.1")
     print(summary(rows))

@@ -39,6 +39,7 @@ from torch import nn
 
 from .._cli import out_help, positive_int, run, runs_dir
 from .models import MODELS, Net, build_model, molecule_batches, prepare
+from .report import write_csv
 
 WORKLOADS = ("molecules", "molecules_edges", "cora", "citeseer", "random100k")
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer"}  # the workloads that read a data set
@@ -323,12 +324,7 @@ def _bench(args) -> int:
         rows += found
     progress.close()
     _ratios([r for r in rows if r["workload"] != "overhead"])
-    import csv
-
-    with open(args.out / "gnn.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*FIELDS, "cached_ms", "extra"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, args.out / "gnn.csv", [*FIELDS, "cached_ms", "extra"])
     (args.out / "gnn.md").write_text(summary(rows) + "\n")
     print(summary(rows))
     written = [args.out / "gnn.csv", args.out / "gnn.md"]

@@ -21,7 +21,6 @@ without it, the command ends on one line saying where it looked and how to get i
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import resource
 import sys
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._cli import out_help, run, runs_dir
+from ..bench.report import write_csv
 from ..models import GPT, GPTConfig
 from .launch import launch
 from .nn import distribute
@@ -155,11 +155,7 @@ def _train(rank: int, world: int, args, text: str) -> None:
 
 def _report(args, world: int, rows, ranks, val_loss: float) -> None:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"gpt_cp_{world}.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, out / f"gpt_cp_{world}.csv", list(rows[0]))
     summary = {"world": world, "length": args.length, "batch": args.batch, "pattern": args.pattern,
                "window": args.window, "steps": args.steps, "first_loss": rows[0]["loss"],
                "last_loss": rows[-1]["loss"], "val_loss": val_loss, "ranks": ranks}
