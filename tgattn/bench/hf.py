@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 from .._cli import out_help, runs_dir
-from ..lm.bench import _peak_rss_bytes, _reset_peak_rss, _rss_bytes
-from .measure import _LiveBytes, best_time
+from .measure import _LiveBytes, best_time, reset_rss_high_water, rss_high_water_mb, rss_mb
 from .report import write_csv
 
 FIELDS = ("peer", "n", "window", "edges", "ms", "tensor_mb", "rss_mb", "load", "note")
@@ -70,13 +69,13 @@ def measure(model, peer: str, n: int, *, repeats: int, budget_s: float = 60.0) -
         return model(input_ids=ids, use_cache=False).last_hidden_state
 
     gc.collect()
-    _reset_peak_rss()
-    before = _rss_bytes()
+    reset_rss_high_water()
+    before = rss_mb()
     with torch.no_grad(), _LiveBytes() as probe:
         forward()
-    rss = _peak_rss_bytes() - before
+    rss = rss_high_water_mb() - before
     ms = best_time(forward, False, [], None, repeats=repeats, budget_s=budget_s)
-    return {"ms": ms, "tensor_mb": probe.peak / 2**20, "rss_mb": rss / 2**20}
+    return {"ms": ms, "tensor_mb": probe.peak / 2**20, "rss_mb": rss}
 
 
 def run(sizes, window: int, peers, *, repeats: int = 3, mask_gb: float = 2.0, progress: bool = True, **model_kw):

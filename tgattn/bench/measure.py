@@ -1,6 +1,7 @@
 """Timing and peak-memory probes for the attention benchmark."""
 from __future__ import annotations
 
+import os
 import re
 import time
 import weakref
@@ -99,6 +100,12 @@ def peak_extra_mb(fn: Callable, backward: bool, leaves, grad) -> float:
     with probe:
         run_once(fn, backward, leaves, grad)
     return probe.peak / 2**20
+
+
+def rss_mb() -> float:
+    """This process's resident set now, in MB (Linux: ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def rss_high_water_mb() -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -134,23 +133,6 @@ def bench_train(args) -> int:
     return 0
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak_rss() -> None:
-    """Restarts the kernel's count of this process's peak RSS (Linux >= 4.0)."""
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def _peak_rss_bytes() -> int:
-    """Peak RSS since the last :func:`_reset_peak_rss` (``VmHWM``)."""
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
-
-
 def _config(args, **kw) -> GPTConfig:
     return GPTConfig(attention=args.attention, pattern=args.pattern, window=args.window, **kw)
 
@@ -185,7 +167,7 @@ def memory_probe(args) -> int:
     model (lazy imports, the fused kernel's library, thread pools) were paid by a throwaway
     one-layer model of the same kind.
     """
-    from ..bench.measure import _LiveBytes
+    from ..bench.measure import _LiveBytes, reset_rss_high_water, rss_high_water_mb, rss_mb
     from ..engine import fused, structure_of
 
     _threads(args)
@@ -195,8 +177,8 @@ def memory_probe(args) -> int:
     _train_step(scratch, scratch.configure_optimizer(lr=1e-3, weight_decay=0.1), *(torch.randint(65, (2, 8)),) * 2)
     del scratch
     gc.collect()
-    _reset_peak_rss()
-    before = _rss_bytes()
+    reset_rss_high_water()
+    before = rss_mb()
     b, t = args.batch_size, args.block_size
     model = GPT(_config(args, block_size=t)).train()
     optimizer = model.configure_optimizer(lr=1e-3, weight_decay=0.1)
@@ -205,7 +187,7 @@ def memory_probe(args) -> int:
         _train_step(model, optimizer, x, x)
     with _LiveBytes() as probe:
         _train_step(model, optimizer, x, x)
-    rss = _peak_rss_bytes() - before
+    rss = rss_high_water_mb() - before
     graph = model._graph(b, t, torch.device("cpu"))  # (edge_index, edge_index or mask)
     kept = [list(model.parameters()), optimizer.state, graph]
     if args.attention == "graph":
@@ -213,7 +195,7 @@ def memory_probe(args) -> int:
     state = _nbytes(kept)
     mb = 2.0**-20
     print(json.dumps({"tensor_mb": (state + probe.peak) * mb, "state_mb": state * mb, "step_mb": probe.peak * mb,
-                      "rss_mb": rss * mb, "edges": int(graph[0].shape[1])}))
+                      "rss_mb": rss, "edges": int(graph[0].shape[1])}))
     return 0
 
 
