@@ -412,8 +412,10 @@ def full_sweep(sizes: Sequence[int], convs: Sequence[str], steps: int, cap_gb: f
         fitted = False
         for conv in convs:
             if conv in failed:
-                rows.append(dict(conv=conv, nodes=nodes, edges=expected_edges(nodes), status="not run",
-                                 note="out of memory at a smaller size", cap_gb=cap_gb))
+                built = [r["edges"] for r in rows if r["nodes"] == nodes and r.get("phase") == "step"]
+                rows.append(dict(conv=conv, nodes=nodes, edges=built[0] if built else expected_edges(nodes),
+                                 status="not run", note="out of memory at a smaller size", cap_gb=cap_gb))
+                write_csv(rows, out / "full.csv", FULL_FIELDS)
                 continue
             t0 = time.perf_counter()
             try:
@@ -457,6 +459,13 @@ def full_summary(rows: List[dict]) -> str:
                      f"GATConv {by.get((n, 'gat'), {}).get('status')}, TransformerConv "
                      f"{by.get((n, 'transformer'), {}).get('status')}: {'met' if met else 'NOT met'}"
                      + (f" ({SHARED}: {by[(n, SHARED)]['status']})" if (n, SHARED) in by else ""))
+    trained = [n for n in sizes if ok(n, "tgattn")]
+    if trained:
+        n = trained[-1]
+        first_out = {peer: next((m for m in sizes if by.get((m, peer), {}).get("status") == "out of memory"), None)
+                     for peer in ("gat", "transformer")}
+        lines.append(f"Largest size tgattn trains: N = {n:,}, E = {int(by[(n, 'tgattn')]['edges']):,}; GATConv out of "
+                     f"memory from N = {_size(first_out['gat'])}, TransformerConv from N = {_size(first_out['transformer'])}")
     both = [n for n in sizes if ok(n, "gat") and ok(n, "transformer") and ok(n, "tgattn")]
     if both:
         n = both[-1]
@@ -469,6 +478,10 @@ def full_summary(rows: List[dict]) -> str:
         t = float(mine["ms"]) / float(by[(n, "gat")]["ms"])
         lines.append(f"Step time tgattn / GATConv at N = {n:,}: {t:.2f}x (<= 1.0) {verdict(t, lambda v: v <= 1.0)}")
     return "\n".join(lines)
+
+
+def _size(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n:,}"
 
 
 def _losses(r: dict) -> str:
