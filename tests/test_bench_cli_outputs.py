@@ -26,6 +26,7 @@ OUT_CLIS = {
     "tgattn.bench.gnn": "gnn",
     "tgattn.bench.gpu": "gpu",
     "tgattn.bench.gpu_compiled": "gpu_compiled",
+    "tgattn.bench.half": "half",
     "tgattn.bench.graph_transformers": "graph_transformers",
     "tgattn.bench.hf": "hf",
     "tgattn.bench.never_seen": "never_seen",
