@@ -53,7 +53,7 @@ def compile_all(targets, every_option_only: bool = False, progress=None) -> List
                 launch = aot.launch_of(config)
                 start = time.perf_counter()
                 res, _ = aot.compile_launch(launch, target, cache)
-                block_m, block_n = blocks_for(config.head_dim, config.head_dim, config.dtype) if config.head_dim else (0, 0)
+                block_m, block_n = blocks_for(config.head_dim, config.head_dim, config.dtype, config.softcap) if config.head_dim else (0, 0)
                 rows.append(dict(
                     target=target.name, kernel=config.kernel, dtype=config.dtype_name, head_dim=config.head_dim,
                     options=config.options, block_m=block_m, block_n=block_n, num_warps=res.num_warps,

@@ -159,7 +159,7 @@ def launch_of(config: Config):
     d = config.head_dim
     q, k, v = (torch.zeros(ROWS, HEADS, d, dtype=config.dtype) for _ in range(3))
     bias = None if config.bias == "none" else torch.zeros(edges, 1 if config.bias == "shared" else HEADS, dtype=config.dtype)
-    blocks = blocks_for(d, d, config.dtype)
+    blocks = blocks_for(d, d, config.dtype, config.softcap)
     softcap = 2.0 if config.softcap else None
     if config.kernel == "forward_kernel":
         sinks = torch.zeros(HEADS, dtype=torch.float64 if config.dtype == torch.float64 else torch.float32) \

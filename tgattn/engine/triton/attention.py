@@ -88,16 +88,20 @@ def kernels_module():
     return kernels
 
 
-def blocks_for(dk: int, dv: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int]:
+def blocks_for(dk: int, dv: int, dtype: torch.dtype = torch.float32, softcap: bool = False) -> Tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)``: rows per program and edge slots per chunk for head dims ``dk, dv``
-    and inputs of ``dtype`` (float64 accumulates in float64: half the elements).
+    and inputs of ``dtype`` (float64 accumulates in float64: half the elements; with a
+    ``softcap``, whose tanh the backward keeps per slot, half again: the dq kernel with every
+    option spilled 8-12 bytes on sm_90 at float64, d = 16, otherwise).
 
     Example:
         >>> blocks_for(64, 64), blocks_for(16, 16), blocks_for(128, 128, torch.float64)
         ((2, 16), (8, 16), (1, 8))
+        >>> blocks_for(16, 16, torch.float64), blocks_for(16, 16, torch.float64, softcap=True)
+        ((4, 16), (2, 16))
     """
     d = 1 << (max(dk, dv, 1) - 1).bit_length()  # next power of two
-    chunk = CHUNK_ELEMENTS // (2 if dtype == torch.float64 else 1)
+    chunk = CHUNK_ELEMENTS // (2 if dtype == torch.float64 else 1) // (2 if softcap and dtype == torch.float64 else 1)
     block_n = max(1, min(BLOCK_N, chunk // d))
     return max(1, min(16, chunk // (block_n * d))), block_n
 
@@ -215,6 +219,6 @@ def triton_attention(
     scores before the bias (``c * tanh(s / c)``); ``sinks [H]`` adds one logit per head to
     each softmax, without a value; both with gradients.
     """
-    blocks = blocks or blocks_for(q.shape[2], v.shape[2], q.dtype)
+    blocks = blocks or blocks_for(q.shape[2], v.shape[2], q.dtype, softcap is not None)
     out, w = TritonAttention.apply(q, k, v, bias, sinks, s, scale, dropout_p, return_weights, blocks, softcap)
     return out, (w if return_weights else None)
