@@ -220,8 +220,8 @@ inline void hsum8(const vec_t<T>* acc, T* out) {
 
 // exp of 8 floats (Cephes' expf: range reduction by ln 2 and a degree-6 polynomial, about
 // 1 ulp), for arguments <= 0 as in a softmax; below -87 it returns exp(-87) ~ 1.6e-38 instead of
-// a denormal. Scalar std::exp costs a call per edge.
-inline vec_t<float> exp_nonpositive(vec_t<float> x) {
+// a denormal. Scalar std::exp costs a call per edge. Inlined always (see exp_shifted).
+__attribute__((always_inline)) inline vec_t<float> exp_nonpositive(vec_t<float> x) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   x = x < -87.0f ? vec_t<float>{} - 87.0f : x;
   const vec_t<float> n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
@@ -239,9 +239,12 @@ inline vec_t<float> exp_nonpositive(vec_t<float> x) {
   return p * two_n;
 }
 
-// x[r] = exp(x[r] - shift) for r < n; returns the sum.
+// x[r] = exp(x[r] - shift) for r < n; returns the sum. Inlined always, as GCC did before the
+// kernels had float16 / bfloat16 instances: with three callers computing in float it made a call
+// of it per group of queries in the backward's key pass (float32 backward 1.02-1.05x slower) and
+// of exp_nonpositive per row in the forward.
 template <typename T>
-inline T exp_shifted(T* x, int64_t n, T shift) {
+__attribute__((always_inline)) inline T exp_shifted(T* x, int64_t n, T shift) {
   T sum = 0;
   int64_t r = 0;
   if constexpr (std::is_same_v<T, float>) {
@@ -896,7 +899,7 @@ struct Entries {
   int64_t gather(RowPtr ptr, const I* idx, int64_t i, const Keep& keep) {
     first = ptr[i];
     const int64_t deg = ptr[i + 1] - first;
-    x.resize(deg), y.resize(deg);
+    if (int64_t(x.size()) < deg) x.resize(deg), y.resize(deg);  // grown only: a resize call per row cost 1-2 %
     int64_t n = 0;
     while (n < deg && keep(first + n)) ++n;
     all = n == deg;
