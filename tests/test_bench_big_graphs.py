@@ -100,3 +100,26 @@ def test_fanout_batch_keeps_the_fanout_and_draws_edges_of_the_graph():
     assert bool((into[:k][small] == degree[seeds][small]).all())  # few neighbours: all of them
     assert bool((into[:k] <= 16).all()) and bool((into[:k][~small] >= 8).all()) and bool((into[k:] <= 2).all())
     assert bool((~small).any()) and bool(small.any())
+
+
+def _point(nodes, conv, status, step_mb=None, ms=None):
+    row = dict(nodes=nodes, edges=25 * nodes, conv=conv, status=status, phase="step" if status != "not run" else "")
+    if status == "ok":
+        row.update(inputs_mb=100, peak_mb=100 + step_mb, step_mb=step_mb, ms=ms, loss_first=3.8, loss_last=3.1)
+    return row
+
+
+def test_full_summary_judges_the_targets():
+    rows = [_point(1000, "tgattn", "ok", 200, 10), _point(1000, "gat", "ok", 500, 30), _point(1000, "transformer", "ok", 800, 40),
+            _point(2000, "tgattn", "ok", 400, 20), _point(2000, "gat", "ok", 1000, 60),
+            _point(2000, "transformer", "out of memory"), _point(4000, "tgattn", "ok", 800, 40),
+            _point(4000, "gat", "out of memory"), _point(4000, "transformer", "not run")]
+    text = big_graphs.full_summary(rows)
+    assert "Largest size whose inputs fit: N = 4,000: tgattn ok, GATConv out of memory, TransformerConv not run: met" in text
+    assert "GATConv out of memory from N = 4,000, TransformerConv from N = 2,000" in text
+    assert "N = 1,000: step memory tgattn / GATConv = 0.40x (<= 0.5) met" in text
+    assert "tgattn / TransformerConv = 0.25x (<= 0.5) met" in text and "Step time tgattn / GATConv at N = 1,000: 0.33x" in text
+    rows[6] = _point(4000, "tgattn", "out of memory")
+    assert "TransformerConv not run: NOT met" in big_graphs.full_summary(rows)
+    # without a peer there is nothing to judge
+    assert "Largest" not in big_graphs.full_summary([r for r in rows if r["conv"] != "transformer"])
