@@ -123,3 +123,24 @@ def test_full_summary_judges_the_targets():
     assert "TransformerConv not run: NOT met" in big_graphs.full_summary(rows)
     # without a peer there is nothing to judge
     assert "Largest" not in big_graphs.full_summary([r for r in rows if r["conv"] != "transformer"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "10"], "at least 47, one node per class (got 10)"),
+    (["--cap-gb", "0"], "--cap-gb: must be a number > 0"),
+    (["--convs", "gcn"], "invalid choice: 'gcn'"),
+])
+def test_cli_refuses_settings_it_cannot_run(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        big_graphs.main([*argv, "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_refuses_neighbor_loader_without_a_sampling_library(monkeypatch, capsys, tmp_path):
+    import torch_geometric.typing as pyg_typing
+
+    monkeypatch.setattr(pyg_typing, "WITH_PYG_LIB", False)
+    monkeypatch.setattr(pyg_typing, "WITH_TORCH_SPARSE", False)
+    with pytest.raises(SystemExit):
+        big_graphs.main(["--parts", "minibatch", "--sampler", "pyg", "--out", str(tmp_path)])
+    assert "needs torch-sparse or pyg-lib" in capsys.readouterr().err

@@ -8,10 +8,12 @@ Graph Benchmark", 2020): 25.26 directed edges per node, a power-law degree distr
 from a planted partition that the edges follow, features with a weak signal of the label.
 
 * ``full``: one process per (size, conv), started fresh under a memory cap (``--cap-gb``, the
-  kernel's ``RLIMIT_DATA``: an allocation over it fails with a ``MemoryError`` instead of waking
-  the out-of-memory killer). The child builds the graph, then trains the two-layer network of
-  :mod:`tgattn.bench.planetoid` (H = 4 heads of C = 16 channels, then 47 classes, dropout 0.6 on
-  the features, none on the attention weights, so tgattn runs its fused kernel; Adam) full batch for ``--steps`` steps and reports its resident-set peak over the steps
+  kernel's ``RLIMIT_DATA``: an allocation over it fails at once, torch's "you tried to allocate N
+  bytes" or a ``MemoryError``, instead of waking the out-of-memory killer). The child builds the
+  graph, then trains the two-layer network of :mod:`tgattn.bench.planetoid` (H = 4 heads of
+  C = 16 channels, then 47 classes, dropout 0.6 on the features, none on the attention weights,
+  so tgattn runs its fused kernel; Adam) full batch for ``--steps`` steps and reports its
+  resident-set peak over the steps
   (``VmHWM``, reset once the inputs are built), the inputs' resident set, the step time (thread CPU
   time, one thread, minimum over the steps after the first) and the loss of each step; or the
   allocation that failed and its size. A conv that failed at one size is not run at larger ones;
@@ -20,7 +22,7 @@ from a planted partition that the edges follow, features with a weak signal of t
   fan-out ``--fanout`` 15 10, ``--batch-size`` 1024 seeds; it needs ``torch-sparse`` or ``pyg-lib``:
   ``pip install "tgattn[sampling]"``), or ``--sampler own``: :func:`fanout_batch`, a seeded
   sampler written here that draws the same kind of batch from a CSC copy of the graph. Every batch
-  trains the three convs in turn (interleaved, the order rotating), each one step on the batch's
+  trains the convs in turn (interleaved, the order rotating), each one step on the batch's
   seed nodes; train steps per second are batches / summed thread CPU time of the steps (the
   sampling, the same for all, left out and reported apart), and the loss of the first and last
   tenth of the batches shows the run learns.
@@ -47,7 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -565,13 +567,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=runs_dir("big_graphs"), help=out_help("big_graphs"))
     args = parser.parse_args(argv)
     if min(args.nodes) < CLASSES or args.minibatch_nodes < CLASSES:
-        parser.error(f"--nodes / --minibatch-nodes: at least {CLASSES} (one node per class; got {min(args.nodes + [args.minibatch_nodes])})")
+        smallest = min(args.nodes + [args.minibatch_nodes])
+        parser.error(f"--nodes / --minibatch-nodes: at least {CLASSES}, one node per class (got {smallest})")
     if args.cap_gb is None:
         args.cap_gb = round(total_gb(), 1)
-    if args.sampler is None:
-        import torch_geometric.typing as pyg_typing
+    import torch_geometric.typing as pyg_typing
 
-        args.sampler = "pyg" if pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE else "own"
+    can_sample = pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE
+    if args.sampler is None:
+        args.sampler = "pyg" if can_sample else "own"
+    elif args.sampler == "pyg" and not can_sample and "minibatch" in args.parts:
+        parser.error('--sampler pyg: NeighborLoader needs torch-sparse or pyg-lib (pip install "tgattn[sampling]"); '
+                     "--sampler own draws the same kind of batch without them")
     return run(parser, _bench, args)
 
 
