@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tgattn.engine import build, fused
+from tgattn.engine import build, fused, native
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks: POSIX only")
 
@@ -34,9 +34,9 @@ def test_the_notice_comes_before_the_compile_and_names_the_cache(tmp_path, monke
 
 def test_the_fused_kernel_announces_itself_by_name(monkeypatch):
     calls = []
-    monkeypatch.setattr(fused, "load_extension", lambda *args, **kwargs: calls.append(kwargs) or False)
-    monkeypatch.setitem(fused._state, "tried", False)
-    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.setattr(native, "load_extension", lambda *args, **kwargs: calls.append(kwargs) or False)
+    monkeypatch.setitem(native._state, "tried", False)
+    monkeypatch.setitem(native._state, "ok", False)
     monkeypatch.delenv("TGATTN_NO_FUSED", raising=False)
     assert fused.available() is False
     assert calls[0]["label"] == "the fused C++ kernel" and calls[0]["expect"] == "15-60 s"
@@ -44,8 +44,8 @@ def test_the_fused_kernel_announces_itself_by_name(monkeypatch):
 
 @pytest.mark.parametrize("value", ["1", "yes"])
 def test_no_fused_warns_once_and_names_the_setting(monkeypatch, value):
-    monkeypatch.setitem(fused._state, "tried", False)
-    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.setitem(native._state, "tried", False)
+    monkeypatch.setitem(native._state, "ok", False)
     monkeypatch.setenv("TGATTN_NO_FUSED", value)
     with pytest.warns(UserWarning, match=rf"TGATTN_NO_FUSED={value} turns the fused C\+\+ kernel off; using the CSR "
                                          r"backend \(same results, slower\)") as caught:

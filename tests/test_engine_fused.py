@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tgattn import builders, engine
-from tgattn.engine import fused
+from tgattn.engine import fused, native
 from tgattn.functional import graph_attention
 from tgattn.verify.reference import dense_attention
 from tgattn.verify import random_edges
@@ -126,8 +126,8 @@ def test_a_long_local_pattern_in_blocks_of_a_bounded_number_of_edges(threads):
 
 
 def test_engine_falls_back_to_csr_without_the_kernel(monkeypatch):
-    monkeypatch.setitem(fused._state, "tried", True)
-    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.setitem(native._state, "tried", True)
+    monkeypatch.setitem(native._state, "ok", False)
     ei = random_edges(40, 40, 0.2, seed=4)
     s = engine.structure_of(ei, 40, 40)
     assert engine.plan(s) == engine.plan(s, "fused") == "csr"
@@ -136,8 +136,8 @@ def test_engine_falls_back_to_csr_without_the_kernel(monkeypatch):
 
 
 def test_no_fused_environment_variable_disables_the_kernel(monkeypatch):
-    monkeypatch.setitem(fused._state, "tried", False)
-    monkeypatch.setitem(fused._state, "ok", False)
+    monkeypatch.setitem(native._state, "tried", False)
+    monkeypatch.setitem(native._state, "ok", False)
     monkeypatch.setenv("TGATTN_NO_FUSED", "1")
     assert not fused.available()
 

@@ -46,10 +46,6 @@ MOVED = {
     "tgattn.probsparse": "tgattn.builders.informer",
     "tgattn.molecules": "tgattn.datasets.molecules",
 }
-# engine cycle: fixed in a follow-up. The one exemption: the cycle of engine modules through
-# fused.py (analysis <-> fused, csr <-> fused, csr <-> recompute, fused -> dispatch, and what dispatch
-# imports). Remove it with the cycle (test_known_engine_cycle then passes and goes too).
-KNOWN_CYCLES = [("tgattn/engine/", "tgattn/engine/fused.py")]  # (every file below, through this one)
 
 
 def module_files(root: Path = PACKAGE):
@@ -167,12 +163,9 @@ def cycles(edges):
     return found
 
 
-def cycle_problems(modules, edges, known=KNOWN_CYCLES):
+def cycle_problems(modules, edges):
     problems = []
     for component in cycles(edges):
-        files = {rel(modules[m]) for m in component}
-        if any(through in files and all(f.startswith(folder) for f in files) for folder, through in known):
-            continue
         links = sorted({f"{rel(modules[a])}:{line} imports {rel(modules[b])}"
                         for a in component for b, line in edges[a] if b in component})
         problems.append("import cycle: " + "; ".join(links))
@@ -215,12 +208,6 @@ def test_every_module_has_a_layer():
 def test_no_import_cycle():
     modules, edges = graph()
     assert cycle_problems(modules, edges) == []
-
-
-@pytest.mark.xfail(strict=True, reason="engine cycle: fixed in a follow-up (then remove KNOWN_CYCLES and this test)")
-def test_known_engine_cycle():
-    modules, edges = graph()
-    assert cycle_problems(modules, edges, known=[]) == []
 
 
 def test_nothing_imports_upward():

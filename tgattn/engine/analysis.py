@@ -19,6 +19,7 @@ import numpy
 import torch
 from torch import Tensor
 
+from . import native
 from .validate import check_edge_index, check_ranges
 
 # Structure kinds the dense (SDPA) backend can run exactly.
@@ -71,10 +72,8 @@ def counting_sort(edge_index: Tensor, n_q: int, n_k: int) -> bool:
     """Whether :func:`_sorted_edges` runs the fused extension's sort on ``edge_index`` (CPU, at
     most ``COUNTING_SORT_NODES_PER_EDGE`` nodes per edge, the extension built), whose first
     pass refuses any node id outside ``[0, n_k) x [0, n_q)``."""
-    from . import fused  # fused imports this module
-
     few_nodes = max(n_q, n_k) <= COUNTING_SORT_NODES_PER_EDGE * edge_index.shape[1]
-    return edge_index.device.type == "cpu" and few_nodes and fused.available()
+    return edge_index.device.type == "cpu" and few_nodes and native.available()
 
 
 def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):

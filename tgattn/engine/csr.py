@@ -14,11 +14,12 @@ returned (differentiable) weights, duplicated edges, any edge order and a double
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from . import native
 from .analysis import Structure, row_pointer
 from .recompute import dropout_factor, gather_attention, recompute_grads
 from .softmax import edge_softmax
@@ -39,9 +40,7 @@ def transpose_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
     """
     cached = s.extras.get("transpose")
     if cached is None:
-        from . import fused  # fused imports this module
-
-        if s.src.device.type == "cpu" and fused.available():
+        if s.src.device.type == "cpu" and native.available():
             colptr, perm = torch.ops.tgattn_fused.transpose(s.src, s.n_k)
         else:
             perm = torch.argsort(s.src, stable=True)
@@ -168,3 +167,11 @@ def csr_attention(
         dropped = dropout_factor(s.num_edges, q.shape[1], dropout_p, q, generator)  # [E, H]
         mult = dropped if mult is None else dropped * mult
     return CsrAttention.apply(q, k, v, bias, mult, sinks, s, scale, softcap)
+
+
+def recompute_exact(s: Structure, scale: float, *, create_graph: bool) -> Callable[..., Tuple[Tensor]]:
+    """``fn(q, k, v, bias) -> (out,)`` on structure ``s`` for :func:`recompute_grads`: the
+    textbook path for a double backward, else the CSR kernels (both touch only the edges)."""
+    if create_graph:
+        return lambda q, k, v, bias: gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale)[:1]
+    return lambda q, k, v, bias: csr_attention(q, k, v, s, bias, scale, 0.0)[:1]

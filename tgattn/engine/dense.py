@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .analysis import Structure, on_host
-from .recompute import all_finite, grads_through, recompute_exact, recompute_grads
+from .csr import recompute_exact
+from .recompute import all_finite, grads_through, recompute_grads
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Optional[Tensor], p: float) -> Tensor:

@@ -43,6 +43,7 @@ from .csr import csr_attention
 from . import fused
 from . import triton as triton_backend
 from .dense import dense_attention
+from .precision import compute_dtype
 from .tiles import fill_bound, tile_attention, tile_layout
 
 ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton")
@@ -155,11 +156,6 @@ def all_finite(*tensors: Tensor) -> bool:
         if not all(bool(torch.isfinite(t.sum())) for t in ([base] if whole else views)):
             return False
     return True
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the kernels run in: half precision is computed (and accumulated) in float32."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def run(

@@ -10,165 +10,24 @@ A double backward (``create_graph=True``) recomputes the gradients on the textbo
 path, which is twice differentiable. The kernels check the CSR structure they are given (one
 pass over the indices), so a malformed structure raises instead of reading out of bounds.
 
-The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (about
-half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
-``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false (one
-warning says why) and the engine runs the CSR backend instead: same results, slower.
-
-Outputs, gradients and scratch of 1 MB or more come from a cache of freed blocks (as PyTorch's
-CUDA caching allocator does on the GPU): a training step reuses the pages of the step before
-instead of asking the system for fresh ones, whose first touch cost up to a third of a step at
-n = 1M. Free blocks never add up to more than the cache's blocks ever held in use at once (one
-step's worth), nor to more than half of the machine's memory or ``TGATTN_CPU_CACHE`` bytes
-(``0`` turns the cache off; ``512M``, ``8G``); :func:`empty_cache` hands them back and
-:func:`cache_info` counts them.
+The extension itself (building, loading, its cache of freed buffers) is :mod:`tgattn.engine.native`;
+:func:`available`, :func:`cache_info` and :func:`empty_cache` are read from there.
 """
 from __future__ import annotations
 
-import math
-import os
-import warnings
-from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .analysis import Structure
-from .build import load_extension
 from .csr import transpose_pattern
+from .native import available, cache_info, cache_limit_from_env, dropout_keep, empty_cache, register_fake_kernels
+from .precision import compute_dtype
 from .recompute import gather_attention, recompute_grads
 
-_SOURCE = Path(__file__).with_name("fused.cpp")
-_state = {"tried": False, "ok": False, "fakes": False}
-
-
-def available() -> bool:
-    """Whether the fused kernel is compiled and loaded (compiles it on the first call).
-
-    Example:
-        >>> isinstance(available(), bool)
-        True
-    """
-    if not _state["tried"]:
-        limit = cache_limit_from_env(os.environ.get("TGATTN_CPU_CACHE"))  # a bad value raises on every call
-        _state["tried"] = True
-        if os.environ.get("TGATTN_NO_FUSED", "") not in ("", "0"):
-            warnings.warn(f"tgattn: TGATTN_NO_FUSED={os.environ['TGATTN_NO_FUSED']} turns the fused C++ kernel off; "
-                          "using the CSR backend (same results, slower)")
-            return False
-        _state["ok"] = load_extension(
-            "tgattn_fused",
-            _SOURCE,
-            cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
-            ldflags=["-fopenmp"],
-            fallback="the CSR backend",
-            label="the fused C++ kernel",
-            expect="15-60 s",
-        )
-        if _state["ok"] and limit is not None:
-            torch.ops.tgattn_fused.cache_limit(limit)
-    return _state["ok"]
-
-
-def cache_limit_from_env(raw: Optional[str]) -> Optional[int]:
-    """Bytes from ``TGATTN_CPU_CACHE`` (a count, or with a ``K`` / ``M`` / ``G`` suffix, powers
-    of 1024); None when unset or empty.
-
-    Example:
-        >>> cache_limit_from_env("512M"), cache_limit_from_env("0"), cache_limit_from_env(None)
-        (536870912, 0, None)
-    """
-    if raw is None or not raw.strip():
-        return None
-    text = raw.strip().upper()
-    power = "KMG".find(text[-1]) + 1 if text[-1] in "KMG" else 0
-    number = text[:-1] if power else text
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"TGATTN_CPU_CACHE={raw!r}: expected a number of bytes >= 0, such as 0, 512M or 8G")
-    return int(value * 1024**power)
-
-
-def cache_info() -> dict:
-    """The fused kernels' cache of freed buffers: ``held`` (bytes of free blocks kept), ``live``
-    (bytes of its blocks in use), ``peak`` (the most ever in use at once, which bounds
-    ``held``), ``hits`` and ``misses`` (requests of 1 MB or more served from it or not) and
-    ``limit``.
-
-    Example:
-        >>> import torch
-        >>> from tgattn import builders
-        >>> from tgattn.functional import graph_attention
-        >>> q = torch.randn(4096, 8, 64)
-        >>> edges = builders.window(4096, 4)
-        >>> out = graph_attention(q, q, q, edges, backend="fused")  # out: 8 MB
-        >>> del out
-        >>> hits = cache_info()["hits"]
-        >>> out = graph_attention(q, q, q, edges, backend="fused")  # the same 8 MB again
-        >>> cache_info()["hits"] > hits
-        True
-    """
-    if not available():
-        return dict(held=0, live=0, peak=0, hits=0, misses=0, limit=0)
-    return dict(zip(("held", "live", "peak", "hits", "misses", "limit"), torch.ops.tgattn_fused.cache_info()))
-
-
-def empty_cache() -> None:
-    """Hands the fused kernels' free buffers back to the system (tensors in use are untouched)
-    and restarts ``peak`` (see :func:`cache_info`) from the bytes in use now.
-
-    Example:
-        >>> empty_cache()
-        >>> cache_info()["held"]
-        0
-    """
-    if available():
-        torch.ops.tgattn_fused.empty_cache()
-
-
-def _register_fake_kernels() -> None:
-    """Shapes of the C++ ops' outputs, so that ``torch.compile`` can trace calls to them."""
-
-    from .dispatch import compute_dtype  # dispatch imports this module
-
-    @torch.library.register_fake("tgattn_fused::forward")
-    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights):
-        w = q.new_empty(q.shape[1], col.shape[0]) if weights else q.new_empty(0)
-        lse = q.new_empty(q.shape[1], q.shape[0], dtype=compute_dtype(q.dtype))
-        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), lse, w]
-
-    @torch.library.register_fake("tgattn_fused::backward")
-    def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
-          seed, grad_bias):
-        ds = q.new_empty(q.shape[1], row_t.shape[0] if grad_bias else 0, dtype=compute_dtype(q.dtype))
-        return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
-
-    @torch.library.register_fake("tgattn_fused::transpose_rows")
-    def _(rowptr, col, n_k, with_perm, narrow):
-        dtype = torch.int32 if narrow else torch.int64
-        perm = col.new_empty(col.shape[0] if with_perm else 0, dtype=dtype)
-        return [col.new_empty(n_k + 1, dtype=dtype), col.new_empty(col.shape, dtype=dtype), perm]
-
-    @torch.library.register_fake("tgattn_fused::transpose")
-    def _(col, n_k):
-        return [col.new_empty(n_k + 1), torch.empty_like(col)]
-
-    @torch.library.register_fake("tgattn_fused::sort_edges")
-    def _(src, dst, n_q, n_k):
-        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst), src.new_empty((), dtype=torch.bool)]
-
-    @torch.library.register_fake("tgattn_fused::gather_rows")
-    def _(a, b, ptr, idx):
-        return a.new_empty(ptr.shape[0] - 1, a.shape[1], a.shape[2])
-
-
-def dropout_keep(heads: int, edges: int, dropout_p: float, seed: int) -> Tensor:
-    """The edges ``[H, E]`` (sorted order) that the kernels keep under dropout with this seed."""
-    return torch.ops.tgattn_fused.dropout_keep(heads, edges, dropout_p, seed)
+__all__ = ["available", "backward_pattern", "cache_info", "cache_limit_from_env", "dropout_keep", "empty_cache",
+           "fused_attention", "FusedAttention", "ReadsOnly"]
 
 
 def backward_pattern(s: Structure, with_perm: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
@@ -216,8 +75,7 @@ class FusedAttention(torch.autograd.Function):
                 mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
 
             def attend(q, k, v, bias):  # float16 / bfloat16 in float32, as the kernels compute
-                from .dispatch import compute_dtype  # dispatch imports this module
-
+            
                 work = compute_dtype(q.dtype)
                 out, w = gather_attention(q.to(work), k.to(work), v.to(work), s.src, s.dst, s.n_q, bias, ctx.scale,
                                           None if mult is None else mult.to(work))
@@ -262,10 +120,7 @@ def fused_attention(
     """
     if not available():
         raise RuntimeError("tgattn: the fused kernel is unavailable here (see the warning of its build)")
-    if not _state["fakes"]:
-        _register_fake_kernels()
-        _state["fakes"] = True
-    from .dispatch import compute_dtype  # dispatch imports this module
+    register_fake_kernels()
 
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     bias = None if bias is None else bias.to(compute_dtype(q.dtype))

@@ -108,16 +108,6 @@ def dropout_factor(
     return keep.to(like.dtype) / (1.0 - p)
 
 
-def recompute_exact(s, scale: float, *, create_graph: bool) -> Callable[..., Tuple[Tensor]]:
-    """``fn(q, k, v, bias) -> (out,)`` on structure ``s`` for :func:`recompute_grads`: the
-    textbook path for a double backward, else the CSR kernels (both touch only the edges)."""
-    if create_graph:
-        return lambda q, k, v, bias: gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale)[:1]
-    from .csr import csr_attention  # csr imports this module
-
-    return lambda q, k, v, bias: csr_attention(q, k, v, s, bias, scale, 0.0)[:1]
-
-
 def all_finite(*tensors: Optional[Tensor]) -> bool:
     """Whether every given tensor holds only finite numbers (``None`` counts as finite)."""
     return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)

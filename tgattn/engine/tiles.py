@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from .analysis import Structure, row_spans
-from .recompute import all_finite, recompute_exact, recompute_grads
+from .csr import recompute_exact
+from .recompute import all_finite, recompute_grads
 
 BLOCKS = (32, 64, 128)  # candidate query rows per tile
 CHUNK_CELLS = 1 << 21  # tile cells per step (all heads): bounds the working set to ~8 MB per buffer
