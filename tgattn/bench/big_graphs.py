@@ -170,7 +170,7 @@ def network(conv: str) -> torch.nn.Module:
         >>> network("tgattn").conv1
         GraphAttentionConv(100, 16, heads=4)
     """
-    from .planetoid import Net
+    from .models import Net
 
     if conv not in (*CONVS, SHARED):
         raise ValueError(f"unknown conv {conv!r}; choose from {[*CONVS, SHARED]}")

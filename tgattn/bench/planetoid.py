@@ -26,7 +26,6 @@ import torch
 from .._cli import out_help, run, runs_dir
 from ..datasets import load_planetoid
 from .models import MODEL_NAMES, build_model, prepare, train
-from .models import Net  # noqa: F401  (tgattn.bench.big_graphs imports it from here; it belongs to .models)
 from .report import write_csv
 
 DATASETS = ("Cora", "CiteSeer", "PubMed")
