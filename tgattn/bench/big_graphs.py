@@ -158,7 +158,7 @@ def _conv(name: str):
 
 
 def network(conv: str) -> torch.nn.Module:
-    """The two-layer network of ``conv`` (:class:`tgattn.bench.planetoid.Net`): H = 4 heads of 16
+    """The two-layer network of ``conv`` (:class:`tgattn.bench.models.Net`): H = 4 heads of 16
     channels, ELU, then one head of 47 classes; dropout 0.6 on the features of both layers, none
     on the attention weights. ``tgattn``: ``GraphAttentionConv`` over the edges and self-loops
     without a root weight, as ``gat`` (``GATConv``, self-loops its default) attends;
