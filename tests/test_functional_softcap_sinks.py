@@ -5,12 +5,17 @@
 import pytest
 import torch
 
-from tgattn import builders
+from tgattn import builders, engine
+from tgattn.engine import fused
+from tgattn.engine import triton as triton_backend
 from tgattn.engine.recompute import dropout_factor
 from tgattn.functional import eager_graph_attention, graph_attention
 from tgattn.verify import random_edges
 
 BACKENDS = ["auto", "gather", "dense", "tile", "fused", "csr", "triton"]
+# On CPU tensors every engine name but csr runs the fused kernel (SDPA and the tiles take neither a cap
+# nor a sink), triton too where Triton's interpreter cannot run it.
+ON_FUSED = {"auto", "dense", "tile", "fused"}
 TOL64 = dict(rtol=1e-10, atol=1e-10)
 HEADS, DK, DV, CAP = 2, 4, 3, 1.5
 MODS = {"softcap": dict(softcap=CAP), "sinks": dict(sinks=True), "both": dict(softcap=CAP, sinks=True)}
@@ -50,6 +55,7 @@ def _duplicates(n):
     return both[:, torch.randperm(both.shape[1], generator=torch.Generator().manual_seed(3))]  # unsorted
 
 
+ENGINE_NAMES = set(BACKENDS) - {"gather"}
 PATTERNS = {  # name: (edge_index, n_q, n_k)
     "window": lambda: (builders.window(12, 2), 12, 12),
     "causal": lambda: (builders.causal(12), 12, 12),
@@ -69,16 +75,54 @@ def _inputs(n_q, n_k, num_edges, dtype=torch.float64, seed=0):
     return [t.to(dtype).requires_grad_() for t in (q, k, v, bias, sinks)]
 
 
+class _Ops:
+    """``torch.ops.tgattn_fused`` with some ops replaced (the rest read through)."""
+
+    def __init__(self, ops, **replaced):
+        self._ops = ops
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+class KernelCalls:
+    """Counts the fused kernel's forward and backward calls (the engine reaches them through ``torch.ops``)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = {"forward": 0, "backward": 0}
+        ops = torch.ops.tgattn_fused
+
+        def counted(name):
+            def call(*args):
+                self.calls[name] += 1
+                return getattr(ops, name)(*args)
+
+            return call
+
+        monkeypatch.setattr(torch.ops, "tgattn_fused", _Ops(ops, **{name: counted(name) for name in self.calls}))
+
+
+def _expect_fused(backend, q):
+    named_triton = backend == "triton" and not triton_backend.usable(q, named=True)
+    return (backend in ON_FUSED or named_triton) and fused.available()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 @pytest.mark.parametrize("mods", list(MODS))
-def test_forward_weights_and_gradients_equal_the_oracle(mods, pattern, backend):
+def test_forward_weights_and_gradients_equal_the_oracle(mods, pattern, backend, monkeypatch):
     ei, n_q, n_k = PATTERNS[pattern]()
     assert pattern != "random_empty_rows" or len(set(ei[1].tolist())) < n_q  # the pattern has empty rows
     q, k, v, bias, sinks = _inputs(n_q, n_k, ei.shape[1])
     with torch.no_grad():
         bias[::7] = float("-inf")  # some edges removed by their bias
     kw = dict(MODS[mods], sinks=sinks if "sinks" in MODS[mods] else None)
+    if backend in ENGINE_NAMES:
+        chosen = engine.plan(engine.structure_of(ei, n_q, n_k), backend, weights=True, softcap="softcap" in kw,
+                             sinks=kw["sinks"] is not None, triton=triton_backend.usable(q, named=backend == "triton"))
+        assert chosen == ("fused" if _expect_fused(backend, q) else "triton" if backend == "triton" else "csr")
+    counter = KernelCalls(monkeypatch)
     out, weights = graph_attention(q, k, v, ei, bias=bias, return_weights=True, backend=backend, **kw)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias, sinks)]
     ref, ref_weights = oracle(*leaves[:3], ei, DK ** -0.5, softcap=kw["softcap"] if "softcap" in kw else None,
@@ -95,6 +139,7 @@ def test_forward_weights_and_gradients_equal_the_oracle(mods, pattern, backend):
             assert t.grad is None
             continue
         torch.testing.assert_close(t.grad, leaf.grad, **TOL64, msg=name)
+    assert counter.calls == ({"forward": 1, "backward": 1} if _expect_fused(backend, q) else {"forward": 0, "backward": 0})
 
 
 def test_sinks_take_the_weight_the_edges_leave():
@@ -195,3 +240,122 @@ def test_bad_softcap_and_sinks_name_the_value():
         graph_attention(q, k, v, ei, sinks=torch.tensor([0.0, float("inf")], dtype=torch.float64))
     with pytest.raises(ValueError, match="softcap cannot be combined with edge_key"):
         graph_attention(q, k, v, ei, softcap=2.0, edge_key=torch.zeros(ei.shape[1], HEADS, DK, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not fused.available(), reason="no C++ toolchain here")
+@pytest.mark.parametrize("weights", [False, True])
+def test_fused_dropout_with_the_kernels_mask_equals_the_oracle(weights):
+    """Dropout inside the fused kernel with a cap and sinks: the oracle applies the kernel's own mask
+    (fused.dropout_keep, replaying torch's generator for the seed), forward and gradients."""
+    ei, n_q, n_k, p = builders.window(12, 3), 12, 12, 0.4  # sorted: the kernel's edge order is the caller's
+    assert engine.structure_of(ei, n_q, n_k).perm is None
+    q, k, v, bias, sinks = _inputs(n_q, n_k, ei.shape[1])
+    torch.manual_seed(11)
+    result = graph_attention(q, k, v, ei, bias=bias, softcap=CAP, sinks=sinks, dropout_p=p, return_weights=weights,
+                             backend="fused")
+    out, w = result if weights else (result, None)
+    torch.manual_seed(11)
+    keep = fused.dropout_keep(HEADS, ei.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias, sinks)]
+    ref, ref_w = oracle(*leaves[:3], ei, DK ** -0.5, softcap=CAP, bias=leaves[3], sinks=leaves[4],
+                        mult=keep.T.double() / (1 - p))
+    torch.testing.assert_close(out, ref, **TOL64)
+    probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
+    loss, ref_loss = (out * probe).sum(), (ref * probe).sum()
+    if weights:
+        torch.testing.assert_close(w, ref_w, **TOL64)
+        loss, ref_loss = loss + w.pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    loss.backward()
+    ref_loss.backward()
+    for name, t, leaf in zip("q k v bias sinks".split(), (q, k, v, bias, sinks), leaves):
+        torch.testing.assert_close(t.grad, leaf.grad, **TOL64, msg=name)
+
+
+def _short_and_long_rows(n, seed):
+    """Queries of 1-8 keys and keys of 1-8 queries (the float32 kernels' eight-lane groups), a few of
+    11-20 keys (the general path, a vector of eight and a tail), queries without keys, and a key seen
+    by a third of the queries (a general key pass among the short ones)."""
+    g = torch.Generator().manual_seed(seed)
+    degrees = torch.randint(1, 9, (n,), generator=g)
+    degrees[torch.randperm(n, generator=g)[:5]] = torch.tensor([0, 0, 11, 17, 20])
+    pairs = [torch.stack([torch.randperm(n, generator=g)[:d], torch.full((int(d),), i)]) for i, d in enumerate(degrees)]
+    hub = torch.arange(0, n, 3)
+    pairs.append(torch.stack([torch.full_like(hub, 5), hub]))
+    return torch.unique(torch.cat(pairs, 1), dim=1)
+
+
+@pytest.mark.skipif(not fused.available(), reason="no C++ toolchain here")
+@pytest.mark.parametrize("weights", [False, True])  # with returned weights the backward leaves the eight-lane keys
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_fused_short_rows_float_with_cap_sinks_dropout(dtype, weights):
+    """float32 (and bfloat16, computed in float32) on the fused kernel's eight-rows-at-a-time forward
+    and eight-keys-at-a-time backward, and on its general rows: the vectorised float tanh on both
+    sides of its two branches, a sink per head, dropout with the kernel's mask, a bias with -inf (a
+    query whose edges are all -inf in head 0: only its sink is left), against the float64 oracle."""
+    n, p = 64, 0.3
+    ei = _short_and_long_rows(n, seed=3)
+    s = engine.structure_of(ei, n, n)
+    q, k, v, bias, sinks = _inputs(n, n, ei.shape[1], seed=1)
+    with torch.no_grad():
+        bias[torch.rand(bias.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64) < 0.1] = float("-inf")
+        bias[ei[1] == 7, 0] = float("-inf")
+    cast = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)] + [
+        t.detach().float().requires_grad_() for t in (bias, sinks)]
+    torch.manual_seed(5)
+    result = graph_attention(*cast[:3], ei, bias=cast[3], softcap=CAP, sinks=cast[4], dropout_p=p,
+                             return_weights=weights, backend="fused")
+    out, w = result if weights else (result, None)
+    torch.manual_seed(5)
+    keep = fused.dropout_keep(HEADS, ei.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E], sorted order
+    mult = torch.empty(ei.shape[1], HEADS, dtype=torch.float64)
+    mult[s.perm if s.perm is not None else slice(None)] = keep.T.double() / (1 - p)  # the caller's order
+    leaves = [t.detach().double().requires_grad_() for t in cast]
+    ref, ref_w = oracle(*leaves[:3], ei, DK ** -0.5, softcap=CAP, bias=leaves[3], sinks=leaves[4], mult=mult)
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    loss, ref_loss = (out.double() * probe).sum(), (ref * probe).sum()
+    if weights:
+        torch.testing.assert_close(w.double(), ref_w, **tol)
+        loss, ref_loss = loss + w.double().pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    loss.backward()
+    ref_loss.backward()
+    for name, t, leaf in zip("q k v bias sinks".split(), cast, leaves):
+        assert bool(t.grad.isfinite().all()), name
+        torch.testing.assert_close(t.grad.double(), leaf.grad, **{key: 4 * x for key, x in tol.items()}, msg=name)
+
+
+@pytest.mark.skipif(not fused.available(), reason="no C++ toolchain here")
+def test_fused_sink_of_minus_infinity_is_no_sink():
+    """A head whose sink is -inf has none: equal to csr, rows without edges output 0, no NaN in any gradient."""
+    ei, n_q, n_k = PATTERNS["random_empty_rows"]()
+    q, k, v, bias, sinks = _inputs(n_q, n_k, ei.shape[1])
+    with torch.no_grad():
+        sinks[0] = float("-inf")
+    results = []
+    for backend in ("fused", "csr"):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias, sinks)]
+        out, w = graph_attention(*leaves[:3], ei, bias=leaves[3], softcap=CAP, sinks=leaves[4], return_weights=True,
+                                 backend=backend)
+        (out.sum() + w.pow(2).sum()).backward()
+        results.append([out, w] + [t.grad for t in leaves])
+    for got, want in zip(*results):
+        assert not bool(got.isnan().any())
+        torch.testing.assert_close(got, want, **TOL64)
+
+
+@pytest.mark.skipif(not fused.available(), reason="no C++ toolchain here")
+def test_fused_float32_cap_adds_no_more_than_the_scores_rounding():
+    """Gemma 2's cap of 50 on scores of a few units (tanh's argument near 0, the kernel's polynomial
+    branch): float32 weights are as close to the float64 oracle as without the cap (the float tanh's
+    error relative to a small argument, not to 1: 1 - 2 e / (1 + e) alone was off by c * 6e-8)."""
+    ei, n = random_edges(40, 40, 0.5, seed=4), 40
+    q, k, v, _, _ = (t.detach() for t in _inputs(n, n, ei.shape[1], seed=3))
+    q = q / 4  # scores of about one unit: their own float32 rounding is small
+    errors = {}
+    for cap in (None, 50.0):
+        _, w = graph_attention(*(t.float() for t in (q, k, v)), ei, softcap=cap, return_weights=True, backend="fused")
+        _, ref = oracle(q, k, v, ei, DK ** -0.5, softcap=cap)
+        errors[cap] = ((w.double() - ref).abs() / ref).max().item()
+    assert errors[None] < 1e-6
+    assert errors[50.0] <= 3 * errors[None]

@@ -118,7 +118,8 @@ def graph_attention(
             minus its sink's share, and a query without edges has no weights and outputs 0.
 
     softcap / sinks run on Triton's kernels where those run (``"auto"`` or ``"triton"``) and
-    on csr otherwise: every other backend name falls back to ``"csr"`` for them (``"gather"``
+    on the fused C++ kernel on the CPU otherwise: every other backend name falls back to
+    ``"fused"`` for them (``"csr"`` where it is named or the kernel cannot be built; ``"gather"``
     honours them too).
 
     Edge terms run on every backend, exactly: the key term is added to the score bias as

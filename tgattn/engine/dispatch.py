@@ -10,8 +10,10 @@ of the call, never from the values of ``q``, ``k``, ``v``:
    kernel cannot run) and the call has no dropout, no returned weights and no duplicated edges;
 3. ``fused`` (the C++ kernel of :mod:`tgattn.engine.fused`, dropout included) for CPU calls,
    when the kernel could be compiled;
-4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``;
-   a softcap / sinks run on csr from every CPU backend name, on triton where it runs).
+4. ``csr`` otherwise; it honours every option (and is the only one that takes an ``edge_scale``).
+
+A ``softcap`` or ``sinks`` (Gemma 2, gpt-oss) runs on the fused kernel on the CPU from every
+backend name but ``csr`` (SDPA and the tiles take neither), on ``triton`` where it runs, else on ``csr``.
 
 On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
 when Triton is installed; it honours every option but ``edge_scale`` (softcap and sinks
@@ -96,7 +98,8 @@ def plan(
     false for inputs the fused kernel does not take (not on the CPU); the kernel must also be
     available (:func:`tgattn.engine.fused.available`). ``triton`` is true when the Triton
     kernels can run the inputs (:func:`tgattn.engine.triton.usable`). Only ``csr`` takes an
-    ``edge_scale``; a ``softcap`` or ``sinks`` run on ``triton`` where it runs, else on ``csr``.
+    ``edge_scale``; a ``softcap`` or ``sinks`` run on ``triton`` where it runs, else on ``fused``
+    (``csr`` when named, or without the kernel).
 
     Example:
         >>> from tgattn import builders
@@ -109,8 +112,10 @@ def plan(
         raise ValueError(f"unknown engine backend {backend!r}")
     if edge_scale:
         return "csr"
-    if softcap or sinks:  # csr and Triton's kernels take them (the fused kernel not yet)
-        return "triton" if triton and backend in ("auto", "triton") else "csr"
+    if softcap or sinks:  # csr, fused and Triton's kernels take them; SDPA and the tiles do not
+        if triton and backend in ("auto", "triton"):
+            return "triton"
+        return "fused" if backend != "csr" and fusable and fused.available() else "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
     if triton and (backend == "triton" or (backend == "auto" and not (dense_ok and dense_pays(s)))):
         return "triton"
@@ -175,7 +180,7 @@ def run(
     sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on structure ``s``; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order,
-    ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``triton`` where it runs, else on ``csr``.
+    ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``triton`` where it runs, else on ``fused`` or ``csr``.
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
     inside, so that scores and sums accumulate in float32 on every backend; ``fused`` and
@@ -233,5 +238,5 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only
         return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights, softcap=softcap,
                                                sinks=sinks)
     if chosen == "fused":
-        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator, return_weights)
+        return fused.fused_attention(q, k, v, s, bias, scale, dropout_p, generator, return_weights, softcap, sinks)
     return csr_attention(q, k, v, s, bias, scale, dropout_p, edge_scale, generator, softcap, sinks)

@@ -269,6 +269,52 @@ __attribute__((always_inline)) inline T exp_shifted(T* x, int64_t n, T shift) {
   return sum;
 }
 
+// tanh of 8 floats for logit soft-capping (Cephes' tanhf, about 2 ulp: an odd polynomial below
+// 0.625, else 1 - 2 e / (1 + e) with e = exp(-2 |x|) through exp_nonpositive, which clamps at -87:
+// 1 from |x| = 44 on, never NaN). Every multiply-add is fused explicitly and the function is
+// elementwise, so a row's scores, a key's and eight lanes' come out bit for bit alike (see hsum).
+__attribute__((always_inline)) inline vec_t<float> tanh8(vec_t<float> x) {
+  const vec_t<float> a = x < 0.0f ? -x : x, z = x * x;
+  vec_t<float> p = madd(vec_t<float>{} - 5.70498872745e-3f, z, vec_t<float>{} + 2.06390887954e-2f);
+  p = madd(p, z, vec_t<float>{} - 5.37397155531e-2f);
+  p = madd(p, z, vec_t<float>{} + 1.33314422036e-1f);
+  p = madd(p, z, vec_t<float>{} - 3.33332819422e-1f);
+  const vec_t<float> small = madd(p * z, x, x);
+  const vec_t<float> e = exp_nonpositive(a * -2.0f);
+  const vec_t<float> big = 1.0f - (e + e) / (1.0f + e);
+  return a < 0.625f ? small : (x < 0.0f ? -big : big);
+}
+
+// x[r] = tanh(x[r] * k) for r < n (k = scale / cap): the soft cap's tanh of the scaled scores,
+// eight at a time in float (a short tail padded with zeros), std::tanh in double.
+template <typename T>
+__attribute__((always_inline)) inline void tanh_scaled(T* x, int64_t n, T k) {
+  int64_t r = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; r + 8 <= n; r += 8) store(x + r, tanh8(load(x + r) * k));
+    if (r < n) {
+      float tail[8] = {};
+      std::copy(x + r, x + n, tail);
+      store(tail, tanh8(load(tail) * k));
+      std::copy(tail, tail + (n - r), x + r);
+    }
+  } else {
+    for (; r < n; ++r) x[r] = std::tanh(x[r] * k);
+  }
+}
+
+// Gemma 2's logit soft-capping and gpt-oss's attention sink, for one head: the score of an edge is
+// cap * tanh(scale * <q_i, k_j> / cap) + bias_e (the cap on the scaled score, before the bias), and
+// the logit `sink` joins each row's softmax without a value (it enters the log-sum-exp, so a row's
+// weights sum to less than 1). The kernels branch on them outside their inner loops: without
+// either, the code and its roundings are those of the kernels before.
+template <typename T>
+struct Logits {
+  T cap = 0, k = 0;  // cap 0: no cap; k = scale / cap
+  bool has_sink = false;
+  T sink = 0;
+};
+
 // Fetches the row of `bytes` bytes at p into the cache ahead of its use (for writing when
 // WRITE). A head's rows in the caller's layout [N, H, d] are H * d numbers apart, a stride the
 // hardware prefetchers of the 2-core AMD EPYC we measure on do not follow: walking them one
@@ -932,7 +978,7 @@ template <typename S>
 inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const int64_t* col, const S* q,
                          int64_t qs, const S* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
                          float scale, float* lse, S* w, const S* v, int64_t vs, int64_t dv, S* out,
-                         int64_t os, const Dropout& drop, int64_t h) {
+                         int64_t os, const Dropout& drop, int64_t h, const Logits<float>& lg) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0, at[9];
   for (int r = 0; r <= m; ++r) at[r] = ptr[i0 + r];
@@ -954,15 +1000,20 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     dots8(Pointers<const S>{qr}, kr, d, x);
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
-    s[t] = (ivec_t{} + int32_t(t)) < degs ? madd(load(x), vec_t<float>{} + scale, load(b)) : neg_inf;
+    const vec_t<float> st = lg.cap ? madd(tanh8(load(x) * lg.k), vec_t<float>{} + lg.cap, load(b))
+                                   : madd(load(x), vec_t<float>{} + scale, load(b));
+    s[t] = (ivec_t{} + int32_t(t)) < degs ? st : neg_inf;
     mx = s[t] > mx ? s[t] : mx;
   }
+  const vec_t<float> sink = vec_t<float>{} + (lg.has_sink ? lg.sink : -std::numeric_limits<float>::infinity());
+  if (lg.has_sink) mx = sink > mx ? sink : mx;
   // A -inf score (padding, or a -inf bias) weighs exactly 0; a row whose scores are all -inf
   // keeps lse = -inf and a zero output, as in the general path.
   for (int64_t t = 0; t < most; ++t) {
     s[t] = s[t] > neg_inf ? exp_nonpositive(s[t] - mx) : vec_t<float>{};
     sum += s[t];
   }
+  if (lg.has_sink) sum += sink > neg_inf ? exp_nonpositive(sink - mx) : vec_t<float>{};
   for (int r = 0; r < m; ++r) lse[i0 + r] = mx[r] + std::log(sum[r]);
   const vec_t<float> inv = sum > 0.0f ? 1.0f / sum : vec_t<float>{};
   for (int64_t t = 0; t < most; ++t) {
@@ -997,14 +1048,16 @@ template <typename S, typename T = compute_t<S>>
 __attribute__((noinline))
 void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S* q, int64_t qs, const S* k,
                  int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, S* w, const S* v,
-                 int64_t vs, int64_t dv, S* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re) {
+                 int64_t vs, int64_t dv, S* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re,
+                 const Logits<T>& lg) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t i = r0; i < r1; ++i) {
     if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(S)), fetch<1>(out + (i + 1) * os, dv * sizeof(S));
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, r1 - i);
       if (short_group(ptr, i, m)) {
-        attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out, os, drop, h);
+        attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out, os, drop, h,
+                     lg);
         i += m - 1;
         continue;
       }
@@ -1016,17 +1069,23 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     T* x = re.x.data();
     dots(q + i * qs, Rows<const S>{k, re.index, ks}, n, d, x);
     T row_max = neg_inf;
-    if (bias) {
+    if (lg.cap) {
+      tanh_scaled(x, n, lg.k);
+      for (int64_t r = 0; r < n; ++r)
+        row_max = std::max(row_max, x[r] = madd(x[r], lg.cap, bias ? bias[re.position(r) * bias_stride] : T(0)));
+    } else if (bias) {
       for (int64_t r = 0; r < n; ++r)
         row_max = std::max(row_max, x[r] = madd(x[r], scale, bias[re.position(r) * bias_stride]));
     } else {
       row_max = scale_max(x, n, scale);
     }
+    if (lg.has_sink) row_max = std::max(row_max, lg.sink);
     if (row_max == neg_inf) {  // no finite score (or no edge): every weight stays 0
       std::memset(out + i * os, 0, dv * sizeof(S));  // out comes uninitialised
       continue;
     }
-    const T sum = exp_shifted(x, n, row_max);
+    T sum = exp_shifted(x, n, row_max);
+    if (lg.has_sink) sum += std::exp(lg.sink - row_max);
     lse[i] = row_max + std::log(sum);
     const T inv_sum = T(1) / sum;
     for (int64_t r = 0; r < n; ++r) x[r] *= inv_sum;
@@ -1059,7 +1118,7 @@ struct HeadGrad {
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
 template <typename S, typename I>
 void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
-               const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h) {
+               const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h, const Logits<float>& lg) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0, at[9];
   for (int r = 0; r <= m; ++r) at[r] = colptr[j0 + r];
@@ -1094,13 +1153,16 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
-    const vec_t<float> e = exp_nonpositive(madd(load(x), vec_t<float>{} + scale, bv) - load(lse));
+    // Through the cap, d(cap tanh(u / cap)) / du = 1 - tanh^2.
+    const vec_t<float> th = lg.cap ? tanh8(load(x) * lg.k) : vec_t<float>{};
+    const vec_t<float> st = lg.cap ? madd(th, vec_t<float>{} + lg.cap, bv) : madd(load(x), vec_t<float>{} + scale, bv);
+    const vec_t<float> e = exp_nonpositive(st - load(lse));
     const vec_t<float> pt = live ? e : vec_t<float>{};
     const vec_t<float> ds = pt * (load(y) * fv - load(delta));
     if (g.ds)
       for (int r = 0; r < m; ++r)
         if (t < deg[r]) g.ds[edge[r]] = ds[r];
-    a[t] = ds * scale;
+    a[t] = lg.cap ? ds * (1.0f - th * th) * scale : ds * scale;
     p[t] = pt * fv;
   }
   for (int r = 0; r < m; ++r) {
@@ -1136,7 +1198,8 @@ constexpr int64_t GROUP = 16;
 
 template <typename S, typename I, typename T = compute_t<S>>
 void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>& g,
-              T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums) {
+              T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums,
+              const Logits<T>& lg) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const auto edge = [&](int64_t t) -> int64_t { return perm_t ? int64_t(perm_t[t]) : t; };
   if constexpr (is_half_v<S>) sums.resize(g.dk + g.dv);
@@ -1144,7 +1207,7 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, c1 - j);
       if (!g.gw && short_group(colptr, j, m)) {
-        key_pass8(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h);
+        key_pass8(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         j += m - 1;
         continue;
       }
@@ -1171,24 +1234,49 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       const I* rows = ce.index + g0;
       T *pg = p + g0, *dpg = dp + g0, *ag = a.data() + g0;
       dots(kj, Rows<const S, I>{g.q, rows, g.qs}, m, g.dk, pg);
-      for (int64_t r = 0; r < m; ++r) {
-        const T b = g.bias ? g.bias[edge(ce.position(g0 + r)) * g.bias_stride] : T(0);
-        pg[r] = madd(pg[r], scale, b) - g.lse[rows[r]];  // the forward's score (see hsum)
+      if (lg.cap) {  // ag holds each tanh until its 1 - tanh^2 is used below
+        std::copy(pg, pg + m, ag);
+        tanh_scaled(ag, m, lg.k);
+        for (int64_t r = 0; r < m; ++r) {
+          const T b = g.bias ? g.bias[edge(ce.position(g0 + r)) * g.bias_stride] : T(0);
+          pg[r] = madd(ag[r], lg.cap, b) - g.lse[rows[r]];
+        }
+      } else {
+        for (int64_t r = 0; r < m; ++r) {
+          const T b = g.bias ? g.bias[edge(ce.position(g0 + r)) * g.bias_stride] : T(0);
+          pg[r] = madd(pg[r], scale, b) - g.lse[rows[r]];  // the forward's score (see hsum)
+        }
       }
       exp_shifted(pg, m, T(0));
       dots(g.v + j * g.vs, Rows<const S, I>{g.go, rows, g.gs}, m, g.dv, dpg);
-      for (int64_t r = 0; r < m; ++r) {
-        T f = 1;
-        if (drop.on() || g.gw || g.ds) {
-          const int64_t e = edge(ce.position(g0 + r));
-          f = drop.factor<T>(h, e);
-          const T ds = pg[r] * (dpg[r] * f + (g.gw ? T(g.gw[e]) : T(0)) - g.delta[rows[r]]);
-          if (g.ds) g.ds[e] = ds;
-          ag[r] = ds * scale;
-        } else {
-          ag[r] = pg[r] * (dpg[r] - g.delta[rows[r]]) * scale;
+      if (lg.cap) {
+        for (int64_t r = 0; r < m; ++r) {
+          T f = 1, ds;
+          if (drop.on() || g.gw || g.ds) {
+            const int64_t e = edge(ce.position(g0 + r));
+            f = drop.factor<T>(h, e);
+            ds = pg[r] * (dpg[r] * f + (g.gw ? T(g.gw[e]) : T(0)) - g.delta[rows[r]]);
+            if (g.ds) g.ds[e] = ds;
+          } else {
+            ds = pg[r] * (dpg[r] - g.delta[rows[r]]);
+          }
+          ag[r] = ds * (T(1) - ag[r] * ag[r]) * scale;
+          pg[r] *= f;
         }
-        pg[r] *= f;
+      } else {
+        for (int64_t r = 0; r < m; ++r) {
+          T f = 1;
+          if (drop.on() || g.gw || g.ds) {
+            const int64_t e = edge(ce.position(g0 + r));
+            f = drop.factor<T>(h, e);
+            const T ds = pg[r] * (dpg[r] * f + (g.gw ? T(g.gw[e]) : T(0)) - g.delta[rows[r]]);
+            if (g.ds) g.ds[e] = ds;
+            ag[r] = ds * scale;
+          } else {
+            ag[r] = pg[r] * (dpg[r] - g.delta[rows[r]]) * scale;
+          }
+          pg[r] *= f;
+        }
       }
       if constexpr (is_half_v<S>) {
         const Rows<const S, I> qrows{g.q, rows, g.qs}, gorows{g.go, rows, g.gs};
@@ -1283,17 +1371,39 @@ at::Tensor checked_bias(const c10::optional<at::Tensor>& bias, const at::Tensor&
   return b;
 }
 
-// q [n_q, H, dk], k [n_k, H, dk], v [n_k, H, dv] (any row and head strides); bias [E, 1 or H] or None.
+at::Tensor checked_sinks(const c10::optional<at::Tensor>& sinks, const at::Tensor& q) {
+  const at::Tensor t = sinks.has_value() ? sinks->contiguous() : at::Tensor();
+  TORCH_CHECK(!t.defined() || (t.dim() == 1 && t.size(0) == q.size(1) && t.scalar_type() == compute_type(q)),
+              "tgattn fused: sinks must be [H] of the dtype of q (float32 for float16 / bfloat16 q)");
+  return t;
+}
+
+void check_softcap(double softcap) {
+  TORCH_CHECK(softcap >= 0 && std::isfinite(softcap), "tgattn fused: softcap must be finite and >= 0 (0: none)");
+}
+
+// The soft cap (0: none) and the sink of head h (sinks [H] or undefined).
+template <typename T>
+Logits<T> logits(double softcap, double scale, const at::Tensor& sinks, int64_t h) {
+  Logits<T> lg;
+  if (softcap > 0) lg.cap = T(softcap), lg.k = T(scale / softcap);
+  if (sinks.defined()) lg.has_sink = true, lg.sink = sinks.data_ptr<T>()[h];
+  return lg;
+}
+
+// q [n_q, H, dk], k [n_k, H, dk], v [n_k, H, dv] (any row and head strides); bias [E, 1 or H] or None;
+// softcap > 0 caps the scaled scores (0: no cap); sinks [H] or None (see Logits).
 // Returns (out [n_q, H, dv], lse [H, n_q], weights [H, E] if `weights` else an empty tensor).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& rowptr, const at::Tensor& col,
                                 const c10::optional<at::Tensor>& bias, double scale, double dropout_p,
-                                int64_t seed, bool weights) {
+                                int64_t seed, bool weights, double softcap, const c10::optional<at::Tensor>& sinks) {
   check_inputs(q, k, v);
   const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
   TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn fused: col must be int64");
-  const at::Tensor b = checked_bias(bias, q, E);
+  const at::Tensor b = checked_bias(bias, q, E), sk = checked_sinks(sinks, q);
+  check_softcap(softcap);
   // Every row of out and lse is written by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
   at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, compute_type(q));
@@ -1320,7 +1430,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
       attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh,
                             bias_heads, static_cast<T>(scale), lse.data_ptr<T>() + h * n_q,
                             weights ? w.data_ptr<scalar_t>() + h * E : nullptr, sc.v.rows, sc.v.stride, dv,
-                            head<scalar_t>(out, h), out.stride(0), drop, h, sc.re);
+                            head<scalar_t>(out, h), out.stride(0), drop, h, sc.re, logits<T>(softcap, scale, sk, h));
     });
   });
   return {out, lse, w};
@@ -1342,7 +1452,10 @@ int64_t key_blocks(int64_t heads, int64_t edges, int64_t n_q) {
 // (grad_weights: the gradient that reached the returned weights, or None); bias as in forward.
 // rowptr as in forward; colptr / row_t / perm_t: the transposed pattern (each int64 or int32,
 // row_t and perm_t alike; perm_t is needed with a bias, dropout or grad_weights). Returns (dq, dk,
-// dv, d_scores [H, E] when grad_bias, else empty); d_scores is the gradient of an additive bias.
+// dv, d_scores [H, E] when grad_bias, else empty); d_scores is the gradient of an additive bias (of the
+// capped scores). softcap and sinks as in forward; with sinks a fifth tensor, their gradient [H]:
+// the sink weighs exp(sink - lse_i) in row i, a logit without a value, so its gradient is
+// -sum_i exp(sink - lse_i) delta_i.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                  const c10::optional<at::Tensor>& weights,
@@ -1350,8 +1463,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                                  const c10::optional<at::Tensor>& bias, const at::Tensor& rowptr,
                                  const at::Tensor& colptr, const at::Tensor& row_t,
                                  const c10::optional<at::Tensor>& perm_t, double scale, double dropout_p,
-                                 int64_t seed, bool grad_bias) {
+                                 int64_t seed, bool grad_bias, double softcap,
+                                 const c10::optional<at::Tensor>& sinks) {
   check_inputs(q, k, v);
+  const at::Tensor sk = checked_sinks(sinks, q);
+  check_softcap(softcap);
   const at::Tensor go = rows_ok(grad_out) ? grad_out : grad_out.contiguous();
   const at::Tensor o = rows_ok(out) ? out : out.contiguous();
   const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = row_t.size(0);
@@ -1449,7 +1565,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                       gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
                       sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
                       grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
-        key_pass<S>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums);
+        key_pass<S>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums,
+                    logits<T>(softcap, scale, sk, h));
         if (in_place_dq) return;
         if (rounded) {
           for (int64_t i = 0; i < n_q; ++i) {
@@ -1472,7 +1589,19 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   if (extra.defined()) dq.add_(extra.sum(0));
   if (sums.defined())  // in the float32 path's order: block 0 plus the sum of the others
     dq.copy_(blocks > 1 ? sums[0].add_(sums.slice(0, 1).sum(0)) : sums[0]);
-  return {dq, dkt, dvt, ds};
+  if (!sk.defined()) return {dq, dkt, dvt, ds};
+  at::Tensor grad_sinks = at::zeros({H}, sk.options());
+  AT_DISPATCH_FLOATING_TYPES(ct, "tgattn_fused_sinks", [&] {
+    for (int64_t h = 0; h < H; ++h) {
+      const scalar_t t = sk.data_ptr<scalar_t>()[h], *lh = lse.data_ptr<scalar_t>() + h * n_q;
+      const scalar_t* dh = delta.data_ptr<scalar_t>() + h * n_q;
+      scalar_t sum = 0;
+      for (int64_t i = 0; i < n_q; ++i)
+        if (lh[i] > -std::numeric_limits<scalar_t>::infinity()) sum += std::exp(t - lh[i]) * dh[i];  // a -inf row has no logit
+      grad_sinks.data_ptr<scalar_t>()[h] = -sum;
+    }
+  });
+  return {dq, dkt, dvt, ds, grad_sinks};
 }
 
 // A stable counting sort of E entries by key c[e] in [0, n): fills ptr [n + 1] (zeroed) with the
@@ -1626,10 +1755,10 @@ std::vector<at::Tensor> transpose(const at::Tensor& col, int64_t n_k) {
 // for these ops, so that torch.compile can trace through them.
 TORCH_LIBRARY(tgattn_fused, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale, "
-        "float dropout_p, int seed, bool weights) -> Tensor[]");
+        "float dropout_p, int seed, bool weights, float softcap=0.0, Tensor? sinks=None) -> Tensor[]");
   m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? weights, "
         "Tensor? grad_weights, Tensor? bias, Tensor rowptr, Tensor colptr, Tensor row_t, Tensor? perm_t, float scale, "
-        "float dropout_p, int seed, bool grad_bias) -> Tensor[]");
+        "float dropout_p, int seed, bool grad_bias, float softcap=0.0, Tensor? sinks=None) -> Tensor[]");
   m.def("transpose_rows(Tensor rowptr, Tensor col, int n_k, bool with_perm, bool narrow) -> Tensor[]");
   // No tensor argument to dispatch on and never traced: a catch-all kernel.
   m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);

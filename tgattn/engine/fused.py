@@ -51,50 +51,60 @@ class FusedAttention(torch.autograd.Function):
     were asked for (``weights=True``).
     Dropout (probability ``p``) draws no mask: the kernels hash ``(seed, head, edge)``, in
     backward as in forward. The returned weights are those before dropout.
+    ``softcap`` (a float or ``None``) caps the scaled scores before the bias, ``c * tanh(s / c)``;
+    ``sinks`` (``[H]`` or ``None``) joins each softmax's denominator without a value. The saved
+    log-sum-exp includes the sink, so the backward recomputes the weights with it; the kernel
+    forms the sinks' gradient from it and its deltas.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, s: Structure, scale: float, p: float, seed: int, weights: bool):
-        out, lse, w = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights)
+    def forward(ctx, q, k, v, bias, sinks, s: Structure, scale: float, p: float, seed: int, weights: bool,
+                softcap: Optional[float]):
+        cap = 0.0 if softcap is None else softcap
+        out, lse, w = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights, cap,
+                                                     sinks)
         ctx.set_materialize_grads(False)  # no zeros for an unused output
         if not weights:
             ctx.mark_non_differentiable(w)
-        ctx.save_for_backward(q, k, v, bias, out, lse, w if weights else None)
-        ctx.s, ctx.scale, ctx.p, ctx.seed = s, scale, p, seed
+        ctx.save_for_backward(q, k, v, bias, sinks, out, lse, w if weights else None)
+        ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.softcap = s, scale, p, seed, softcap
         return out, w
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        q, k, v, bias, out, lse, weights = ctx.saved_tensors
+        q, k, v, bias, sinks, out, lse, weights = ctx.saved_tensors
         s = ctx.s
         if grad_out is None and grad_weights is None:
-            return (None,) * 9
+            return (None,) * 11
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
             mult = None
             if ctx.p > 0:
                 mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
 
-            def attend(q, k, v, bias):  # float16 / bfloat16 in float32, as the kernels compute
-            
+            def attend(q, k, v, bias, sinks):  # float16 / bfloat16 in float32, as the kernels compute
                 work = compute_dtype(q.dtype)
                 out, w = gather_attention(q.to(work), k.to(work), v.to(work), s.src, s.dst, s.n_q, bias, ctx.scale,
-                                          None if mult is None else mult.to(work))
+                                          None if mult is None else mult.to(work), ctx.softcap, sinks)
                 return out.to(q.dtype), w.T.to(q.dtype)
 
-            grads = recompute_grads(attend, (q, k, v, bias), (grad_out, grad_weights), ctx.needs_input_grad[:4])
-            return (*grads, None, None, None, None, None)
+            grads = recompute_grads(attend, (q, k, v, bias, sinks), (grad_out, grad_weights), ctx.needs_input_grad[:5])
+            return (*grads, None, None, None, None, None, None)
         if grad_out is None:  # only the returned weights got a gradient
             grad_out = torch.zeros_like(out)
         with_perm = bias is not None or ctx.p > 0 or grad_weights is not None
         colptr, row_t, perm_t = backward_pattern(s, with_perm)
-        grad_q, grad_k, grad_v, d_scores = torch.ops.tgattn_fused.backward(
+        sinks_grad = sinks is not None and ctx.needs_input_grad[4]
+        grads = torch.ops.tgattn_fused.backward(
             grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t,
-            ctx.scale, ctx.p, ctx.seed, ctx.needs_input_grad[3],
+            ctx.scale, ctx.p, ctx.seed, ctx.needs_input_grad[3], 0.0 if ctx.softcap is None else ctx.softcap,
+            sinks if sinks_grad else None,
         )
+        grad_q, grad_k, grad_v, d_scores = grads[:4]
         grad_bias = None
         if ctx.needs_input_grad[3]:
             grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
-        return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None
+        grad_sinks = grads[4] if sinks_grad else None
+        return grad_q, grad_k, grad_v, grad_bias, grad_sinks, None, None, None, None, None, None
 
 
 def fused_attention(
@@ -107,8 +117,12 @@ def fused_attention(
     dropout_p: float = 0.0,
     generator: Optional[torch.Generator] = None,
     return_weights: bool = False,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ):
     """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
+    ``softcap`` caps the scaled scores before the bias (``c * tanh(s / c)``); ``sinks [H]`` adds one
+    logit per head to each softmax, without a value; both with gradients.
 
     ``q``, ``k``, ``v`` may have any strides (a feature dimension that is not contiguous is copied).
     float16 / bfloat16 inputs are read as they are and computed in float32 (the bias too, and
@@ -124,9 +138,10 @@ def fused_attention(
 
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     bias = None if bias is None else bias.to(compute_dtype(q.dtype))
+    sinks = None if sinks is None else sinks.to(compute_dtype(q.dtype))
     # The kernels read rows through any row and head strides, but a row's features must be contiguous.
     q, k, v = (t if t.shape[2] <= 1 or t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
-    out, weights = FusedAttention.apply(q, k, v, bias, s, scale, dropout_p, seed, return_weights)
+    out, weights = FusedAttention.apply(q, k, v, bias, sinks, s, scale, dropout_p, seed, return_weights, softcap)
     return out, (weights.T if return_weights else None)
 
 

@@ -129,16 +129,17 @@ def register_fake_kernels() -> None:
     _state["fakes"] = True
 
     @torch.library.register_fake("tgattn_fused::forward")
-    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights):
+    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights, softcap=0.0, sinks=None):
         w = q.new_empty(q.shape[1], col.shape[0]) if weights else q.new_empty(0)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=compute_dtype(q.dtype))
         return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), lse, w]
 
     @torch.library.register_fake("tgattn_fused::backward")
     def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
-          seed, grad_bias):
+          seed, grad_bias, softcap=0.0, sinks=None):
         ds = q.new_empty(q.shape[1], row_t.shape[0] if grad_bias else 0, dtype=compute_dtype(q.dtype))
-        return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
+        grads = [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
+        return grads if sinks is None else grads + [sinks.new_empty(sinks.shape)]  # the sinks' gradient
 
     @torch.library.register_fake("tgattn_fused::transpose_rows")
     def _(rowptr, col, n_k, with_perm, narrow):
