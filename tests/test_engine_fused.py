@@ -27,6 +27,11 @@ def test_kernel_compiles_and_is_chosen():
     assert engine.plan(s, "fused", dropout=True) == "fused"  # dropout inside the kernel
     assert engine.plan(s, edge_scale=True) == "csr"
     assert engine.plan(s, fusable=False) == "csr"
+    causal = engine.structure_of(builders.causal(64), 64, 64)  # SDPA's set: not with a cap or sinks
+    for backend in ("auto", "dense", "tile", "fused"):
+        assert engine.plan(causal, backend, softcap=True) == engine.plan(s, backend, sinks=True) == "fused"
+    assert engine.plan(s, "csr", softcap=True, sinks=True) == "csr"
+    assert engine.plan(s, softcap=True, edge_scale=True) == engine.plan(s, sinks=True, fusable=False) == "csr"
 
 
 @needs_kernel

@@ -974,7 +974,7 @@ inline bool short_group(RowPtr ptr, int64_t i, int64_t m) {
 // horizontal reductions, and the eight rows' chains of dependent steps (dot products, max, exp,
 // sum, log, weighted sum) run side by side: one row at a time, at 3-4 edges a row (molecule
 // batches), the forward waited on those chains. S: float, float16 or bfloat16 rows.
-template <typename S>
+template <typename S, bool LOGITS>
 inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const int64_t* col, const S* q,
                          int64_t qs, const S* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
                          float scale, float* lse, S* w, const S* v, int64_t vs, int64_t dv, S* out,
@@ -1000,20 +1000,20 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     dots8(Pointers<const S>{qr}, kr, d, x);
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
-    const vec_t<float> st = lg.cap ? madd(tanh8(load(x) * lg.k), vec_t<float>{} + lg.cap, load(b))
-                                   : madd(load(x), vec_t<float>{} + scale, load(b));
+    const vec_t<float> st = LOGITS && lg.cap ? madd(tanh8(load(x) * lg.k), vec_t<float>{} + lg.cap, load(b))
+                                             : madd(load(x), vec_t<float>{} + scale, load(b));
     s[t] = (ivec_t{} + int32_t(t)) < degs ? st : neg_inf;
     mx = s[t] > mx ? s[t] : mx;
   }
   const vec_t<float> sink = vec_t<float>{} + (lg.has_sink ? lg.sink : -std::numeric_limits<float>::infinity());
-  if (lg.has_sink) mx = sink > mx ? sink : mx;
+  if (LOGITS && lg.has_sink) mx = sink > mx ? sink : mx;
   // A -inf score (padding, or a -inf bias) weighs exactly 0; a row whose scores are all -inf
   // keeps lse = -inf and a zero output, as in the general path.
   for (int64_t t = 0; t < most; ++t) {
     s[t] = s[t] > neg_inf ? exp_nonpositive(s[t] - mx) : vec_t<float>{};
     sum += s[t];
   }
-  if (lg.has_sink) sum += sink > neg_inf ? exp_nonpositive(sink - mx) : vec_t<float>{};
+  if (LOGITS && lg.has_sink) sum += sink > neg_inf ? exp_nonpositive(sink - mx) : vec_t<float>{};
   for (int r = 0; r < m; ++r) lse[i0 + r] = mx[r] + std::log(sum[r]);
   const vec_t<float> inv = sum > 0.0f ? 1.0f / sum : vec_t<float>{};
   for (int64_t t = 0; t < most; ++t) {
@@ -1044,7 +1044,7 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
 // loop (as it was then) its sums fused other multiply-adds (outputs an ulp off) and rows of 0-2
 // edges ran about 1.1x slower.
 // q, k, v, out and w are S (T, or float16 / bfloat16 computed in T = float); bias and lse are T.
-template <typename S, typename T = compute_t<S>>
+template <typename S, bool LOGITS, typename T = compute_t<S>>
 __attribute__((noinline))
 void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S* q, int64_t qs, const S* k,
                  int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, S* w, const S* v,
@@ -1056,8 +1056,8 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, r1 - i);
       if (short_group(ptr, i, m)) {
-        attend_rows8(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out, os, drop, h,
-                     lg);
+        attend_rows8<S, LOGITS>(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out,
+                                os, drop, h, lg);
         i += m - 1;
         continue;
       }
@@ -1069,7 +1069,7 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     T* x = re.x.data();
     dots(q + i * qs, Rows<const S>{k, re.index, ks}, n, d, x);
     T row_max = neg_inf;
-    if (lg.cap) {
+    if (LOGITS && lg.cap) {
       tanh_scaled(x, n, lg.k);
       for (int64_t r = 0; r < n; ++r)
         row_max = std::max(row_max, x[r] = madd(x[r], lg.cap, bias ? bias[re.position(r) * bias_stride] : T(0)));
@@ -1079,13 +1079,13 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     } else {
       row_max = scale_max(x, n, scale);
     }
-    if (lg.has_sink) row_max = std::max(row_max, lg.sink);
+    if (LOGITS && lg.has_sink) row_max = std::max(row_max, lg.sink);
     if (row_max == neg_inf) {  // no finite score (or no edge): every weight stays 0
       std::memset(out + i * os, 0, dv * sizeof(S));  // out comes uninitialised
       continue;
     }
     T sum = exp_shifted(x, n, row_max);
-    if (lg.has_sink) sum += std::exp(lg.sink - row_max);
+    if (LOGITS && lg.has_sink) sum += std::exp(lg.sink - row_max);
     lse[i] = row_max + std::log(sum);
     const T inv_sum = T(1) / sum;
     for (int64_t r = 0; r < n; ++r) x[r] *= inv_sum;
@@ -1116,7 +1116,7 @@ struct HeadGrad {
 // gradients (float): key_pass with the keys as the lanes of a vector and their
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
-template <typename S, typename I>
+template <typename S, typename I, bool LOGITS>
 void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
                const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h, const Logits<float>& lg) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
@@ -1154,15 +1154,15 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
     // Through the cap, d(cap tanh(u / cap)) / du = 1 - tanh^2.
-    const vec_t<float> th = lg.cap ? tanh8(load(x) * lg.k) : vec_t<float>{};
-    const vec_t<float> st = lg.cap ? madd(th, vec_t<float>{} + lg.cap, bv) : madd(load(x), vec_t<float>{} + scale, bv);
+    const vec_t<float> th = LOGITS && lg.cap ? tanh8(load(x) * lg.k) : vec_t<float>{};
+    const vec_t<float> st = LOGITS && lg.cap ? madd(th, vec_t<float>{} + lg.cap, bv) : madd(load(x), vec_t<float>{} + scale, bv);
     const vec_t<float> e = exp_nonpositive(st - load(lse));
     const vec_t<float> pt = live ? e : vec_t<float>{};
     const vec_t<float> ds = pt * (load(y) * fv - load(delta));
     if (g.ds)
       for (int r = 0; r < m; ++r)
         if (t < deg[r]) g.ds[edge[r]] = ds[r];
-    a[t] = lg.cap ? ds * (1.0f - th * th) * scale : ds * scale;
+    a[t] = LOGITS && lg.cap ? ds * (1.0f - th * th) * scale : ds * scale;
     p[t] = pt * fv;
   }
   for (int r = 0; r < m; ++r) {
@@ -1207,7 +1207,10 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, c1 - j);
       if (!g.gw && short_group(colptr, j, m)) {
-        key_pass8(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
+        if (lg.cap)  // a sink changes nothing here: it is in the lse
+          key_pass8<S, I, true>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
+        else
+          key_pass8<S, I, false>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         j += m - 1;
         continue;
       }
@@ -1427,10 +1430,13 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
         sc.k.view(k, h), sc.v.view(v, h);  // few edges among many keys: no copy
       else
         sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);
-      attend_rows<scalar_t>(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh,
-                            bias_heads, static_cast<T>(scale), lse.data_ptr<T>() + h * n_q,
-                            weights ? w.data_ptr<scalar_t>() + h * E : nullptr, sc.v.rows, sc.v.stride, dv,
-                            head<scalar_t>(out, h), out.stride(0), drop, h, sc.re, logits<T>(softcap, scale, sk, h));
+      const Logits<T> lg = logits<T>(softcap, scale, sk, h);
+      // Instances without the cap and sink code, as the kernel was before them: with it, float32 rows
+      // with a bias ran 1.04-1.06x slower (short rows, random 1 %).
+      (lg.cap || lg.has_sink ? attend_rows<scalar_t, true> : attend_rows<scalar_t, false>)(
+          r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh, bias_heads,
+          static_cast<T>(scale), lse.data_ptr<T>() + h * n_q, weights ? w.data_ptr<scalar_t>() + h * E : nullptr,
+          sc.v.rows, sc.v.stride, dv, head<scalar_t>(out, h), out.stride(0), drop, h, sc.re, lg);
     });
   });
   return {out, lse, w};
