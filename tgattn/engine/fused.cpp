@@ -1155,7 +1155,8 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
     // Through the cap, d(cap tanh(u / cap)) / du = 1 - tanh^2.
     const vec_t<float> th = LOGITS && lg.cap ? tanh8(load(x) * lg.k) : vec_t<float>{};
-    const vec_t<float> st = LOGITS && lg.cap ? madd(th, vec_t<float>{} + lg.cap, bv) : madd(load(x), vec_t<float>{} + scale, bv);
+    const vec_t<float> st = LOGITS && lg.cap ? madd(th, vec_t<float>{} + lg.cap, bv)
+                                             : madd(load(x), vec_t<float>{} + scale, bv);
     const vec_t<float> e = exp_nonpositive(st - load(lse));
     const vec_t<float> pt = live ? e : vec_t<float>{};
     const vec_t<float> ds = pt * (load(y) * fv - load(delta));
@@ -1603,7 +1604,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
       const scalar_t* dh = delta.data_ptr<scalar_t>() + h * n_q;
       scalar_t sum = 0;
       for (int64_t i = 0; i < n_q; ++i)
-        if (lh[i] > -std::numeric_limits<scalar_t>::infinity()) sum += std::exp(t - lh[i]) * dh[i];  // a -inf row has no logit
+        if (lh[i] > -std::numeric_limits<scalar_t>::infinity())  // a row of lse -inf has no logit, the sink none
+          sum += std::exp(t - lh[i]) * dh[i];
       grad_sinks.data_ptr<scalar_t>()[h] = -sum;
     }
   });
