@@ -208,6 +208,7 @@ def _add_bench_parsers(sub) -> None:
     p.add_argument("--block-size", type=positive_int, default=64)
     p.add_argument("--batch-size", type=positive_int, default=12)
     p.add_argument("--steps", type=positive_int, default=60, help="timed steps per model (default: 60)")
+    p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first (default: 5)")
     p.set_defaults(func=_bench("bench_train"))
 
     p = sub.add_parser("bench-memory", help="training memory; longest window context in dense memory")

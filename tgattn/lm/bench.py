@@ -118,12 +118,12 @@ def bench_train(args) -> int:
     names = list(models)
     # One thread computes on this thread: its CPU time is what other jobs on a shared machine leave alone.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-    for i in range(args.steps + 5):
+    for i in range(args.steps + args.warmup):
         x = torch.randint(65, (args.batch_size, args.block_size), generator=g)
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate who goes first
             t0 = clock()
             _train_step(models[name], opts[name], x, x)
-            if i >= 5:  # the first steps warm up allocators and caches
+            if i >= args.warmup:  # the first steps warm up allocators and caches
                 times[name].append(clock() - t0)
     row = {"pattern": args.pattern, "window": args.window, "k_top": args.k_top, "block": args.block,
            "block_size": args.block_size, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
