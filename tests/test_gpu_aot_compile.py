@@ -5,9 +5,9 @@ semantics; they cannot see what a GPU compiler refuses or what the kernels cost 
 Here Triton's compiler and the ptxas of its wheel build the kernels for both targets, in a
 child process (this one runs Triton's interpreter: ``tests/conftest.py`` sets
 ``TRITON_INTERPRET=1`` before triton is imported). Compiling all 993 configurations for both
-targets takes ~12 minutes of CPU (``python -m tgattn.bench.gpu_compiled --out data/gpu``, run and
-committed: 1,410 compiles, 696 s of CPU); the test compiles each kernel's configuration with
-every option on (bias per head, dropout, returned weights or their gradient, bias gradient) at
+targets takes ~15 minutes of CPU (``python -m tgattn.bench.gpu_compiled --out data/gpu``, run and
+committed: 1,986 compiles, 873 s of CPU); the test compiles each kernel's configuration with
+every option on (bias per head, dropout, returned weights or their gradient, bias gradient, softcap, sinks) at
 every dtype and head dim, for both targets (98 compiles, ~45 s), and checks the committed table
 of all of them against the code.
 """

@@ -2,7 +2,7 @@
 resources and an H100 roofline: ``python -m tgattn.bench.gpu_compiled``.
 
 Every configuration the backend launches (:func:`tgattn.engine.triton.aot.configurations`: 4
-dtypes x head dims 16-128 x bias / dropout / returned weights / bias gradient, forward and
+dtypes x head dims 16-128 x bias / dropout / returned weights / bias gradient / softcap / sinks, forward and
 backward kernels) is compiled by Triton for each target, with ptxas from Triton's wheel, into a
 fresh cache (nothing is reused across runs). It writes ``compiled.csv`` (one row per
 configuration and target: registers, spills, shared memory, resident warps, compile time) and
@@ -13,7 +13,7 @@ has, or keeps fewer than ``OCCUPANCY_FLOOR_WARPS`` warps resident per SM.
 
 Example::
 
-    python -m tgattn.bench.gpu_compiled --out data/gpu        # the committed table (~12 min of CPU)
+    python -m tgattn.bench.gpu_compiled --out data/gpu        # the committed table (~15 min of CPU)
     python -m tgattn.bench.gpu_compiled --every-option-only   # each kernel's heaviest code only (~45 s)
 """
 from __future__ import annotations
