@@ -2,7 +2,6 @@
 import sys
 
 import pytest
-import torch
 
 from tgattn import builders
 from tgattn.bench import engine_scaling
@@ -15,24 +14,6 @@ def test_memory_probe_sees_what_the_call_allocates():
     assert got["edges"] == builders.window(2048, 64).shape[1]
     # at least the output and the three gradients, [n, H, d] float32 each
     assert got["peak_gb"] * 2**30 >= 4 * 2048 * 2 * 16 * 4 and got["seconds"] > 0
-
-
-def test_interleaved_runs_every_function_and_keeps_minima():
-    calls = []
-    wall, cpu, system = engine_scaling.interleaved(
-        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, {"a": 1, "b": 2}
-    )
-    assert calls == ["a", "b"] * 4  # one warm-up round, then three
-    assert set(wall) == set(cpu) == set(system) == {"a", "b"} and all(t >= 0 for t in wall.values())
-
-
-def test_interleaved_counts_the_page_faults_of_fresh_memory():
-    """64 MB is above the allocator's largest reuse threshold: every call maps fresh pages."""
-    _, _, system = engine_scaling.interleaved(
-        {"fresh": lambda: torch.empty(2**24).fill_(1.0), "none": lambda: None}, 2
-    )
-    assert system["fresh"][1] >= 32 > system["none"][1]  # 16384 small pages, or 32 huge ones
-    assert system["fresh"][0] >= 0 and system["none"][0] >= 0
 
 
 def test_summary_reports_the_ratios():
@@ -73,13 +54,6 @@ def test_auto_section_times_every_backend_that_runs_the_set_and_names_the_best()
             best = min((b for b in mine if b != "auto"), key=lambda b: mine[b]["cpu_ms"])
             ratio = mine["auto"]["cpu_ms"] / mine[best]["cpu_ms"]
             assert mine["auto"]["note"] == f"auto runs {engine.plan(s)}; best {best}; auto / best {ratio:.2f}"
-
-
-def test_slow_functions_are_timed_once():
-    calls = []
-    engine_scaling.interleaved({"slow": lambda: calls.append("slow"), "fast": lambda: calls.append("fast")}, 3,
-                               slow_s=-1.0)  # every warm-up counts as slow
-    assert calls == ["slow", "fast"] * 2  # the warm-up, then round 1 only
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")

@@ -38,16 +38,16 @@ import json
 import os
 import platform
 import re
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Sequence
 
 import torch
 
 from .._cli import out_help, runs_dir
+from .measure import interleaved, os_usage
 from .patterns import patterns
 from .report import write_csv
 
@@ -78,49 +78,6 @@ def _case(pattern: str, n: int, heads: int, dim: int, backend: str):
     return edge_index.shape[1], {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
 
-def os_usage() -> Tuple[float, int]:
-    """``(system seconds, minor page faults)`` of the calling thread so far (of the process where
-    the platform has no per-thread usage)."""
-    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
-    usage = resource.getrusage(who)
-    return usage.ru_stime, usage.ru_minflt
-
-
-def interleaved(fns: Dict[object, Callable[[], None]], rounds: int, threads: Optional[Dict[object, int]] = None,
-                slow_s: float = float("inf")):
-    """``(wall, cpu, system)``: minimum wall and thread-CPU seconds of each function, run in turn
-    ``rounds`` times after a warm-up, and ``(system seconds, minor page faults)`` of its round of
-    least CPU time (:func:`os_usage`).
-
-    A function whose warm-up call took more than ``slow_s`` seconds is timed once (round 1) only.
-    """
-    threads = threads or {}
-    before = torch.get_num_threads()
-    wall = {key: float("inf") for key in fns}
-    cpu = dict(wall)
-    system = {key: (0.0, 0) for key in fns}
-    slow = set()
-    try:
-        for r in range(rounds + 1):
-            for key, fn in fns.items():
-                if r > 1 and key in slow:
-                    continue
-                torch.set_num_threads(threads.get(key, before))
-                (s0, f0), t0, c0 = os_usage(), time.perf_counter(), time.thread_time()
-                fn()
-                seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - c0
-                if r and cpu_seconds < cpu[key]:  # round 0 warms caches, pages and the analysis
-                    s1, f1 = os_usage()
-                    cpu[key], system[key] = cpu_seconds, (s1 - s0, f1 - f0)
-                if r:
-                    wall[key] = min(wall[key], seconds)
-                elif seconds > slow_s:
-                    slow.add(key)
-    finally:
-        torch.set_num_threads(before)
-    return wall, cpu, system
-
-
 def _plan(pattern: str, n: int) -> str:
     from .. import engine
 
@@ -131,7 +88,7 @@ def _plan(pattern: str, n: int) -> str:
 def _timed_rows(section, cases, rounds, heads, dim, threads=None, slow_s=float("inf")):
     """Rows of interleaved timings of ``cases`` (``(pattern, n, backend, threads) -> (edges, {mode: fn})``)."""
     rows = []
-    fns = {key + (mode,): fn for key, (_, modes) in cases.items() for mode, fn in modes.items()}
+    fns = {key + (mode,): (lambda r, fn=fn: fn()) for key, (_, modes) in cases.items() for mode, fn in modes.items()}
     wall, cpu, system = interleaved(fns, rounds, threads, slow_s)
     for key in fns:
         pattern, n, backend, t, mode = key
@@ -220,9 +177,9 @@ def backward_floor(n: int, heads: int, dim: int, rounds: int) -> List[dict]:
             ops.gather_rows(v, k, s.rowptr, s.src)  # by query
             ops.gather_rows(q, go, key_ptr, key_rows)  # by key
 
-        fns = {"fused backward": lambda: ops.backward(go, q, k, v, out, lse, None, None, None, s.rowptr, colptr, row_t,
-                                                      perm_t, dim**-0.5, 0.0, 0, False),
-               "floor caller layout": lambda: reads(q, k, v, go), "floor head-major": lambda: reads(*packed)}
+        fns = {"fused backward": lambda r: ops.backward(go, q, k, v, out, lse, None, None, None, s.rowptr, colptr, row_t,
+                                                        perm_t, dim**-0.5, 0.0, 0, False),
+               "floor caller layout": lambda r: reads(q, k, v, go), "floor head-major": lambda r: reads(*packed)}
         _, cpu, _ = interleaved(fns, rounds, {key: 1 for key in fns})
         for name, seconds in cpu.items():
             rows.append(dict(section="floor", pattern=pattern, n=n, edges=s.num_edges, heads=heads, dim=dim,

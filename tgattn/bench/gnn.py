@@ -38,6 +38,7 @@ from tqdm import tqdm
 from torch import nn
 
 from .._cli import out_help, positive_int, run, runs_dir
+from .measure import interleaved
 from .models import MODELS, Net, build_model, molecule_batches, prepare
 from .report import write_csv
 
@@ -61,16 +62,9 @@ def _step(net: Net, opt, x, edge_index, y, mask) -> None:
 
 
 def _interleaved(candidates: Dict[str, Callable[[int], None]], rounds: int, progress) -> Dict[str, float]:
-    """Minimum ms of ``fn(round)`` per candidate, one call each per round (round 0 warms up)."""
-    best = {name: float("inf") for name in candidates}
-    for r in range(rounds + 1):
-        for name, fn in candidates.items():
-            start = time.perf_counter()
-            fn(r)
-            if r:
-                best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
-        progress.update(1)
-    return best
+    """Minimum wall ms of ``fn(round)`` per candidate, one call each per round (round 0 warms up)."""
+    wall, _, _ = interleaved(candidates, rounds, on_round=lambda r: progress.update(1))
+    return {name: seconds * 1e3 for name, seconds in wall.items()}
 
 
 def _graph_workload(name: str, models: Iterable[str], data, rounds: int, progress) -> List[dict]:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import time
 import weakref
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -189,3 +190,56 @@ def release_free_memory() -> None:
     except (OSError, AttributeError, TypeError):
         return
     trim(0)
+
+
+def os_usage() -> Tuple[float, int]:
+    """``(system seconds, minor page faults)`` of the calling thread so far (of the process where
+    the platform has no per-thread usage)."""
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    usage = resource.getrusage(who)
+    return usage.ru_stime, usage.ru_minflt
+
+
+def interleaved(fns: Dict[object, Callable[[int], None]], rounds: int, threads: Optional[Dict[object, int]] = None,
+                slow_s: float = float("inf"), on_round: Optional[Callable[[int], None]] = None):
+    """``(wall, cpu, system)``: minimum wall and thread-CPU seconds of each function, run in turn
+    ``rounds`` times after a warm-up, and ``(system seconds, minor page faults)`` of its round of
+    least CPU time (:func:`os_usage`).
+
+    Each call gets the round's number (0: the warm-up), for functions that take a new input each
+    round; ``threads`` sets torch's threads per function; ``on_round(r)`` runs after each round
+    (a progress bar). A function whose warm-up call took more than ``slow_s`` seconds is timed
+    once (round 1) only.
+
+    Example:
+        >>> wall, cpu, system = interleaved({"a": lambda r: sum(range(1000)), "b": lambda r: None}, rounds=3)
+        >>> sorted(wall), cpu["a"] >= 0.0
+        (['a', 'b'], True)
+    """
+    threads = threads or {}
+    before = torch.get_num_threads()
+    wall = {key: float("inf") for key in fns}
+    cpu = dict(wall)
+    system = {key: (0.0, 0) for key in fns}
+    slow = set()
+    try:
+        for r in range(rounds + 1):
+            for key, fn in fns.items():
+                if r > 1 and key in slow:
+                    continue
+                torch.set_num_threads(threads.get(key, before))
+                (s0, f0), t0, c0 = os_usage(), time.perf_counter(), time.thread_time()
+                fn(r)
+                seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - c0
+                if r and cpu_seconds < cpu[key]:  # round 0 warms caches, pages and the analysis
+                    s1, f1 = os_usage()
+                    cpu[key], system[key] = cpu_seconds, (s1 - s0, f1 - f0)
+                if r:
+                    wall[key] = min(wall[key], seconds)
+                elif seconds > slow_s:
+                    slow.add(key)
+            if on_round is not None:
+                on_round(r)
+    finally:
+        torch.set_num_threads(before)
+    return wall, cpu, system

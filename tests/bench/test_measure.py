@@ -1,0 +1,29 @@
+"""The shared measuring helpers of the benchmarks (tgattn/bench/measure.py): they measure what they say (no timing asserted)."""
+import torch
+
+from tgattn.bench.measure import interleaved
+
+
+def test_interleaved_runs_every_function_each_round_and_keeps_minima():
+    calls, ends = [], []
+    wall, cpu, system = interleaved(
+        {"a": lambda r: calls.append(("a", r)), "b": lambda r: calls.append(("b", r))}, 3, {"a": 1, "b": 2},
+        on_round=ends.append,
+    )
+    assert calls == [(name, r) for r in range(4) for name in "ab"]  # one warm-up round (0), then three
+    assert ends == [0, 1, 2, 3]
+    assert set(wall) == set(cpu) == set(system) == {"a", "b"} and all(t >= 0 for t in wall.values())
+
+
+def test_interleaved_counts_the_page_faults_of_fresh_memory():
+    """64 MB is above the allocator's largest reuse threshold: every call maps fresh pages."""
+    _, _, system = interleaved({"fresh": lambda r: torch.empty(2**24).fill_(1.0), "none": lambda r: None}, 2)
+    assert system["fresh"][1] >= 32 > system["none"][1]  # 16384 small pages, or 32 huge ones
+    assert system["fresh"][0] >= 0 and system["none"][0] >= 0
+
+
+def test_slow_functions_are_timed_once():
+    calls = []
+    interleaved({"slow": lambda r: calls.append("slow"), "fast": lambda r: calls.append("fast")}, 3,
+                slow_s=-1.0)  # every warm-up counts as slow
+    assert calls == ["slow", "fast"] * 2  # the warm-up, then round 1 only
