@@ -227,6 +227,19 @@ def test_bad_bias_dtype_for_half_inputs_is_refused_by_the_op():
         torch.ops.tgattn_fused.forward(q, q, q, s.rowptr, s.src, bias, 0.3, 0.0, 0, False)
 
 
+def kernel_dtypes(monkeypatch):
+    """The dtypes of q in every call of the fused forward kernel from now on (a list that fills)."""
+    seen = []
+    kernel = torch.ops.tgattn_fused.forward
+
+    def spy(q, *args):
+        seen.append(q.dtype)
+        return kernel(q, *args)
+
+    monkeypatch.setattr(torch.ops.tgattn_fused, "forward", spy)
+    return seen
+
+
 def test_gnn_layer_in_bfloat16_runs_the_fused_kernel_on_bfloat16(monkeypatch):
     """GraphAttentionConv cast to bfloat16: its attention reaches the kernel in bfloat16 (no
     float32 copy on the way) and matches the same layer in float64."""
@@ -237,14 +250,7 @@ def test_gnn_layer_in_bfloat16_runs_the_fused_kernel_on_bfloat16(monkeypatch):
     conv = GraphAttentionConv(16, 8, heads=4)
     x = torch.randn(n, 16)
     ei = verify.random_edges(n, n, 0.05, seed=14)
-    seen = []
-    kernel = torch.ops.tgattn_fused.forward
-
-    def spy(q, *args):
-        seen.append(q.dtype)
-        return kernel(q, *args)
-
-    monkeypatch.setattr(torch.ops.tgattn_fused, "forward", spy)
+    seen = kernel_dtypes(monkeypatch)
     conv16 = conv.to(torch.bfloat16)
     x16 = x.to(torch.bfloat16).requires_grad_()
     out = conv16(x16, ei)
@@ -275,14 +281,7 @@ def test_hf_sliding_window_model_in_bfloat16_runs_the_fused_kernel_on_bfloat16(m
     ids = torch.randint(1, 40, (3, 24))
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
-    seen = []
-    kernel = torch.ops.tgattn_fused.forward
-
-    def spy(q, *args):
-        seen.append(q.dtype)
-        return kernel(q, *args)
-
-    monkeypatch.setattr(torch.ops.tgattn_fused, "forward", spy)
+    seen = kernel_dtypes(monkeypatch)
     logits, grads = {}, {}
     for impl in ("tgattn", "sdpa"):
         model.set_attn_implementation(impl)

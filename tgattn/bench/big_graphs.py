@@ -55,7 +55,8 @@ import torch
 import torch.nn.functional as F
 
 from .._cli import out_help, positive_float, positive_int, run, runs_dir, seed_int
-from .measure import failed_allocation, memory_capped, release_free_memory, reset_rss_high_water, rss_high_water_mb
+from .measure import (failed_allocation, memory_capped, release_free_memory, reset_rss_high_water, rss_high_water_mb,
+                      rss_mb)
 from .report import verdict, write_csv
 
 PRODUCTS_NODES, PRODUCTS_EDGES = 2_449_029, 61_859_140  # ogbn-products (Hu et al. 2020)
@@ -186,11 +187,6 @@ def _train_step(net, opt, x, edge_index, y, rows=None) -> float:
     return loss.item()
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
-
-
 def full_point(conv: str, nodes: int, steps: int, seed: int = 0) -> dict:
     """One full-batch point, run in this process (the child of :func:`run_capped`): the graph,
     then ``steps`` training steps of ``conv``'s network on one thread; a failed allocation is
@@ -212,7 +208,7 @@ def full_point(conv: str, nodes: int, steps: int, seed: int = 0) -> dict:
         x, edge_index, y = power_law_graph(nodes, seed)
         row["edges"] = edge_index.shape[1]
         release_free_memory()  # the generator's freed temporaries out of the resident set
-        row["inputs_mb"] = round(_rss_mb(), 1)
+        row["inputs_mb"] = round(rss_mb(), 1)
         reset_rss_high_water()
         row["phase"] = "step"
         torch.manual_seed(seed)

@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -47,7 +46,7 @@ from typing import List, Sequence
 import torch
 
 from .._cli import out_help, runs_dir
-from .measure import interleaved, os_usage
+from .measure import interleaved, os_usage, reset_rss_high_water, rss_high_water_mb, rss_mb
 from .patterns import patterns
 from .report import write_csv
 
@@ -253,10 +252,6 @@ def auto_vs_best(sizes: Sequence[int], heads: int, dim: int, rounds: int, slow_s
     return rows
 
 
-def _status(key: str) -> int:
-    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
-
-
 def probe(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = False, warm: bool = False) -> dict:
     """One call in this process: extra peak resident memory (GB) and wall time (s).
 
@@ -296,12 +291,12 @@ def probe(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = F
                 graph_attention(q, k, v, edge_index, backend=backend)
 
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
-    base = _status("VmRSS")
+    reset_rss_high_water()
+    base = rss_mb()
     t0 = time.perf_counter()
     call()
     seconds = time.perf_counter() - t0
-    peak = (_status("VmHWM") - base) / 2**30
+    peak = (rss_high_water_mb() - base) / 2**10
     if not warm:
         return dict(peak_gb=peak, seconds=seconds, edges=edge_index.shape[1])
     gc.collect()

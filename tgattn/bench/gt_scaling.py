@@ -23,7 +23,6 @@ the last measured size exceeds the time budget.
 from __future__ import annotations
 
 from pathlib import Path
-import re
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -32,6 +31,7 @@ from torch import Tensor
 
 from .. import builders
 from ..nn import ExphormerConv, GPSConv, exphormer_edge_kinds
+from .measure import failed_allocation, reset_rss_high_water, rss_high_water_mb, rss_mb
 
 SCALING_MODELS = ("gps_mha", "gps_mha_dropout", "gps_tgattn", "exphormer")
 TIME_GROWTH = {"gps_mha": 2, "gps_mha_dropout": 2, "gps_tgattn": 2, "exphormer": 1}  # time ~ n ** growth
@@ -70,7 +70,7 @@ def step(model: str, n: int, seed: int = 0) -> Callable[[], Tensor]:
 
 
 def _status_kib(field: str) -> int:
-    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in KiB."""
+    """A ``/proc/self/status`` memory field (``VmSize``) in KiB."""
     line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
     return int(line.split()[1])
 
@@ -92,8 +92,8 @@ def measure_point(model: str, n: int, repeats: int = 3, *, budget_s: float = 30.
     if limit_mb is not None:
         cap = 1024 * _status_kib("VmSize") + int(limit_mb * 2 ** 20)
         resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    base = _status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
+    base = rss_mb()
+    reset_rss_high_water()
     times, start = [], time.perf_counter()
     try:
         f = step(model, n)
@@ -102,12 +102,12 @@ def measure_point(model: str, n: int, repeats: int = 3, *, budget_s: float = 30.
             f().square().mean().backward()
             times.append(time.perf_counter() - t0)
     except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as a RuntimeError
-        if not isinstance(err, MemoryError) and "alloc" not in str(err):
+        asked = failed_allocation(err)
+        if asked is None:
             raise
-        asked = re.search(r"allocate (\d+) bytes", str(err))
         return {"ms": None, "peak_mb": None,
-                "oom": f"an allocation of {int(asked[1]) / 2 ** 20:,.0f} MB failed" if asked else str(err)[:120]}
-    return {"ms": 1e3 * min(times), "peak_mb": (_status_kib("VmHWM") - base) / 1024, "steps": len(times)}
+                "oom": f"an allocation of {asked / 2 ** 20:,.0f} MB failed" if asked else str(err)[:120]}
+    return {"ms": 1e3 * min(times), "peak_mb": rss_high_water_mb() - base, "steps": len(times)}
 
 
 def measure_scaling(sizes: List[int], *, limit_mb: float, budget_s: float = 60.0, repeats: int = 2,

@@ -89,8 +89,10 @@ def _bench_config(name: str, args) -> GPTConfig:
     on a window of ``args.window``; a selection: ``args.k_top`` keys per query (``block_topk``:
     ``k_top // block`` blocks of ``block`` keys)."""
     common = dict(block_size=args.block_size, pattern=args.pattern, window=args.window)
-    if name in ("graph", "window"):
-        return GPTConfig(**{**common, "pattern": "window"} if name == "window" else common)
+    if name == "graph":
+        return GPTConfig(**common)
+    if name == "window":
+        return GPTConfig(**{**common, "pattern": "window"})
     if name == "dense":
         return GPTConfig(**common, attention="dense")
     blocks = max(1, args.k_top // args.block)  # block_topk counts blocks: as many keys as indexer_topk
