@@ -27,3 +27,27 @@ def test_slow_functions_are_timed_once():
     interleaved({"slow": lambda r: calls.append("slow"), "fast": lambda r: calls.append("fast")}, 3,
                 slow_s=-1.0)  # every warm-up counts as slow
     assert calls == ["slow", "fast"] * 2  # the warm-up, then round 1 only
+
+
+def test_setup_runs_outside_the_timing_and_the_call_takes_what_it_made():
+    import time
+
+    made, got = [], []
+
+    def fresh():
+        time.sleep(0.02)  # not timed
+        made.append(len(made))
+        return made[-1]
+
+    wall, cpu, _ = interleaved({"a": got.append}, 2, setup={"a": fresh})
+    assert got == made == [0, 1, 2] and wall["a"] < 0.02
+
+
+def test_sync_brackets_every_call_and_on_call_gets_the_timed_ones():
+    events, timed = [], []
+    interleaved({"a": lambda r: events.append(("a", r)), "b": lambda r: events.append(("b", r))}, 2,
+                alternate=True, sync=lambda: events.append("sync"), on_call=lambda key, s: timed.append(key))
+    calls = [e for e in events if e != "sync"]
+    assert calls == [("b", 0), ("a", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]  # reversed in even rounds
+    assert events == [x for call in calls for x in ("sync", call, "sync")]
+    assert timed == ["a", "b", "b", "a"]  # rounds 1 and 2, not the warm-up

@@ -27,14 +27,14 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .gpu_packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
+from .measure import interleaved
 from .report import FIELDS, SINGLE_REPEAT_NOTE, _index, _ratio, verdict
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
@@ -61,34 +61,31 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+def _steps(nets: Dict[str, torch.nn.Module], batches: Sequence[tuple], device, repeats: int) -> Dict[str, float]:
+    """Minimum ms of one optimizer step of each net, the nets in turn on ``batches[r]`` in round
+    ``r`` (:func:`~tgattn.bench.measure.interleaved`: round 0 warms up; the GPU synchronised
+    before the clocks start and before they stop)."""
+    opts = {model: torch.optim.Adam(net.parameters(), lr=0.005) for model, net in nets.items()}
 
+    def step(model: str):
+        def run(r: int) -> None:
+            x, edge_index, y, mask = batches[r]
+            opts[model].zero_grad()
+            F.cross_entropy(nets[model](x, edge_index)[mask], y[mask]).backward()
+            opts[model].step()
 
-def _time_steps(net, batches, device, repeats: int) -> float:
-    """Minimum ms of one optimizer step over ``batches`` (after one warm-up step)."""
-    opt = torch.optim.Adam(net.parameters(), lr=0.005)
-    net.train()
-    best = float("inf")
-    for i, (x, edge_index, y, mask) in enumerate(batches):
-        if i > repeats:
-            break
-        _sync(device)
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss = F.cross_entropy(net(x, edge_index)[mask], y[mask])
-        loss.backward()
-        opt.step()
-        _sync(device)
-        if i > 0:
-            best = min(best, time.perf_counter() - start)
-    return best * 1e3
+        return run
+
+    for net in nets.values():
+        net.train()
+    sync = (lambda: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda" else None
+    wall, _, _ = interleaved({model: step(model) for model in nets}, repeats, sync=sync)
+    return {model: seconds * 1e3 for model, seconds in wall.items()}
 
 
 def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molecules"), graphs: int = 128) -> List[dict]:
     """One training step per (workload, model): Cora (GAT protocol) and batches of ``graphs``
-    molecules.
+    molecules, the models interleaved step by step (:func:`_steps`).
 
     Molecule batches bring a new edge set every step (each is analysed on its first and only
     use); Cora's edge set is analysed once. The ``cora`` workload needs ``cora``, the data set
@@ -97,21 +94,21 @@ def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molec
     """
     from .models import MODELS, Net, build_model, molecule_batches, prepare
 
-    rows, data = [], None
+    rows = []
     if "cora" in workloads:
         if cora is None:
             raise ValueError("the cora workload needs cora=load_planetoid('Cora')")
         data = prepare(cora).to(device)
-    for model in GNN_MODELS if data is not None else ():
-        net = build_model(model, data, "Cora").to(device)
-        steps = ((data.x, data.edge_index, data.y, data.train_mask) for _ in range(repeats + 1))
-        rows.append(dict(workload="cora", model=model, nodes=data.num_nodes, edges=data.num_edges,
-                         ms=_time_steps(net, steps, device, repeats)))
-    for model in GNN_MODELS if "molecules" in workloads else ():
-        net = Net(MODELS[model], 64, 16, hidden=16, heads=4).to(device)
+        nets = {model: build_model(model, data, "Cora").to(device) for model in GNN_MODELS}
+        ms = _steps(nets, [(data.x, data.edge_index, data.y, data.train_mask)] * (repeats + 1), device, repeats)
+        rows += [dict(workload="cora", model=model, nodes=data.num_nodes, edges=data.num_edges, ms=ms[model])
+                 for model in GNN_MODELS]
+    if "molecules" in workloads:
+        nets = {model: Net(MODELS[model], 64, 16, hidden=16, heads=4).to(device) for model in GNN_MODELS}
         batches = [(x.to(device), ei.to(device), y.to(device), slice(None)) for x, ei, y in molecule_batches(repeats + 1, graphs=graphs)]
-        rows.append(dict(workload="molecules", model=model, nodes=batches[0][0].shape[0], edges=batches[0][1].shape[1],
-                         ms=_time_steps(net, batches, device, repeats)))
+        ms = _steps(nets, batches, device, repeats)
+        rows += [dict(workload="molecules", model=model, nodes=batches[0][0].shape[0], edges=batches[0][1].shape[1],
+                      ms=ms[model]) for model in GNN_MODELS]
     return rows
 
 

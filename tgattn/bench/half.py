@@ -21,14 +21,13 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .._cli import out_help, positive_int, runs_dir
-from .measure import run_once
+from .measure import interleaved, run_once
 from .patterns import patterns
 from .report import SINGLE_REPEAT_NOTE, verdict, write_csv
 
@@ -60,7 +59,7 @@ def _calls(pattern: str, n: int, heads: int, dim: int, dtypes: Sequence[str]):
     s = structure_of(edge_index, n, n)
     g = torch.Generator().manual_seed(0)
     base = [torch.randn(n, heads, dim, generator=g) for _ in range(4)]
-    calls: Dict[Tuple[str, str, str], Callable[[], None]] = {}
+    calls: Dict[Tuple[str, str, str], Callable[[int], None]] = {}
     for name in dtypes:
         q, k, v, grad = (t.to(DTYPES[name]).requires_grad_(i < 3) for i, t in enumerate(base))
         leaves = [q, k, v]
@@ -71,36 +70,17 @@ def _calls(pattern: str, n: int, heads: int, dim: int, dtypes: Sequence[str]):
         }
         for peer, fn in attend.items():
             for mode in MODES:
-                calls[(name, peer, mode)] = lambda fn=fn, b=mode != "fwd", leaves=leaves, grad=grad: run_once(
+                calls[(name, peer, mode)] = lambda r, fn=fn, b=mode != "fwd", leaves=leaves, grad=grad: run_once(
                     fn, b, leaves, grad
                 )
     return calls, edge_index.shape[1]
 
 
-def timed(calls: Dict[object, Callable[[], None]], rounds: int) -> Dict[object, float]:
-    """Minimum thread CPU seconds of each call, all calls in turn ``rounds`` times after one
-    untimed round (the order reversed every other round)."""
-    best = {key: float("inf") for key in calls}
-    items = list(calls.items())
-    for r in range(rounds + 1):
-        for key, fn in items if r % 2 else items[::-1]:
-            c0 = time.thread_time()
-            fn()
-            seconds = time.thread_time() - c0
-            if r:
-                best[key] = min(best[key], seconds)
-    return best
-
-
 def measure(pattern: str, n: int, heads: int, dim: int, rounds: int, dtypes: Sequence[str]) -> List[dict]:
     """Rows ``(pattern, dtype, peer, mode, cpu_ms)`` of one pattern, one thread."""
     calls, edges = _calls(pattern, n, heads, dim, dtypes)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        best = timed(calls, rounds)
-    finally:
-        torch.set_num_threads(before)
+    # the order reversed every other round: no call always follows the same one
+    _, best, _ = interleaved(calls, rounds, dict.fromkeys(calls, 1), alternate=True)
     note = torch.ops.tgattn_fused.half_paths()
     base = dict(pattern=pattern, n=n, edges=edges, heads=heads, dim=dim, rounds=rounds, note=note)
     return [dict(base, dtype=dt, peer=peer, mode=mode, cpu_ms=round(seconds * 1e3, 4))

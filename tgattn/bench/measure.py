@@ -200,8 +200,10 @@ def os_usage() -> Tuple[float, int]:
     return usage.ru_stime, usage.ru_minflt
 
 
-def interleaved(fns: Dict[object, Callable[[int], None]], rounds: int, threads: Optional[Dict[object, int]] = None,
-                slow_s: float = float("inf"), on_round: Optional[Callable[[int], None]] = None):
+def interleaved(fns: Dict[object, Callable], rounds: int, threads: Optional[Dict[object, int]] = None,
+                slow_s: float = float("inf"), on_round: Optional[Callable[[int], None]] = None, *,
+                setup: Optional[Dict[object, Callable[[], object]]] = None, alternate: bool = False,
+                sync: Optional[Callable[[], None]] = None, on_call: Optional[Callable[[object, float], None]] = None):
     """``(wall, cpu, system)``: minimum wall and thread-CPU seconds of each function, run in turn
     ``rounds`` times after a warm-up, and ``(system seconds, minor page faults)`` of its round of
     least CPU time (:func:`os_usage`).
@@ -209,33 +211,51 @@ def interleaved(fns: Dict[object, Callable[[int], None]], rounds: int, threads: 
     Each call gets the round's number (0: the warm-up), for functions that take a new input each
     round; ``threads`` sets torch's threads per function; ``on_round(r)`` runs after each round
     (a progress bar). A function whose warm-up call took more than ``slow_s`` seconds is timed
-    once (round 1) only.
+    once (round 1) only. ``setup[key]()``, where given, runs before each call of ``key`` outside
+    the timing (a fresh input, a cache to fill), and the call gets what it returns instead of
+    the round's number; ``alternate`` runs the functions in reverse order every other round
+    (round 0 included), so that none always follows the same one; ``sync()`` runs before the
+    clocks start and before they stop (``torch.cuda.synchronize`` for work on a GPU);
+    ``on_call(key, seconds)`` gets each timed call's wall seconds (rounds 1 on: for a median).
 
     Example:
         >>> wall, cpu, system = interleaved({"a": lambda r: sum(range(1000)), "b": lambda r: None}, rounds=3)
         >>> sorted(wall), cpu["a"] >= 0.0
         (['a', 'b'], True)
+        >>> seen = []
+        >>> _ = interleaved({"a": seen.append, "b": seen.append}, 2, setup={"a": lambda: "fresh"}, alternate=True)
+        >>> seen
+        [0, 'fresh', 'fresh', 1, 2, 'fresh']
     """
-    threads = threads or {}
+    threads, setup = threads or {}, setup or {}
     before = torch.get_num_threads()
     wall = {key: float("inf") for key in fns}
     cpu = dict(wall)
     system = {key: (0.0, 0) for key in fns}
     slow = set()
+    order = list(fns.items())
     try:
         for r in range(rounds + 1):
-            for key, fn in fns.items():
+            for key, fn in order[::-1] if alternate and r % 2 == 0 else order:
                 if r > 1 and key in slow:
                     continue
                 torch.set_num_threads(threads.get(key, before))
+                arg = setup[key]() if key in setup else r
+                if sync is not None:
+                    sync()
                 (s0, f0), t0, c0 = os_usage(), time.perf_counter(), time.thread_time()
-                fn(r)
+                fn(arg)
+                if sync is not None:
+                    sync()
                 seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - c0
+                del arg  # what setup made goes before the next call's setup
                 if r and cpu_seconds < cpu[key]:  # round 0 warms caches, pages and the analysis
                     s1, f1 = os_usage()
                     cpu[key], system[key] = cpu_seconds, (s1 - s0, f1 - f0)
                 if r:
                     wall[key] = min(wall[key], seconds)
+                    if on_call is not None:
+                        on_call(key, seconds)
                 elif seconds > slow_s:
                     slow.add(key)
             if on_round is not None:

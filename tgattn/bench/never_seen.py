@@ -32,13 +32,13 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from .._cli import out_help, positive_int, runs_dir
+from .measure import interleaved
 from .report import SINGLE_REPEAT_NOTE, verdict, write_csv
 
 CASES = ("molecules", "molecules_distinct", "indexer_topk")
@@ -72,22 +72,6 @@ def indexer_edges(n: int, k: int, seed: int = 0) -> torch.Tensor:
 def _inputs(n: int, heads: int, dim: int):
     g = torch.Generator().manual_seed(1)
     return tuple(torch.randn(n, heads, dim, generator=g) for _ in range(3))
-
-
-def timed(parts: Dict[str, Tuple[Callable[[], object], Callable[[object], None]]], rounds: int) -> Dict[str, float]:
-    """Minimum thread CPU seconds of each ``fn(setup())``, the parts in turn ``rounds`` times after
-    one untimed round; ``setup`` (fresh edges, a fresh structure) runs outside the timing."""
-    best = {name: float("inf") for name in parts}
-    for r in range(rounds + 1):
-        for name, (setup, fn) in parts.items():
-            arg = setup()
-            c0 = time.thread_time()
-            fn(arg)
-            seconds = time.thread_time() - c0
-            if r:
-                best[name] = min(best[name], seconds)
-            del arg
-    return best
 
 
 def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
@@ -149,12 +133,10 @@ def measure(case: str, rounds: int, with_parts: bool, n_tokens: int = 16384, k_t
     else:
         (n, edge_index), heads, dim = molecule_edges(case == "molecules_distinct"), 8, 8
     q, k, v = _inputs(n, heads, dim)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        best = timed(_parts(n, edge_index, q, k, v, with_parts), rounds)
-    finally:
-        torch.set_num_threads(before)
+    parts = _parts(n, edge_index, q, k, v, with_parts)
+    # each part's setup (fresh edges, a fresh structure) runs outside the timing
+    _, best, _ = interleaved({name: fn for name, (_, fn) in parts.items()}, rounds, dict.fromkeys(parts, 1),
+                             setup={name: setup for name, (setup, _) in parts.items()})
     s = engine.structure_of(edge_index, n, n)
     backend = engine.plan(s)
     base = dict(case=case, nodes=n, edges=edge_index.shape[1], heads=heads, dim=dim, backend=backend, rounds=rounds)
