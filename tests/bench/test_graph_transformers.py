@@ -5,6 +5,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.utils.smiles import e_map, x_map
 
 from tgattn.bench import graph_transformers as bench
+from tgattn.bench import gt_tables, gt_training
 from tgattn.bench.gt_models import MoleculeNet, NodeNet, add_expander
 from tgattn.bench.gt_scaling import measure_point, measure_scaling, ring_with_chords
 from tgattn.bench.report import write_csv
@@ -58,7 +59,7 @@ def test_random_walk_encoding_enters_the_atom_embedding():
 def test_molecule_training_stops_early():
     graphs = molecules([3, 6, 2, 5, 4, 3]).to_data_list()
     settings = dict(bench.FULL, mol_epochs=50, mol_patience=2)
-    row = bench.run_molecules((graphs[:4], graphs[4:5], graphs[5:]), "D", "gine", 0, settings)
+    row = gt_training.run_molecules((graphs[:4], graphs[4:5], graphs[5:]), "D", "gine", 0, settings)
     assert 3 <= row["epochs"] < 50 and row["value"] > 0
 
 
@@ -93,10 +94,10 @@ def test_summary_and_markdown():
     runs = [dict(dataset="D", model=m, seed=s, metric="rmse", value=v, val=v, epochs=1, ms_per_epoch=t,
                  min_ms_per_epoch=t, peak_mb=1.0, max_abs_diff_vs_mha="" if m == "gps_mha" else 1e-7)
             for m, t in (("gps_mha", 30.0), ("gps_tgattn", 20.0)) for s, v in ((0, 1.0), (1, 3.0))]
-    rows = bench.summarize(runs)
+    rows = gt_tables.summarize(runs)
     assert [r["speedup_vs_mha"] for r in rows] == [1.0, 1.5]
     assert rows[1]["mean"] == 2.0 and rows[1]["std"] == pytest.approx(2 ** 0.5)
-    text = bench.markdown(rows, [{"model": "exphormer", "n": 10, "ms": 1.0, "peak_mb": 2.0, "note": ""}], "cmd")
+    text = gt_tables.markdown(rows, [{"model": "exphormer", "n": 10, "ms": 1.0, "peak_mb": 2.0, "note": ""}], "cmd")
     assert "| D | gps_tgattn | rmse | 2.000 ± 1.414 | 2 | 20.0 | 20.0 | 1.50x | 1.0 | 1.0e-07 |" in text
     assert "Command: `cmd`" in text
 
@@ -113,8 +114,8 @@ def test_arguments():
 
 def test_epoch_timing_rows(monkeypatch):
     graphs = molecules([3, 6, 2, 5]).to_data_list()
-    monkeypatch.setattr(bench, "molecule_splits", lambda name, rwse=0: (graphs, [], []))
-    rows = bench.epoch_timing("FreeSolv", 1, models=("gps_mha", "exphormer"))
+    monkeypatch.setattr(gt_training, "molecule_splits", lambda name, rwse=0: (graphs, [], []))
+    rows = gt_training.epoch_timing("FreeSolv", 1, models=("gps_mha", "exphormer"))
     assert [r["model"] for r in rows] == ["gps_mha", "exphormer"]
     assert rows[0]["speedup_vs_mha"] == 1.0 and rows[1]["min_ms"] > 0 and rows[0]["nodes_min_mean_max"] == "2/4.0/6"
 
@@ -142,7 +143,7 @@ def test_tables_only_rebuilds_from_the_csv_files(tmp_path, capsys):
                {"model": "gps_tgattn", "n": 100, "ms": None, "peak_mb": None, "predicted_ms": 100.0,
                 "predicted_mb": 200.0, "note": "out of memory under a 1 MB address-space cap (RLIMIT_AS)"}]
     write_csv(scaling, tmp_path / "scaling.csv", list(scaling[0]))
-    assert bench._read_scaling(tmp_path / "scaling.csv") == scaling
+    assert gt_tables.read_scaling(tmp_path / "scaling.csv") == scaling
     assert bench.main(["--tables-only", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "wrote " + ", ".join(
         str(tmp_path / name) for name in ("results.csv", "results.md", "graph_transformers.png"))
@@ -153,5 +154,5 @@ def test_tables_only_rebuilds_from_the_csv_files(tmp_path, capsys):
 def test_a_last_batch_of_one_node_is_skipped():
     graphs = molecules([1] * 129).to_data_list()  # batches of 128 and 1 graph; batch norm fails on one node
     settings = dict(bench.FULL, mol_epochs=1)
-    row = bench.run_molecules((graphs, graphs[:2], graphs[:2]), "D", "gine", 0, settings)
+    row = gt_training.run_molecules((graphs, graphs[:2], graphs[:2]), "D", "gine", 0, settings)
     assert row["epochs"] == 1
