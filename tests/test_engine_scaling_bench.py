@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from tgattn import builders
-from tgattn.bench import engine_scaling
+from tgattn.bench import engine_scaling, engine_sections
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
@@ -44,7 +44,7 @@ def test_auto_section_times_every_backend_that_runs_the_set_and_names_the_best()
     from tgattn import engine
     from tgattn.bench.patterns import patterns
 
-    rows = engine_scaling.auto_vs_best([64], heads=1, dim=4, rounds=1)
+    rows = engine_sections.auto_vs_best([64], heads=1, dim=4, rounds=1)
     for name, pattern in patterns().items():
         s = engine.structure_of(pattern.make(64), 64, 64)
         expected = {b for b in ("dense", "tile", "fused", "csr") if engine.plan(s, b) == b} | {"auto"}
@@ -71,13 +71,13 @@ def test_cache_section_times_both_states_and_restores_the_limit():
     if not fused.available():
         pytest.skip("no C++ toolchain here")
     limit = cache_info()["limit"]
-    rows = engine_scaling.cache_on_off(64, heads=1, dim=4, rounds=1)
+    rows = engine_sections.cache_on_off(64, heads=1, dim=4, rounds=1)
     assert cache_info()["limit"] == limit
     got = {(r["pattern"], r["mode"], r["note"]) for r in rows}
-    assert got == {(p, m, f"cache {s}") for p in engine_scaling.CACHE_PATTERNS for m in ("fwd", "fwd+bwd")
+    assert got == {(p, m, f"cache {s}") for p in engine_sections.CACHE_PATTERNS for m in ("fwd", "fwd+bwd")
                    for s in ("on", "off")}
     text = engine_scaling.summary(rows)
-    assert text.count("cache on / off") == 2 * len(engine_scaling.CACHE_PATTERNS)
+    assert text.count("cache on / off") == 2 * len(engine_sections.CACHE_PATTERNS)
 
 
 def test_floor_section_times_the_backward_and_both_read_floors():
@@ -85,8 +85,8 @@ def test_floor_section_times_the_backward_and_both_read_floors():
 
     if not fused.available():
         pytest.skip("no C++ toolchain here")
-    rows = engine_scaling.backward_floor(64, heads=1, dim=4, rounds=1)
+    rows = engine_sections.backward_floor(64, heads=1, dim=4, rounds=1)
     assert {(r["pattern"], r["note"]) for r in rows} == {
-        (p, note) for p in engine_scaling.RATIO_PATTERNS
+        (p, note) for p in engine_sections.RATIO_PATTERNS
         for note in ("fused backward", "floor caller layout", "floor head-major")}
-    assert engine_scaling.summary(rows).count("fused backward / floor") == 2 * len(engine_scaling.RATIO_PATTERNS)
+    assert engine_scaling.summary(rows).count("fused backward / floor") == 2 * len(engine_sections.RATIO_PATTERNS)
