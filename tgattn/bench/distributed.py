@@ -19,7 +19,6 @@ costs, not a speed-up. Examples::
 from __future__ import annotations
 
 import argparse
-import csv
 import resource
 import sys
 import time
@@ -33,7 +32,7 @@ from .. import builders
 from ..distributed import ExchangeStats, contiguous, graph_attention, halo_rows, make_plan, make_plans, spawn
 from ..distributed.partition import partition_graph
 from .measure import _LiveBytes
-from .report import write_csv
+from .report import figure, write_csv
 
 ATTENTION_FIELDS = ("case", "n", "edges", "heads", "dim", "world", "rank", "queries", "local_edges", "halo_rows",
                     "min_rows", "ring_rows", "bytes_per_step", "total_ms", "exchange_ms", "compute_ms", "peak_mb",
@@ -174,52 +173,33 @@ def summary(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def read_rows(path: Path) -> List[dict]:
-    """``attention.csv`` back as rows with numbers."""
-    with open(path) as fh:
-        rows = list(csv.DictReader(fh))
-    for row in rows:
-        for key in ATTENTION_FIELDS[1:]:
-            row[key] = float(row[key]) if "." in row[key] else int(row[key])
-    return rows
-
-
 def plot(rows: List[dict], path: Path) -> None:
     """Per case and world size: bytes moved per step (halo, and a ring's for the same ranks),
     the slowest rank's time split, and the peak tensor memory per rank."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = list(dict.fromkeys((r["case"], r["world"]) for r in rows))
     labels = [f"{c} P={w}" for c, w in keys]
     sel = [[r for r in rows if (r["case"], r["world"]) == k] for k in keys]
     y = range(len(keys))
     row_bytes = [2 * s[0]["heads"] * s[0]["dim"] * 4 for s in sel]  # keys + values, fp32
-    fig, axes = plt.subplots(1, 3, figsize=(15, 0.32 * len(keys) + 1.5), sharey=True)
-    halo = [sum(r["bytes_per_step"] for r in s) / 2**20 for s in sel]
-    ring = [2 * sum(r["ring_rows"] for r in s) * b / 2**20 for s, b in zip(sel, row_bytes)]  # forward + backward
-    axes[0].barh([i + 0.2 for i in y], ring, height=0.4, color="0.75", label="ring (full attention)")
-    axes[0].barh([i - 0.2 for i in y], halo, height=0.4, label="halo")
-    axes[0].set(xscale="symlog", xlabel="MB moved per forward+backward (all ranks)")
-    axes[0].legend(fontsize=8)
-    slow = [max(s, key=lambda r: r["total_ms"]) for s in sel]
-    axes[1].barh(y, [r["compute_ms"] for r in slow], label="compute")
-    axes[1].barh(y, [r["exchange_ms"] for r in slow], left=[r["compute_ms"] for r in slow], label="exchange (incl. waiting)")
-    axes[1].set(xscale="log", xlabel="ms, slowest rank (shared 2-core machine)",
-                xlim=(min(r["compute_ms"] for r in slow) / 2, None))
-    axes[1].legend(fontsize=8)
-    axes[2].barh(y, [max(r["peak_mb"] for r in s) for s in sel])
-    axes[2].set(xscale="log", xlabel="peak tensor MB per rank (forward+backward)")
-    axes[0].set_yticks(list(y), labels, fontsize=7)
-    axes[0].invert_yaxis()
-    for ax in axes:
-        ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 3, figsize=(15, 0.32 * len(keys) + 1.5), sharey=True) as (_, axes):
+        halo = [sum(r["bytes_per_step"] for r in s) / 2**20 for s in sel]
+        ring = [2 * sum(r["ring_rows"] for r in s) * b / 2**20 for s, b in zip(sel, row_bytes)]  # forward + backward
+        axes[0].barh([i + 0.2 for i in y], ring, height=0.4, color="0.75", label="ring (full attention)")
+        axes[0].barh([i - 0.2 for i in y], halo, height=0.4, label="halo")
+        axes[0].set(xscale="symlog", xlabel="MB moved per forward+backward (all ranks)")
+        axes[0].legend(fontsize=8)
+        slow = [max(s, key=lambda r: r["total_ms"]) for s in sel]
+        axes[1].barh(y, [r["compute_ms"] for r in slow], label="compute")
+        axes[1].barh(y, [r["exchange_ms"] for r in slow], left=[r["compute_ms"] for r in slow], label="exchange (incl. waiting)")
+        axes[1].set(xscale="log", xlabel="ms, slowest rank (shared 2-core machine)",
+                    xlim=(min(r["compute_ms"] for r in slow) / 2, None))
+        axes[1].legend(fontsize=8)
+        axes[2].barh(y, [max(r["peak_mb"] for r in s) for s in sel])
+        axes[2].set(xscale="log", xlabel="peak tensor MB per rank (forward+backward)")
+        axes[0].set_yticks(list(y), labels, fontsize=7)
+        axes[0].invert_yaxis()
+        for ax in axes:
+            ax.grid(alpha=0.3, axis="x")
 
 
 def main(argv=None) -> int:

@@ -36,9 +36,9 @@ import torch
 from .._cli import out_help, run, runs_dir
 from .gt_models import MOLECULE_MODELS, NODE_MODELS
 from .gt_scaling import SCALING_MODELS, measure_scaling
-from .gt_tables import read_runs, read_scaling, write_tables
+from .gt_tables import read_scaling, write_tables
 from .gt_training import MOLECULE_SETS, NODE_SETS, epoch_timing, load, run_task
-from .report import write_csv
+from .report import read_rows, write_csv
 
 # Training settings (``--set KEY=VALUE`` overrides any of them). Every run stops early when the
 # validation metric has not improved for ``*_patience`` epochs (at most ``*_epochs``).
@@ -138,12 +138,12 @@ def _bench(args, argv) -> int:
         return 0
     command = ("python -m tgattn.bench.graph_transformers " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     if args.tables_only:
-        return write_tables(out, read_runs(out / "runs.csv"), read_scaling(out / "scaling.csv"), command)
+        return write_tables(out, read_rows(out / "runs.csv"), read_scaling(out / "scaling.csv"), command)
     # Seeds outermost, models innermost: machine load hits every model alike.
     tasks = [(d, m, seed) for seed in range(args.seed_start, args.seed_start + s["seeds"]) for d in args.datasets
              for m in (MOLECULE_MODELS if d in MOLECULE_SETS else NODE_MODELS) if args.models is None or m in args.models]
     if args.scaling_only:  # keep the runs of an earlier full run in --out
-        tasks, previous = [], read_runs(out / "runs.csv")
+        tasks, previous = [], read_rows(out / "runs.csv")
     # the data sets first (the Planetoid ones, which may be missing, before the molecules): a missing
     # one is one line (_cli.run) before any work
     for dataset in sorted(dict.fromkeys(d for d, _, _ in tasks), key=lambda d: d in MOLECULE_SETS):

@@ -4,13 +4,12 @@ data set and model), ``results.md`` (with the scaling points and the published a
 """
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List
 
-from .report import write_csv
+from .report import figure, read_rows, write_csv
 
 ANCHORS = (
     "Published anchors (not rerun here): GPS on ZINC (500k parameter budget) 0.070 ± 0.004 test MAE (Rampasek et "
@@ -65,51 +64,39 @@ def markdown(rows: List[Dict], scaling: List[Dict], command: str) -> str:
 
 
 def plot(rows: List[Dict], scaling: List[Dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    width = 0.8 / max(len(models), 1)
-    for k, model in enumerate(models):
-        vals = [next((r["min_ms_per_epoch"] for r in rows if r["dataset"] == d and r["model"] == model), 0) for d in datasets]
-        axes[0].bar([i + k * width for i in range(len(datasets))], vals, width, label=model)
-    axes[0].set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
-    axes[0].set_ylabel("min ms / epoch")
-    axes[0].set_yscale("log")
-    axes[0].legend(fontsize=8)
-    for model in dict.fromkeys(r["model"] for r in scaling):
-        pts = [r for r in scaling if r["model"] == model and r["ms"] is not None]
-        line = axes[1].plot([r["n"] for r in pts], [r["ms"] for r in pts], "o-", label=model)[0]
-        axes[2].plot([r["n"] for r in pts], [r["peak_mb"] for r in pts], "o-", label=model, color=line.get_color())
-        # not run: predicted from the last measured size (hollow), out of memory under the cap (x)
-        for r in scaling:
-            if r["model"] != model or r["ms"] is not None or r.get("predicted_ms") in (None, ""):
-                continue
-            oom = r["note"].startswith("out of memory")
-            axes[1].plot(r["n"], float(r["predicted_ms"]), "o", mfc="none", color=line.get_color())
-            axes[2].plot(r["n"], float(r["predicted_mb"]), "x" if oom else "o", mfc="none", ms=9 if oom else 6,
-                         color=line.get_color())
-    axes[1].set_title("hollow: predicted (not run)", fontsize=9)
-    axes[2].set_title("x: out of memory under the cap (at the predicted need)", fontsize=9)
-    for ax, label in ((axes[1], "ms / training step"), (axes[2], "peak MB / training step")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("nodes per graph")
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def read_runs(path: Path) -> List[Dict]:
-    """``runs.csv`` back as rows of strings (as :func:`summarize` takes them)."""
-    with path.open() as f:
-        return list(csv.DictReader(f))
+    """``graph_transformers.png``: min ms per epoch of each data set and model; ms and peak MB per
+    training step against the nodes per graph (points not run: predicted, or out of memory)."""
+    with figure(path, 1, 3, figsize=(15, 4)) as (_, axes):
+        datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+        models = list(dict.fromkeys(r["model"] for r in rows))
+        width = 0.8 / max(len(models), 1)
+        for k, model in enumerate(models):
+            vals = [next((r["min_ms_per_epoch"] for r in rows if r["dataset"] == d and r["model"] == model), 0) for d in datasets]
+            axes[0].bar([i + k * width for i in range(len(datasets))], vals, width, label=model)
+        axes[0].set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
+        axes[0].set_ylabel("min ms / epoch")
+        axes[0].set_yscale("log")
+        axes[0].legend(fontsize=8)
+        for model in dict.fromkeys(r["model"] for r in scaling):
+            pts = [r for r in scaling if r["model"] == model and r["ms"] is not None]
+            line = axes[1].plot([r["n"] for r in pts], [r["ms"] for r in pts], "o-", label=model)[0]
+            axes[2].plot([r["n"] for r in pts], [r["peak_mb"] for r in pts], "o-", label=model, color=line.get_color())
+            # not run: predicted from the last measured size (hollow), out of memory under the cap (x)
+            for r in scaling:
+                if r["model"] != model or r["ms"] is not None or r.get("predicted_ms") in (None, ""):
+                    continue
+                oom = r["note"].startswith("out of memory")
+                axes[1].plot(r["n"], float(r["predicted_ms"]), "o", mfc="none", color=line.get_color())
+                axes[2].plot(r["n"], float(r["predicted_mb"]), "x" if oom else "o", mfc="none", ms=9 if oom else 6,
+                             color=line.get_color())
+        axes[1].set_title("hollow: predicted (not run)", fontsize=9)
+        axes[2].set_title("x: out of memory under the cap (at the predicted need)", fontsize=9)
+        for ax, label in ((axes[1], "ms / training step"), (axes[2], "peak MB / training step")):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("nodes per graph")
+            ax.set_ylabel(label)
+            ax.legend(fontsize=8)
 
 
 def read_scaling(path: Path) -> List[Dict]:
@@ -118,7 +105,7 @@ def read_scaling(path: Path) -> List[Dict]:
     if not path.exists():
         return []
     numbers = ("ms", "peak_mb", "predicted_ms", "predicted_mb")
-    return [{**r, "n": int(r["n"]), **{k: float(r[k]) if r.get(k) else None for k in numbers}} for r in read_runs(path)]
+    return [{**r, "n": int(r["n"]), **{k: float(r[k]) if r.get(k) else None for k in numbers}} for r in read_rows(path)]
 
 
 def write_tables(out: Path, runs: List[Dict], scaling: List[Dict], command: str, written=()) -> int:

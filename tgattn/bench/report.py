@@ -1,9 +1,11 @@
-"""CSV, plot, ratio table and target check for the attention benchmark."""
+"""CSV, plot, ratio table and target check for the attention benchmark; the CSV files and figures
+of every benchmark go through :func:`write_csv`, :func:`read_rows` and :func:`figure`."""
 from __future__ import annotations
 
 import csv
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 FIELDS = ("pattern", "n", "edges", "density", "heads", "dim", "peer", "mode", "ms", "peak_mb", "note")
 
@@ -17,9 +19,52 @@ def write_csv(rows: List[dict], path: Path, fields: Sequence[str] = FIELDS) -> N
             writer.writerow({k: row.get(k) for k in fields})
 
 
-def read_csv(path: Path) -> List[dict]:
+def read_rows(path: Path) -> List[dict]:
+    """The rows of a CSV file with a header line, as dicts of strings (an empty cell is ``""``).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "runs.csv"
+        >>> write_csv([dict(model="gat", ms=1.5), dict(model="tgattn")], path, ["model", "ms"])
+        >>> read_rows(path)
+        [{'model': 'gat', 'ms': '1.5'}, {'model': 'tgattn', 'ms': ''}]
+    """
     with open(path) as f:
-        rows = list(csv.DictReader(f))
+        return list(csv.DictReader(f))
+
+
+@contextmanager
+def figure(path: Path, nrows: int = 1, ncols: int = 1, *, dpi: int = 110, rect=None, **subplots) -> Iterator[tuple]:
+    """``(fig, axes)`` of ``matplotlib.pyplot.subplots(nrows, ncols, **subplots)`` on the Agg
+    backend (no display needed); when the block ends the figure is laid out
+    (``tight_layout(rect=rect)``) and saved to ``path`` (its folder made), and closed in any case.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "plots" / "line.png"
+        >>> with figure(path, figsize=(3, 2)) as (fig, ax):
+        ...     _ = ax.plot([1, 2], [3, 4])
+        >>> path.stat().st_size > 0
+        True
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, **subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout(rect=rect)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def read_csv(path: Path) -> List[dict]:
+    """The attention benchmark's CSV file back as rows, sizes as ints and times as floats or None."""
+    rows = read_rows(path)
     for row in rows:
         for key in ("n", "edges", "heads", "dim"):
             row[key] = int(row[key])
@@ -145,40 +190,33 @@ def plot(rows: List[dict], path: Path, device: str = "CPU") -> None:
     import matplotlib.lines
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     patterns = sorted({r["pattern"] for r in rows})
     peers = list(dict.fromkeys(r["peer"] for r in rows))
     single = len({r["n"] for r in rows}) == 1
     cols = min(4, len(patterns))
     nrows = -(-len(patterns) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
-    colors = dict(zip(peers, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for ax, pattern in zip(axes.flat, patterns):
-        if single:
-            _bars(ax, [r for r in rows if r["pattern"] == pattern], peers, colors)
-            ax.set_title(f"{pattern}, n = {rows[0]['n']}")
-            continue
-        for peer in peers:
-            for mode, style in (("fwd", "-"), ("fwd+bwd", "--")):
-                pts = sorted((r["n"], r["ms"]) for r in rows if r["pattern"] == pattern and r["peer"] == peer and r["mode"] == mode and r["ms"])
-                if pts:
-                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=colors[peer], label=peer if mode == "fwd" else None)
-        ax.set(xscale="log", yscale="log", title=pattern, xlabel="n (tokens)", ylabel="ms")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(patterns):]:
-        ax.axis("off")
-    handles = [matplotlib.lines.Line2D([], [], color=colors[p], marker="s" if single else "o", ms=5 if single else 3,
-                                       lw=0 if single else 1.5, label=p) for p in peers]
-    fig.legend(handles=handles, loc="lower center", ncol=len(peers), fontsize=8, bbox_to_anchor=(0.5, -0.01))
-    how = "light: forward, dark: forward+backward" if single else "solid: forward, dashed: forward+backward"
-    fig.suptitle(f"attention core, H=8, d=64, fp32 {device} ({how})")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    colors = dict(zip(peers, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]))
+    with figure(path, nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False, rect=(0, 0.04, 1, 1)) as (fig, axes):
+        for ax, pattern in zip(axes.flat, patterns):
+            if single:
+                _bars(ax, [r for r in rows if r["pattern"] == pattern], peers, colors)
+                ax.set_title(f"{pattern}, n = {rows[0]['n']}")
+                continue
+            for peer in peers:
+                for mode, style in (("fwd", "-"), ("fwd+bwd", "--")):
+                    pts = sorted((r["n"], r["ms"]) for r in rows if r["pattern"] == pattern and r["peer"] == peer and r["mode"] == mode and r["ms"])
+                    if pts:
+                        ax.plot(*zip(*pts), style, marker="o", ms=3, color=colors[peer], label=peer if mode == "fwd" else None)
+            ax.set(xscale="log", yscale="log", title=pattern, xlabel="n (tokens)", ylabel="ms")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(patterns):]:
+            ax.axis("off")
+        handles = [matplotlib.lines.Line2D([], [], color=colors[p], marker="s" if single else "o", ms=5 if single else 3,
+                                           lw=0 if single else 1.5, label=p) for p in peers]
+        fig.legend(handles=handles, loc="lower center", ncol=len(peers), fontsize=8, bbox_to_anchor=(0.5, -0.01))
+        how = "light: forward, dark: forward+backward" if single else "solid: forward, dashed: forward+backward"
+        fig.suptitle(f"attention core, H=8, d=64, fp32 {device} ({how})")
 
 
 def _bars(ax, rows: List[dict], peers: Sequence[str], colors: dict) -> None:
