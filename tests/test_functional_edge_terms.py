@@ -1,11 +1,16 @@
 """graph_attention's per-edge key and value terms (edge_key= / edge_value=) against a per-query oracle.
 
     s_ij = scale <q_i, k_j + ek_ij> + b_ij,     o_i = sum_j a_ij (v_j + ev_ij)
+
+The fused C++ kernel takes (features, weight) pairs over one features tensor natively (the tests
+from test_native_terms_equal_the_oracle on count its calls and refuse the composition's helpers).
 """
 import pytest
 import torch
 
-from tgattn import builders
+from test_functional_softcap_sinks import KernelCalls, _short_and_long_rows
+from tgattn import builders, engine
+from tgattn.engine import edge_terms, fused
 from tgattn.engine.recompute import dropout_factor
 from tgattn.functional import attention_with_edge_terms, graph_attention
 from tgattn.verify import random_edges
@@ -14,8 +19,10 @@ TOL = dict(rtol=1e-10, atol=1e-10)
 HEADS, DK, DV = 2, 4, 5
 
 
-def oracle(q, k, v, edge_index, ek, ev, scale, bias=None, mult=None):
-    """One query at a time: its edges' scores, their softmax, the weighted sum (empty rows: 0)."""
+def oracle(q, k, v, edge_index, ek, ev, scale, bias=None, mult=None, *, softcap=None, sinks=None):
+    """One query at a time: its edges' scores, their softmax (with the head's sink logit, without a
+    value), the weighted sum. A query without edges, or whose edges all have bias -inf, outputs 0
+    (without sinks)."""
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     weights = q.new_zeros(edge_index.shape[1], q.shape[1])
     for i in range(q.shape[0]):
@@ -24,9 +31,15 @@ def oracle(q, k, v, edge_index, ek, ev, scale, bias=None, mult=None):
             continue
         src = edge_index[0, edges]
         scores = (q[i] * (k[src] + ek[edges])).sum(-1) * scale  # [e_i, H]
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         if bias is not None:
             scores = scores + bias[edges]
-        a = scores.softmax(0)
+        if sinks is not None:
+            a = torch.cat([scores, sinks.unsqueeze(0)]).softmax(0)[:-1]
+        else:
+            dead = (scores.detach() == float("-inf")).all(0)  # [H]: heads where the row has no finite score
+            a = scores.masked_fill(dead, 0.0).softmax(0).masked_fill(dead, 0.0)
         weights[edges] = a
         used = a if mult is None else a * mult[edges]
         out[i] = (used.unsqueeze(-1) * (v[src] + ev[edges])).sum(0)
@@ -177,3 +190,200 @@ def test_compiles_without_graph_breaks():
     dropped = compiled(q, k, v, edge_index, e, w, 0.5)
     assert counter.frame_count == 2 and dropped.isfinite().all()
     assert not torch.allclose(dropped, attend(q, k, v, edge_index, e, w, 0.0))
+
+
+# --- The terms inside the fused kernel --------------------------------------------------------------
+
+native = pytest.mark.skipif(not fused.available(), reason="no C++ toolchain here")
+KINDS = ("shared", "two-maps", "key", "value")  # shared: TransformerConv's one (edge_attr, lin_edge.weight)
+
+
+def _refuse_composition(monkeypatch):
+    """The composition's helpers raise: a call that reaches them did not run its terms in the kernel."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the edge terms were composed around the engine, not run in the fused kernel")
+
+    monkeypatch.setattr(edge_terms, "key_scores", refuse)
+    monkeypatch.setattr(edge_terms, "value_sum", refuse)
+
+
+def _native_inputs(kind, nq, nk, num_edges, dtype=torch.float64, seed=0, features=3):
+    """Leaves ``q, k, v, bias, e, wk, wv, sinks`` (``dv = dk`` for one shared pair) and the terms of ``kind``.
+    Some biases are -inf, and all of query 1's in head 0."""
+    g = torch.Generator().manual_seed(seed)
+    dv = DK if kind == "shared" else DV
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    q, k, v, bias = leaf(nq, HEADS, DK), leaf(nk, HEADS, DK), leaf(nk, HEADS, dv), leaf(num_edges, HEADS)
+    e, wk, wv, sinks = leaf(num_edges, features), leaf(HEADS * DK, features), leaf(HEADS * dv, features), leaf(HEADS)
+    bias[torch.rand(bias.shape, generator=g) < 0.1] = float("-inf")
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v, bias, e, wk, wv, sinks)]
+    return leaves, _terms(kind, *leaves[4:7])
+
+
+def _terms(kind, e, wk, wv):
+    return {"shared": ((e, wk),) * 2, "two-maps": ((e, wk), (e, wv)), "key": ((e, wk), None), "value": (None, (e, wv))}[kind]
+
+
+def _oracle_terms(kind, e, wk, wv, num_edges):
+    """The terms as vectors ``[E, H, d]`` (zeros for a missing one)."""
+    wv = wk if kind == "shared" else wv
+    ek, ev = ((e @ w.T).view(num_edges, HEADS, w.shape[0] // HEADS) for w in (wk, wv))
+    return ek if kind != "value" else torch.zeros_like(ek), ev if kind != "key" else torch.zeros_like(ev)
+
+
+def _mask_in_callers_order(edge_index, n_q, n_k, p, heads=HEADS):
+    """``keep / (1 - p)`` ``[E, H]`` of the fused kernel's dropout, whose seed is the next draw of torch's
+    generator (call right after ``torch.manual_seed``), in the order of ``edge_index``."""
+    s = engine.structure_of(edge_index, n_q, n_k)
+    keep = fused.dropout_keep(heads, edge_index.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E] sorted
+    mult = torch.empty(edge_index.shape[1], heads, dtype=torch.float64)
+    mult[s.perm if s.perm is not None else slice(None)] = keep.T.double() / (1 - p)
+    return mult
+
+
+@native
+@pytest.mark.parametrize("weights", [False, True], ids=["no-weights", "weights"])
+@pytest.mark.parametrize("mods", ["plain", "sinks", "softcap", "dropout"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_native_terms_equal_the_oracle(pattern, kind, mods, weights, monkeypatch):
+    """float64: outputs, weights and the gradients of q, k, v, bias, features, both maps and the sinks,
+    one forward and one backward call of the kernel and nothing of the composition; dropout with the
+    kernel's own mask; -inf biases (a row of head 0 without a finite score), empty rows, duplicates."""
+    if mods == "softcap" and kind != "value":
+        pytest.skip("softcap is not combined with edge_key")
+    edge_index, nq, nk = PATTERNS[pattern]()
+    num_edges = edge_index.shape[1]
+    leaves, (key, value) = _native_inputs(kind, nq, nk, num_edges)
+    q, k, v, bias, e, wk, wv, sinks = leaves
+    with torch.no_grad():
+        bias[edge_index[1] == 1, 0] = float("-inf")
+    extra = dict(sinks=sinks) if mods == "sinks" else dict(softcap=1.5) if mods == "softcap" else {}
+    p = 0.4 if mods == "dropout" else 0.0
+    _refuse_composition(monkeypatch)
+    calls = KernelCalls(monkeypatch)
+    torch.manual_seed(7)
+    result = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, return_weights=weights,
+                             dropout_p=p, **extra)
+    out, w = result if weights else (result, None)
+    mult = None
+    if p > 0:
+        torch.manual_seed(7)
+        mult = _mask_in_callers_order(edge_index, nq, nk, p)
+        assert (mult == 0).any()
+    ek, ev = _oracle_terms(kind, e, wk, wv, num_edges)
+    ref, ref_w = oracle(q, k, v, edge_index, ek, ev, DK**-0.5, bias, mult, **extra)
+    torch.testing.assert_close(out, ref, **TOL)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    loss, ref_loss = (out * probe).sum(), (ref * probe).sum()
+    if weights:
+        torch.testing.assert_close(w, ref_w, **TOL)
+        loss, ref_loss = loss + w.pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref_loss, leaves, allow_unused=True)
+    assert calls.calls == {"forward": 1, "backward": 1}
+    for name, a, b in zip("q k v bias e wk wv sinks".split(), grads, ref_grads, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, **TOL, msg=name)
+
+
+@native
+@pytest.mark.parametrize("weights", [False, True], ids=["no-weights", "weights"])  # weights: general key pass
+@pytest.mark.parametrize("kind", ["shared", "key", "value"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_native_terms_in_float_on_short_and_long_rows(dtype, kind, weights, monkeypatch):
+    """float32, bfloat16 and float16 (read in place, computed in float32) on the kernel's eight-rows /
+    eight-keys paths and its general rows, with dropout, sinks and -inf biases, against the float64
+    oracle of the same (rounded) inputs."""
+    n, p = 64, 0.3
+    edge_index = _short_and_long_rows(n, seed=3)
+    num_edges = edge_index.shape[1]
+    leaves, (key, value) = _native_inputs(kind, n, n, num_edges, dtype=dtype, seed=2, features=4)
+    leaves[3] = leaves[3].detach().float().requires_grad_()  # bias and sinks: float32 with half q
+    leaves[7] = leaves[7].detach().float().requires_grad_()
+    q, k, v, bias, e, wk, wv, sinks = leaves
+    _refuse_composition(monkeypatch)
+    torch.manual_seed(5)
+    result = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, sinks=sinks,
+                             dropout_p=p, return_weights=weights)
+    out, w = result if weights else (result, None)
+    assert out.dtype == dtype
+    torch.manual_seed(5)
+    mult = _mask_in_callers_order(edge_index, n, n, p)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    ek, ev = _oracle_terms(kind, *wide[4:7], num_edges)
+    ref, ref_w = oracle(*wide[:3], edge_index, ek, ev, DK**-0.5, wide[3], mult, sinks=wide[7])
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    loss, ref_loss = (out.double() * probe).sum(), (ref * probe).sum()
+    if weights:
+        torch.testing.assert_close(w.double(), ref_w, **tol)
+        loss, ref_loss = loss + w.double().pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref_loss, wide, allow_unused=True)
+    for name, a, b in zip("q k v bias e wk wv sinks".split(), grads, ref_grads, strict=True):
+        if a is not None:
+            assert a.dtype == leaves["q k v bias e wk wv sinks".split().index(name)].dtype, name
+            torch.testing.assert_close(a.double(), b, **{key: 4 * x for key, x in tol.items()}, msg=name)
+
+
+@native
+@pytest.mark.parametrize("call", ["auto", "fused", "dense", "tile", "triton", "csr", "gather", "edge_scale",
+                                  "vectors", "two-feature-tensors", "no-edges", "nan"])
+def test_which_calls_run_the_terms_in_the_kernel(call, monkeypatch):
+    """(features, weight) pairs over one features tensor run in the kernel from every backend name but
+    csr and gather (on the CPU the others fall back to fused for them); an edge_scale (the kernel takes
+    none), vectors, two features tensors, an empty edge set and non-finite inputs compose the terms.
+    Every call equals the oracle."""
+    edge_index, n, _ = PATTERNS["window"]() if call != "no-edges" else (torch.zeros(2, 0, dtype=torch.long), 12, 12)
+    num_edges = edge_index.shape[1]
+    leaves, (key, value) = _native_inputs("shared", n, n, num_edges)
+    q, k, v, bias, e, wk, _, _ = leaves
+    backend = call if call in ("auto", "fused", "dense", "tile", "triton", "csr", "gather") else "auto"
+    edge_scale = torch.rand(num_edges, 1, dtype=torch.float64) if call == "edge_scale" else None
+    ek, ev = _oracle_terms("shared", e, wk, wk, num_edges)
+    if call == "vectors":
+        key = value = ek
+    if call == "two-feature-tensors":
+        key, value = (e, wk), (e.clone(), wk)
+    if call == "nan":
+        v = v.detach().clone()
+        v[3, 0, 0] = float("nan")
+    native_calls = []
+    run_edge_terms = engine.dispatch.run_edge_terms
+    monkeypatch.setattr(engine.dispatch, "run_edge_terms", lambda *a, **kw: native_calls.append(1) or run_edge_terms(*a, **kw))
+    out = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, backend=backend,
+                          edge_scale=edge_scale)
+    expected_native = call in ("auto", "fused", "dense", "tile", "triton")
+    assert len(native_calls) == int(expected_native)
+    ref, _ = oracle(q, k, v, edge_index, ek, ev, DK**-0.5, bias, edge_scale)
+    torch.testing.assert_close(out, ref, **TOL, equal_nan=True)
+
+
+@native
+def test_native_terms_twice_differentiable():
+    """create_graph=True: the gradients recompute on the textbook path, with the terms, and their own
+    gradients equal the oracle's."""
+    edge_index, n, _ = PATTERNS["duplicates-unsorted"]()
+    leaves, (key, value) = _native_inputs("two-maps", n, n, edge_index.shape[1])
+    q, k, v, bias, e, wk, wv, _ = leaves
+    with torch.no_grad():
+        bias.clamp_(min=-3)  # finite: the oracle's second derivative of a -inf score is NaN
+    torch.manual_seed(3)
+    out = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, dropout_p=0.3)
+    torch.manual_seed(3)
+    mult = _mask_in_callers_order(edge_index, n, n, 0.3)
+    ek, ev = _oracle_terms("two-maps", e, wk, wv, edge_index.shape[1])
+    ref, _ = oracle(q, k, v, edge_index, ek, ev, DK**-0.5, bias, mult)
+    inputs = leaves[:7]
+    results = []
+    for o in (out, ref):
+        grads = torch.autograd.grad(o.pow(2).sum(), inputs, create_graph=True)
+        results.append(torch.autograd.grad(sum((g * g).sum() for g in grads), inputs))
+    for name, a, b in zip("q k v bias e wk wv".split(), *results, strict=True):
+        torch.testing.assert_close(a, b, **TOL, msg=name)

@@ -17,7 +17,7 @@ from torch import Tensor
 from . import engine
 from .engine import edge_terms
 from .engine.edge_terms import EdgeTerm
-from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_softcap, eager_graph_attention
+from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks, check_softcap, eager_graph_attention
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
 
@@ -122,7 +122,11 @@ def graph_attention(
     ``"fused"`` for them (``"csr"`` where it is named or the kernel cannot be built; ``"gather"``
     honours them too).
 
-    Edge terms run on every backend, exactly: the key term is added to the score bias as
+    Edge terms run on every backend, exactly. ``(features, weight)`` pairs over one features tensor
+    (``TransformerConv``'s ``(edge_attr, lin_edge.weight)`` for both) run inside the fused C++ kernel
+    on the CPU, from every backend name but ``"csr"`` and ``"gather"``, without an ``edge_scale``
+    and outside ``torch.compile`` (dropout with the kernel's own mask, on both value terms alike).
+    Otherwise they are composed around the backend: the key term is added to the score bias as
     ``scale * <q_i, ek_ij>``, the value term is ``sum_j a_ij ev_ij`` over the weights the backend
     returns (with an ``edge_scale`` and dropout applied to both terms alike: the dropout mask
     is drawn once and handed to the backend as an edge scale, so the call runs on ``csr``).
@@ -192,7 +196,10 @@ def attention_with_edge_terms(
 ):
     """:func:`graph_attention` with ``edge_key`` / ``edge_value`` (see there): ``(out, weights or None)``.
 
-    ``generator`` draws the dropout mask that both value terms share.
+    ``(features, weight)`` pairs over one features tensor run inside the fused kernel where
+    :func:`tgattn.engine.dispatch.edge_terms_on_fused` says so (outside ``torch.compile``); other
+    calls compose the terms around the engine. ``generator`` draws the dropout mask (or the fused
+    kernel's seed) that both value terms share.
     """
     check_qkv(q, k, v)
     compiling = torch.compiler.is_compiling()
@@ -204,18 +211,41 @@ def attention_with_edge_terms(
     if edge_scale is not None:
         edge_scale = check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     shared = _same_term(edge_key, edge_value) and v.shape[2] == q.shape[2]  # one term for keys and values
-    if edge_key is not None:
-        key = edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
+    key = None if edge_key is None else edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
+    value = None if edge_value is None else edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2],
+                                                            q.dtype)
+    mods = dict(softcap=softcap, sinks=sinks)
+    features = None if compiling or backend == "gather" else edge_terms.shared_features(key, value)
+    if features is not None:
+        if bias is not None:
+            bias = check_bias(bias, num_edges, q)
+        if sinks is not None:
+            sinks = check_sinks(sinks, q)
+        s = engine.structure_of(ei, q.shape[0], k.shape[0])
+        maps = tuple(t.weight for t in (key, value) if t is not None)
+        if engine.dispatch.edge_terms_on_fused(
+            s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
+            sinks=sinks is not None,
+        ):
+            edge_q = None if key is None else edge_terms.key_features(q.to(work), key)  # W_h^T q_i [Nq, H, F]
+            out, weights, summed = engine.dispatch.run_edge_terms(
+                q, k, v, s, bias, scale, dropout_p, return_weights, edge_q, features, value is not None,
+                generator=generator, **mods,
+            )
+            if value is not None:
+                out = (out.to(work) + edge_terms.project(summed, value)).to(q.dtype)  # + W_h sum_j a_ij e_ij
+            return out, weights
+    if key is not None:
         if shared and key.weight is not None and not key.factored():
             key = edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)
         key_bias = edge_terms.key_scores(q.to(work), dst, key, scale)  # [E, H]
         if bias is not None:  # checked before the sum, which would promote its dtype
             bias = check_edge_tensor("bias", bias, num_edges, q) if compiling else check_bias(bias, num_edges, q)
         bias = key_bias if bias is None else key_bias + bias
-    mods = dict(softcap=softcap, sinks=sinks)
-    if edge_value is None:
+    if value is None:
         return _attention(q, k, v, ei, bias, edge_scale, scale, dropout_p, return_weights, backend, generator, **mods)
-    value = key if shared else edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q.dtype)
+    if shared:
+        value = key
     mult = edge_scale
     if dropout_p > 0:
         # One mask for a_ij v_j and a_ij ev_ij: drawn here, applied by the backend as an edge scale.

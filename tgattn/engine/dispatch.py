@@ -29,6 +29,11 @@ also reach the other queries of its SDPA tile; ``backend="triton"`` keeps NaN lo
 float16 / bfloat16 run in float32 on the CPU backends: the fused kernel reads them as they are and
 computes in float32 (:mod:`tgattn.engine.fused`), the others take float32 copies.
 
+Per-edge key / value terms given as ``(features, weight)`` pairs over one features tensor run inside
+the fused kernel on the CPU (:func:`edge_terms_on_fused`, :func:`run_edge_terms`) from every backend
+name but ``csr`` and ``gather``, without an ``edge_scale``; other calls with edge terms compose them
+around the backend :func:`plan` picks (:func:`tgattn.functional.attention_with_edge_terms`).
+
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
 that every backend name is always exact (``triton`` falls back like ``fused``); :func:`plan`
 tells which one will run.
@@ -226,6 +231,60 @@ def run(
     if s.perm is not None:
         weights = torch.empty_like(weights).index_copy(0, s.perm, weights)  # caller's order
     return out, weights.to(dtype)
+
+
+def edge_terms_on_fused(
+    s: Structure, backend: str, q: Tensor, k: Tensor, v: Tensor, features: Tensor, maps: Tuple[Tensor, ...],
+    bias: Optional[Tensor], *, edge_scale: bool, softcap: bool, sinks: bool,
+) -> bool:
+    """Whether a call with per-edge terms in factored form runs them inside the fused kernel: where
+    :func:`plan` sends it to ``fused`` once weights are asked for (the value term needs them on every
+    other backend, which keeps it off SDPA and the tiles), and with finite inputs (as :func:`run`
+    checks; the composition then runs on ``csr``)."""
+    if q.device.type != "cpu" or s.num_edges == 0:
+        return False
+    chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap, sinks=sinks)
+    return chosen == "fused" and all_finite(q, k, v, features, *maps) and (
+        bias is None or not bool(torch.isnan(bias).any())
+    )
+
+
+def run_edge_terms(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Structure,
+    bias: Optional[Tensor],
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+    edge_q: Optional[Tensor],
+    features: Tensor,
+    sums: bool,
+    *,
+    generator: Optional[torch.Generator] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """:func:`run` on the fused kernel with per-edge terms (where :func:`edge_terms_on_fused` says so):
+    ``features [E, F]`` (caller's order), ``edge_q [Nq, H, F]`` for the key term or None, ``sums`` for
+    the value term. Returns ``(out, weights or None, sums [Nq, H, F] or None)``, weights in the
+    caller's order, sums in the compute dtype (see :func:`tgattn.engine.fused.fused_attention`).
+    """
+    dtype = q.dtype
+    if s.perm is not None:  # sorted edge order
+        bias = None if bias is None else bias[s.perm]
+        features = features[s.perm]
+    bias = None if bias is None else bias.to(compute_dtype(dtype))
+    sinks = None if sinks is None else sinks.to(compute_dtype(dtype))
+    with torch.autocast("cpu", enabled=False):
+        out, weights, summed = fused.fused_attention(
+            q, k, v, s, bias, scale, dropout_p, generator, return_weights, softcap, sinks, edge_q=edge_q,
+            edge_features=features, edge_sums=sums,
+        )
+    if weights is not None and s.perm is not None:
+        weights = torch.empty_like(weights).index_copy(0, s.perm, weights)  # caller's order
+    return out, weights, summed
 
 
 def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only):

@@ -14,6 +14,11 @@ A term may come as vectors ``[E, H, d]`` or as a linear map of edge features,
 factored form, ``<q_i, W^h e_ij> = <W^h^T q_i, e_ij>`` and
 ``sum_j a_ij W^h e_ij = W^h sum_j a_ij e_ij``, which holds ``[E, H, F]`` instead of
 ``[E, H, d]``. Per-edge vectors handed in are ``[E, H, d]`` by definition.
+
+On the fused C++ kernel both terms of ``(features, weight)`` pairs over one features tensor run
+inside the kernel instead (:func:`shared_features`): the key term's ``W^h^T q_i`` ``[Nq, H, F]``
+(:func:`key_features`) goes in, the value term's ``sum_j a_ij e_ij`` ``[Nq, H, F]`` comes out and is
+projected (:func:`project`), with no per-edge tensor in the forward.
 """
 from __future__ import annotations
 
@@ -80,13 +85,35 @@ def _per_head(weight: Tensor) -> Tensor:
     return torch.block_diag(*weight.unbind(0))
 
 
+def key_features(q: Tensor, term: Term) -> Tensor:
+    """``W^h^T q_i`` per query and head ``[Nq, H, F]`` (one matrix product), in ``q``'s dtype."""
+    num_queries, heads, dim = q.shape
+    weight = _per_head(term.weight.to(q.dtype))  # [H * d, H * F]
+    return (q.reshape(num_queries, heads * dim) @ weight).view(num_queries, heads, -1)
+
+
+def project(summed: Tensor, term: Term) -> Tensor:
+    """``W^h s_i`` per query and head ``[Nq, H, d]`` for feature sums ``s`` ``[Nq, H, F]`` (one matrix product)."""
+    num_queries, heads, _ = summed.shape
+    weight = _per_head(term.weight.to(summed.dtype))  # [H * d, H * F]
+    return (summed.reshape(num_queries, -1) @ weight.T).view(num_queries, heads, -1)
+
+
+def shared_features(key: Optional[Term], value: Optional[Term]) -> Optional[Tensor]:
+    """The features ``[E, F]`` the given terms map, when every given term is a ``(features, weight)``
+    pair and both read the same features tensor: the form the fused kernel takes natively
+    (:func:`tgattn.engine.fused.fused_attention`'s ``edge_features``); else None."""
+    terms = [t for t in (key, value) if t is not None]
+    if terms and all(t.weight is not None and t.values is terms[0].values for t in terms):
+        return terms[0].values
+    return None
+
+
 def key_scores(q: Tensor, dst: Tensor, term: Term, scale: float) -> Tensor:
     """``scale * <q_i, ek_ij>`` per edge and head ``[E, H]``; ``q`` is ``[Nq, H, d]``, ``dst`` the queries i."""
-    num_queries, heads, dim = q.shape
+    heads = q.shape[1]
     if term.factored():
-        weight = _per_head(term.weight.to(q.dtype))  # [H * d, H * F]
-        q_features = (q.reshape(num_queries, heads * dim) @ weight).view(num_queries, heads, -1)  # W^h^T q_i
-        per_edge = q_features.index_select(0, dst)  # [E, H, F]
+        per_edge = key_features(q, term).index_select(0, dst)  # [E, H, F]
         return torch.bmm(per_edge, term.values.to(q.dtype).unsqueeze(-1)).view(-1, heads) * scale  # [E, H]
     return (q.index_select(0, dst) * term.vectors().to(q.dtype)).sum(-1) * scale  # [E, H]
 
@@ -99,7 +126,6 @@ def value_sum(used: Tensor, dst: Tensor, term: Term, num_queries: int) -> Tensor
         features = term.values.to(used.dtype)  # [E, F]
         per_edge = torch.bmm(used.unsqueeze(-1), features.unsqueeze(1))  # [E, H, F]: a_ij e_ij
         summed = used.new_zeros(num_queries, heads, features.shape[1]).index_add_(0, dst, per_edge)  # [Nq, H, F]
-        weight = _per_head(term.weight.to(used.dtype))  # [H * d, H * F]
-        return (summed.view(num_queries, -1) @ weight.T).view(num_queries, heads, -1)  # W^h sum_j a_ij e_ij
+        return project(summed, term)  # W^h sum_j a_ij e_ij
     vectors = term.vectors().to(used.dtype)  # [E, H, d]
     return used.new_zeros(num_queries, heads, vectors.shape[2]).index_add_(0, dst, used.unsqueeze(-1) * vectors)

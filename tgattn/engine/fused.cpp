@@ -315,6 +315,31 @@ struct Logits {
   T sink = 0;
 };
 
+// Per-edge key and value terms in factored form (TransformerConv's edge features, issue 30): edge
+// e = (j, i) has features e_ij [F], shared by the heads, and head h maps them by W_h [d, F]. The
+// key term enters the score as <q_i, W_h e_ij> = <qe_i, e_ij> with qe_i = W_h^T q_i (one matrix
+// product outside), added to the dot product <q_i, k_j> before it is scaled; the value term is
+// W_h s_i with s_i = sum_j a_ij e_ij (the weights as applied to v_j, after dropout), summed here and
+// projected outside. No [E, H, d] and nothing per edge and head is formed in the forward.
+// qe and s are [n_q, H, F] in the compute dtype (head h's row i at + i * rs), the features [E, F] in
+// the inputs' dtype (float16 / bfloat16 widened as read) in the kernel's sorted edge order.
+template <typename S, typename T = compute_t<S>>
+struct EdgeTerms {
+  const T* qe = nullptr;   // the key term's W_h^T q_i of this head, or null
+  const S* feat = nullptr;  // the features e [E, F]
+  T* sums = nullptr;        // the value term's s_i of this head (zeroed before), or null
+  int64_t F = 0, rs = 0;    // features; the row stride of qe and sums (H * F)
+};
+
+// <a, e> over F features, in one rounding order wherever it is computed (a row's forward, the
+// eight-lane paths, a key's backward), so that the backward recomputes each score bit for bit (see hsum).
+template <typename T, typename A, typename S>
+inline T edge_dot(const A* a, const S* e, int64_t F) {
+  T s = 0;
+  for (int64_t f = 0; f < F; ++f) s = madd(T(a[f]), T(e[f]), s);
+  return s;
+}
+
 // Fetches the row of `bytes` bytes at p into the cache ahead of its use (for writing when
 // WRITE). A head's rows in the caller's layout [N, H, d] are H * d numbers apart, a stride the
 // hardware prefetchers of the 2-core AMD EPYC we measure on do not follow: walking them one
@@ -974,11 +999,12 @@ inline bool short_group(RowPtr ptr, int64_t i, int64_t m) {
 // horizontal reductions, and the eight rows' chains of dependent steps (dot products, max, exp,
 // sum, log, weighted sum) run side by side: one row at a time, at 3-4 edges a row (molecule
 // batches), the forward waited on those chains. S: float, float16 or bfloat16 rows.
-template <typename S, bool LOGITS>
+template <typename S, bool LOGITS, bool EDGE>
 inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const int64_t* col, const S* q,
                          int64_t qs, const S* k, int64_t ks, int64_t d, const float* bias, int64_t bias_stride,
                          float scale, float* lse, S* w, const S* v, int64_t vs, int64_t dv, S* out,
-                         int64_t os, const Dropout& drop, int64_t h, const Logits<float>& lg) {
+                         int64_t os, const Dropout& drop, int64_t h, const Logits<float>& lg,
+                         const EdgeTerms<S>& et) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
   int64_t first[8], deg[8], most = 0, at[9];
   for (int r = 0; r <= m; ++r) at[r] = ptr[i0 + r];
@@ -998,6 +1024,11 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     for (int r = 0; r < 8; ++r) kr[r] = k + col[first[r] + std::min(t, deg[r] - 1)] * ks;
     float x[8], b[8] = {};
     dots8(Pointers<const S>{qr}, kr, d, x);
+    if constexpr (EDGE)
+      if (et.qe)
+        for (int r = 0; r < 8; ++r)
+          x[r] += edge_dot<float>(et.qe + (i0 + std::min<int64_t>(r, m - 1)) * et.rs,
+                                  et.feat + (first[r] + std::min(t, deg[r] - 1)) * et.F, et.F);
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
     const vec_t<float> st = LOGITS && lg.cap ? madd(tanh8(load(x) * lg.k), vec_t<float>{} + lg.cap, load(b))
@@ -1032,6 +1063,12 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     const S* vr[8];
     for (int64_t t = 0; t < most; ++t) coef[t] = s[t][r], vr[t] = v + col[first[r] + std::min(t, deg[r] - 1)] * vs;
     accumulate(out + (i0 + r) * os, coef, Pointers<const S>{vr}, most, dv, /*fresh=*/true);
+    if constexpr (EDGE)
+      if (et.sums) {
+        float* si = et.sums + (i0 + r) * et.rs;
+        for (int64_t t = 0; t < deg[r]; ++t)
+          for (int64_t f = 0; f < et.F; ++f) si[f] += coef[t] * float(et.feat[(first[r] + t) * et.F + f]);
+      }
   }
 }
 
@@ -1044,20 +1081,20 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
 // loop (as it was then) its sums fused other multiply-adds (outputs an ulp off) and rows of 0-2
 // edges ran about 1.1x slower.
 // q, k, v, out and w are S (T, or float16 / bfloat16 computed in T = float); bias and lse are T.
-template <typename S, bool LOGITS, typename T = compute_t<S>>
+template <typename S, bool LOGITS, bool EDGE, typename T = compute_t<S>>
 __attribute__((noinline))
 void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S* q, int64_t qs, const S* k,
                  int64_t ks, int64_t d, const T* bias, int64_t bias_stride, T scale, T* lse, S* w, const S* v,
                  int64_t vs, int64_t dv, S* out, int64_t os, const Dropout& drop, int64_t h, Entries<T, int64_t>& re,
-                 const Logits<T>& lg) {
+                 const Logits<T>& lg, const EdgeTerms<S>& et) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t i = r0; i < r1; ++i) {
     if (i + 1 < r1) fetch(q + (i + 1) * qs, d * sizeof(S)), fetch<1>(out + (i + 1) * os, dv * sizeof(S));
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, r1 - i);
       if (short_group(ptr, i, m)) {
-        attend_rows8<S, LOGITS>(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv, out,
-                                os, drop, h, lg);
+        attend_rows8<S, LOGITS, EDGE>(i, m, r1, ptr, col, q, qs, k, ks, d, bias, bias_stride, scale, lse, w, v, vs, dv,
+                                      out, os, drop, h, lg, et);
         i += m - 1;
         continue;
       }
@@ -1068,6 +1105,9 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     });
     T* x = re.x.data();
     dots(q + i * qs, Rows<const S>{k, re.index, ks}, n, d, x);
+    if constexpr (EDGE)
+      if (et.qe)
+        for (int64_t r = 0; r < n; ++r) x[r] += edge_dot<T>(et.qe + i * et.rs, et.feat + re.position(r) * et.F, et.F);
     T row_max = neg_inf;
     if (LOGITS && lg.cap) {
       tanh_scaled(x, n, lg.k);
@@ -1094,6 +1134,12 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     if (drop.on())
       for (int64_t r = 0; r < n; ++r) x[r] *= drop.factor<T>(h, re.position(r));
     accumulate(out + i * os, x, Rows<const S>{v, re.index, vs}, n, dv, /*fresh=*/true);
+    if constexpr (EDGE)
+      if (et.sums) {
+        T* si = et.sums + i * et.rs;
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t f = 0; f < et.F; ++f) si[f] += x[r] * T(et.feat[re.position(r) * et.F + f]);
+      }
   }
 }
 
@@ -1110,13 +1156,22 @@ struct HeadGrad {
   S *dkey, *dval;
   T* ds;
   int64_t dqs, dks, dvs;
+  // Edge terms (EdgeTerms): qe and the gradient of the value sums s of this head ([n_q, H, F], rows
+  // ers apart), each or null, and the features [E, F]. The key pass adds <qe_i, e_ij> to the score
+  // and <ds_i, e_ij> to dp_ij (s_i is a weighted sum like o_i), writes the score gradient (ds,
+  // required) and, for the value term, each edge's weight as applied (pw: p_e times the dropout
+  // factor); the features' and qe's gradients are summed from them afterwards (edge_grads).
+  const T *qe = nullptr, *gsum = nullptr;
+  const S* feat = nullptr;
+  T* pw = nullptr;
+  int64_t F = 0, ers = 0;
 };
 
 // The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without weight
 // gradients (float): key_pass with the keys as the lanes of a vector and their
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
-template <typename S, typename I, bool LOGITS>
+template <typename S, typename I, bool LOGITS, bool EDGE>
 void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
                const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h, const Logits<float>& lg) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
@@ -1150,6 +1205,12 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     float x[8], y[8];
     dots8(Pointers<const S>{kr}, qr, g.dk, x);
     dots8(Pointers<const S>{vr}, gr, g.dv, y);
+    if constexpr (EDGE)
+      for (int r = 0; r < 8; ++r) {
+        const S* e = g.feat + edge[r] * g.F;
+        if (g.qe) x[r] += edge_dot<float>(g.qe + rows[t][r] * g.ers, e, g.F);
+        if (g.gsum) y[r] += edge_dot<float>(g.gsum + rows[t][r] * g.ers, e, g.F);
+      }
     // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
@@ -1165,6 +1226,10 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
         if (t < deg[r]) g.ds[edge[r]] = ds[r];
     a[t] = LOGITS && lg.cap ? ds * (1.0f - th * th) * scale : ds * scale;
     p[t] = pt * fv;
+    if constexpr (EDGE)
+      if (g.pw)
+        for (int r = 0; r < m; ++r)
+          if (t < deg[r]) g.pw[edge[r]] = p[t][r];
   }
   for (int r = 0; r < m; ++r) {
     const int64_t j = j0 + r;
@@ -1197,7 +1262,7 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
 // rounded once at the end, not after each group.
 constexpr int64_t GROUP = 16;
 
-template <typename S, typename I, typename T = compute_t<S>>
+template <typename S, typename I, bool EDGE, typename T = compute_t<S>>
 void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>& g,
               T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums,
               const Logits<T>& lg) {
@@ -1209,9 +1274,9 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       const int64_t m = std::min<int64_t>(8, c1 - j);
       if (!g.gw && short_group(colptr, j, m)) {
         if (lg.cap)  // a sink changes nothing here: it is in the lse
-          key_pass8<S, I, true>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
+          key_pass8<S, I, true, EDGE>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         else
-          key_pass8<S, I, false>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
+          key_pass8<S, I, false, EDGE>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         j += m - 1;
         continue;
       }
@@ -1238,6 +1303,10 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       const I* rows = ce.index + g0;
       T *pg = p + g0, *dpg = dp + g0, *ag = a.data() + g0;
       dots(kj, Rows<const S, I>{g.q, rows, g.qs}, m, g.dk, pg);
+      if constexpr (EDGE)
+        if (g.qe)
+          for (int64_t r = 0; r < m; ++r)
+            pg[r] += edge_dot<T>(g.qe + rows[r] * g.ers, g.feat + edge(ce.position(g0 + r)) * g.F, g.F);
       if (lg.cap) {  // ag holds each tanh until its 1 - tanh^2 is used below
         std::copy(pg, pg + m, ag);
         tanh_scaled(ag, m, lg.k);
@@ -1253,6 +1322,10 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       }
       exp_shifted(pg, m, T(0));
       dots(g.v + j * g.vs, Rows<const S, I>{g.go, rows, g.gs}, m, g.dv, dpg);
+      if constexpr (EDGE)
+        if (g.gsum)
+          for (int64_t r = 0; r < m; ++r)
+            dpg[r] += edge_dot<T>(g.gsum + rows[r] * g.ers, g.feat + edge(ce.position(g0 + r)) * g.F, g.F);
       if (lg.cap) {
         for (int64_t r = 0; r < m; ++r) {
           T f = 1, ds;
@@ -1282,6 +1355,9 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
           pg[r] *= f;
         }
       }
+      if constexpr (EDGE)
+        if (g.pw)
+          for (int64_t r = 0; r < m; ++r) g.pw[edge(ce.position(g0 + r))] = pg[r];
       if constexpr (is_half_v<S>) {
         const Rows<const S, I> qrows{g.q, rows, g.qs}, gorows{g.go, rows, g.gs};
         if (n > GROUP) {
@@ -1302,19 +1378,48 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
   }
 }
 
-// delta_i = <dO_i, O_i> (+ sum_e w_e gw_e over row i when the returned weights got a gradient):
-// sum_e p_e dp_e of the backward, from the output instead of the edges (FlashAttention-2).
+// delta_i = <dO_i, O_i> (+ sum_e w_e gw_e over row i when the returned weights got a gradient)
+// (+ <ds_i, s_i> with the value sums of edge terms, gsum and sums rows F numbers long, rs apart):
+// sum_e p_e dp_e of the backward, from the outputs instead of the edges (FlashAttention-2).
 template <typename S, typename T = compute_t<S>>
 void deltas(int64_t r0, int64_t r1, const S* go, int64_t gs, const S* out, int64_t os, int64_t dv, RowPtr ptr,
-            const S* w, const S* gw, T* delta) {
+            const S* w, const S* gw, T* delta, const T* gsum, const T* sums, int64_t F, int64_t rs) {
   for (int64_t i = r0; i < r1; ++i) {
     if (i + AHEAD < r1) fetch(go + (i + AHEAD) * gs, dv * sizeof(S)), fetch(out + (i + AHEAD) * os, dv * sizeof(S));
     T s = 0;
     for (int64_t t = 0; t < dv; ++t) s += T(go[i * gs + t]) * T(out[i * os + t]);
     if (gw)
       for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) s += T(w[e]) * T(gw[e]);
+    if (gsum)
+      for (int64_t f = 0; f < F; ++f) s += gsum[i * rs + f] * sums[i * rs + f];
     delta[i] = s;
   }
+}
+
+// The gradients of the edge terms' inputs from what the key pass wrote per edge and head (the score
+// gradient ds [H, E] and, for the value term, the weight as applied pw [H, E]), one pass over the
+// rows with every head: dqe_i = scale sum_j ds_ij e_ij [n_q, H, F] (with qe), and per edge
+// de_ij = sum_h (scale ds_ij qe_i + pw_ij gsum_i) [E, F], each edge's row written once (no atomics).
+template <typename S, typename T = compute_t<S>>
+void edge_grads(RowPtr ptr, int64_t n_q, int64_t H, int64_t E, int64_t F, T scale, const S* feat, const T* qe,
+                const T* gsum, const T* ds, const T* pw, T* dqe, T* de) {
+  at::parallel_for(0, n_q, 1024, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      if (dqe) std::fill(dqe + i * H * F, dqe + (i + 1) * H * F, T(0));
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+        T* g = de + e * F;
+        std::fill(g, g + F, T(0));
+        for (int64_t h = 0; h < H; ++h) {
+          const T a = scale * ds[h * E + e], p = pw ? pw[h * E + e] : T(0);
+          const int64_t row = (i * H + h) * F;
+          for (int64_t f = 0; f < F; ++f) {
+            if (qe) g[f] += a * qe[row + f], dqe[row + f] += a * T(feat[e * F + f]);
+            if (gsum) g[f] += p * gsum[row + f];
+          }
+        }
+      }
+    }
+  });
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -1386,6 +1491,27 @@ void check_softcap(double softcap) {
   TORCH_CHECK(softcap >= 0 && std::isfinite(softcap), "tgattn fused: softcap must be finite and >= 0 (0: none)");
 }
 
+// The edge terms' features [E, F] (q's dtype) and, when given, a per-row tensor [n_q, H, F] of the
+// compute dtype (qe, the value sums or their gradient), all contiguous; returns F (0 without features).
+int64_t check_edge_terms(const at::Tensor& feat, std::initializer_list<const at::Tensor*> rows, const at::Tensor& q,
+                         int64_t E) {
+  for (const at::Tensor* t : rows)
+    TORCH_CHECK(!t->defined() || feat.defined(), "tgattn fused: edge terms need edge_features");
+  if (!feat.defined()) return 0;
+  TORCH_CHECK(feat.dim() == 2 && feat.size(0) == E && feat.is_contiguous() && feat.scalar_type() == q.scalar_type() &&
+                  feat.device().is_cpu(),
+              "tgattn fused: edge_features must be a contiguous [E, F] CPU tensor of the dtype of q");
+  const int64_t F = feat.size(1);
+  for (const at::Tensor* t : rows)
+    TORCH_CHECK(!t->defined() || (t->sizes() == at::IntArrayRef{q.size(0), q.size(1), F} && t->is_contiguous() &&
+                                  t->scalar_type() == compute_type(q)),
+                "tgattn fused: edge_q, edge_sums and their gradient must be contiguous [n_q, H, F] of the dtype of q "
+                "(float32 for float16 / bfloat16 q)");
+  return F;
+}
+
+at::Tensor optional_tensor(const c10::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
 // The soft cap (0: none) and the sink of head h (sinks [H] or undefined).
 template <typename T>
 Logits<T> logits(double softcap, double scale, const at::Tensor& sinks, int64_t h) {
@@ -1396,22 +1522,33 @@ Logits<T> logits(double softcap, double scale, const at::Tensor& sinks, int64_t 
 }
 
 // q [n_q, H, dk], k [n_k, H, dk], v [n_k, H, dv] (any row and head strides); bias [E, 1 or H] or None;
-// softcap > 0 caps the scaled scores (0: no cap); sinks [H] or None (see Logits).
-// Returns (out [n_q, H, dv], lse [H, n_q], weights [H, E] if `weights` else an empty tensor).
+// softcap > 0 caps the scaled scores (0: no cap); sinks [H] or None (see Logits). Edge terms
+// (EdgeTerms): edge_features [E, F] in sorted edge order, edge_q [n_q, H, F] (the key term) or None,
+// edge_sums: compute the value term's sums.
+// Returns (out [n_q, H, dv], lse [H, n_q], weights [H, E] if `weights` else an empty tensor), and the
+// value sums s [n_q, H, F] (compute dtype) as a fourth tensor with edge_sums.
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& rowptr, const at::Tensor& col,
                                 const c10::optional<at::Tensor>& bias, double scale, double dropout_p,
-                                int64_t seed, bool weights, double softcap, const c10::optional<at::Tensor>& sinks) {
+                                int64_t seed, bool weights, double softcap, const c10::optional<at::Tensor>& sinks,
+                                const c10::optional<at::Tensor>& edge_q,
+                                const c10::optional<at::Tensor>& edge_features, bool edge_sums) {
   check_inputs(q, k, v);
   const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
   TORCH_CHECK(col.scalar_type() == at::kLong, "tgattn fused: col must be int64");
   const at::Tensor b = checked_bias(bias, q, E), sk = checked_sinks(sinks, q);
   check_softcap(softcap);
+  const at::Tensor qe = optional_tensor(edge_q), feat = optional_tensor(edge_features);
+  const int64_t F = check_edge_terms(feat, {&qe}, q, E);
+  TORCH_CHECK(!edge_sums || feat.defined(), "tgattn fused: edge_sums needs edge_features");
+  TORCH_CHECK(!(qe.defined() && softcap > 0), "tgattn fused: softcap cannot be combined with edge_q");
   // Every row of out and lse is written by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
   at::Tensor out = cache.empty({n_q, H, dv}, q), lse = cache.empty({H, n_q}, compute_type(q));
   at::Tensor w = weights ? cache.empty({H, E}, q).zero_() : at::empty({0}, q.options());
+  // The value sums are added to row by row (rows without edges keep 0).
+  at::Tensor sums = edge_sums ? cache.empty({n_q, H, F}, compute_type(q)).zero_() : at::Tensor();
   const RowPtr ptr = row_ptr(rowptr);
   const int64_t* cp = col.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_forward", [&] {
@@ -1432,14 +1569,23 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
       else
         sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);
       const Logits<T> lg = logits<T>(softcap, scale, sk, h);
+      EdgeTerms<scalar_t> et;
+      if (feat.defined()) {
+        et.feat = feat.data_ptr<scalar_t>(), et.F = F, et.rs = H * F;
+        if (qe.defined()) et.qe = qe.data_ptr<T>() + h * F;
+        if (edge_sums) et.sums = sums.data_ptr<T>() + h * F;
+      }
       // Instances without the cap and sink code, as the kernel was before them: with it, float32 rows
-      // with a bias ran 1.04-1.06x slower (short rows, random 1 %).
-      (lg.cap || lg.has_sink ? attend_rows<scalar_t, true> : attend_rows<scalar_t, false>)(
-          r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh, bias_heads,
-          static_cast<T>(scale), lse.data_ptr<T>() + h * n_q, weights ? w.data_ptr<scalar_t>() + h * E : nullptr,
-          sc.v.rows, sc.v.stride, dv, head<scalar_t>(out, h), out.stride(0), drop, h, sc.re, lg);
+      // with a bias ran 1.04-1.06x slower (short rows, random 1 %); likewise without the edge terms' code.
+      const bool cap_or_sink = lg.cap || lg.has_sink;
+      const auto rows = feat.defined() ? (cap_or_sink ? attend_rows<scalar_t, true, true> : attend_rows<scalar_t, false, true>)
+                                       : (cap_or_sink ? attend_rows<scalar_t, true, false> : attend_rows<scalar_t, false, false>);
+      rows(r0, r1, ptr, cp, head<scalar_t>(q, h), q.stride(0), sc.k.rows, sc.k.stride, dk, bh, bias_heads,
+           static_cast<T>(scale), lse.data_ptr<T>() + h * n_q, weights ? w.data_ptr<scalar_t>() + h * E : nullptr,
+           sc.v.rows, sc.v.stride, dv, head<scalar_t>(out, h), out.stride(0), drop, h, sc.re, lg, et);
     });
   });
+  if (edge_sums) return {out, lse, w, sums};
   return {out, lse, w};
 }
 
@@ -1455,6 +1601,25 @@ int64_t key_blocks(int64_t heads, int64_t edges, int64_t n_q) {
   return std::max<int64_t>(1, std::min(by_heads, by_work));
 }
 
+// The sinks' gradient [H]: the sink weighs exp(sink - lse_i) in row i, a logit without a value, so
+// its gradient is -sum_i exp(sink - lse_i) delta_i.
+at::Tensor sink_grads(const at::Tensor& sk, const at::Tensor& lse, const at::Tensor& delta, int64_t n_q) {
+  const int64_t H = sk.size(0);
+  at::Tensor grad_sinks = at::zeros({H}, sk.options());
+  AT_DISPATCH_FLOATING_TYPES(sk.scalar_type(), "tgattn_fused_sinks", [&] {
+    for (int64_t h = 0; h < H; ++h) {
+      const scalar_t t = sk.data_ptr<scalar_t>()[h], *lh = lse.data_ptr<scalar_t>() + h * n_q;
+      const scalar_t* dh = delta.data_ptr<scalar_t>() + h * n_q;
+      scalar_t sum = 0;
+      for (int64_t i = 0; i < n_q; ++i)
+        if (lh[i] > -std::numeric_limits<scalar_t>::infinity())  // a row of lse -inf has no logit, the sink none
+          sum += std::exp(t - lh[i]) * dh[i];
+      grad_sinks.data_ptr<scalar_t>()[h] = -sum;
+    }
+  });
+  return grad_sinks;
+}
+
 // grad_out, q, k, v, out [N, H, d] as in forward, lse [H, n_q]; weights and grad_weights [H, E]
 // (grad_weights: the gradient that reached the returned weights, or None); bias as in forward.
 // rowptr as in forward; colptr / row_t / perm_t: the transposed pattern (each int64 or int32,
@@ -1462,7 +1627,9 @@ int64_t key_blocks(int64_t heads, int64_t edges, int64_t n_q) {
 // dv, d_scores [H, E] when grad_bias, else empty); d_scores is the gradient of an additive bias (of the
 // capped scores). softcap and sinks as in forward; with sinks a fifth tensor, their gradient [H]:
 // the sink weighs exp(sink - lse_i) in row i, a logit without a value, so its gradient is
-// -sum_i exp(sink - lse_i) delta_i.
+// -sum_i exp(sink - lse_i) delta_i. Edge terms as in forward, with the forward's value sums
+// (edge_sums) and their gradient (grad_sums), each [n_q, H, F] or None: then two more tensors, the
+// gradient of edge_q [n_q, H, F] (empty without edge_q) and of the features [E, F], both of the compute dtype.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                  const c10::optional<at::Tensor>& weights,
@@ -1471,7 +1638,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                                  const at::Tensor& colptr, const at::Tensor& row_t,
                                  const c10::optional<at::Tensor>& perm_t, double scale, double dropout_p,
                                  int64_t seed, bool grad_bias, double softcap,
-                                 const c10::optional<at::Tensor>& sinks) {
+                                 const c10::optional<at::Tensor>& sinks, const c10::optional<at::Tensor>& edge_q,
+                                 const c10::optional<at::Tensor>& edge_features,
+                                 const c10::optional<at::Tensor>& edge_sums,
+                                 const c10::optional<at::Tensor>& grad_sums) {
   check_inputs(q, k, v);
   const at::Tensor sk = checked_sinks(sinks, q);
   check_softcap(softcap);
@@ -1482,12 +1652,17 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const at::Tensor gw = grad_weights.has_value() ? grad_weights->contiguous() : at::Tensor();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
   const at::Tensor perm = perm_t.has_value() ? *perm_t : at::Tensor();
+  const at::Tensor qe = optional_tensor(edge_q), feat = optional_tensor(edge_features);
+  const at::Tensor esums = optional_tensor(edge_sums), gsum = optional_tensor(grad_sums);
+  const int64_t F = check_edge_terms(feat, {&qe, &esums, &gsum}, q, E);
+  const bool edge = feat.defined();
+  TORCH_CHECK(!gsum.defined() || esums.defined(), "tgattn fused: grad_sums needs the forward's edge_sums");
   TORCH_CHECK(index_type(rowptr) && rowptr.is_contiguous() && rowptr.numel() == n_q + 1 &&
                   row_ptr(rowptr)[n_q] == E,
               "tgattn fused: rowptr must be int64 or int32 [n_q + 1] ending at E");
   check_structure(colptr, row_t, n_k, n_q, "colptr / row_t");
-  const bool need_perm = b.defined() || dropout_p > 0 || gw.defined() || grad_bias;
-  TORCH_CHECK(!need_perm || perm.defined(), "tgattn fused: a bias, dropout or weight gradients need perm_t");
+  const bool need_perm = b.defined() || dropout_p > 0 || gw.defined() || grad_bias || edge;
+  TORCH_CHECK(!need_perm || perm.defined(), "tgattn fused: a bias, dropout, weight gradients or edge terms need perm_t");
   if (perm.defined()) {
     check_structure(colptr, perm, n_k, E, "colptr / perm_t");
     TORCH_CHECK(perm.scalar_type() == row_t.scalar_type(), "tgattn fused: row_t and perm_t must share a dtype");
@@ -1521,7 +1696,9 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const bool half = ct != dtype;
   at::Tensor extra = !half && blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
   at::Tensor sums = half && (blocks > 1 || any_direct) ? cache.empty({blocks, n_q, H, dk}, ct) : at::Tensor();
-  at::Tensor ds = grad_bias ? cache.empty({H, E}, ct).zero_() : at::empty({0}, q.options().dtype(ct));
+  // The score gradient per edge: a bias's gradient, and what the edge terms' gradients are summed from.
+  at::Tensor ds = grad_bias || edge ? cache.empty({H, E}, ct).zero_() : at::empty({0}, q.options().dtype(ct));
+  at::Tensor pw = gsum.defined() ? cache.empty({H, E}, ct).zero_() : at::Tensor();
   at::Tensor delta = cache.empty({H, n_q}, ct);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_backward", [&] {
     using S = scalar_t;
@@ -1531,7 +1708,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     for_head_blocks<None>(ptr, n_q, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
       deltas<S>(r0, r1, head<S>(go, h), go.stride(0), head<S>(o, h), o.stride(0), dv, ptr,
                 w.defined() ? w.data_ptr<S>() + h * E : nullptr, gw.defined() ? gw.data_ptr<S>() + h * E : nullptr,
-                delta.data_ptr<T>() + h * n_q);
+                delta.data_ptr<T>() + h * n_q, gsum.defined() ? gsum.data_ptr<T>() + h * F : nullptr,
+                gsum.defined() ? esums.data_ptr<T>() + h * F : nullptr, F, H * F);
     });
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
     const auto run = [&](const auto* rt, const auto* pt) {
@@ -1571,9 +1749,14 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                       b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
                       gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
                       sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
-                      grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
-        key_pass<S>(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums,
-                    logits<T>(softcap, scale, sk, h));
+                      grad_bias || edge ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
+        if (edge) {
+          g.feat = feat.data_ptr<S>(), g.F = F, g.ers = H * F;
+          if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F;
+          if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
+        }
+        (edge ? key_pass<S, I, true> : key_pass<S, I, false>)(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h,
+                                                             sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
         if (in_place_dq) return;
         if (rounded) {
           for (int64_t i = 0; i < n_q; ++i) {
@@ -1596,20 +1779,21 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   if (extra.defined()) dq.add_(extra.sum(0));
   if (sums.defined())  // in the float32 path's order: block 0 plus the sum of the others
     dq.copy_(blocks > 1 ? sums[0].add_(sums.slice(0, 1).sum(0)) : sums[0]);
-  if (!sk.defined()) return {dq, dkt, dvt, ds};
-  at::Tensor grad_sinks = at::zeros({H}, sk.options());
-  AT_DISPATCH_FLOATING_TYPES(ct, "tgattn_fused_sinks", [&] {
-    for (int64_t h = 0; h < H; ++h) {
-      const scalar_t t = sk.data_ptr<scalar_t>()[h], *lh = lse.data_ptr<scalar_t>() + h * n_q;
-      const scalar_t* dh = delta.data_ptr<scalar_t>() + h * n_q;
-      scalar_t sum = 0;
-      for (int64_t i = 0; i < n_q; ++i)
-        if (lh[i] > -std::numeric_limits<scalar_t>::infinity())  // a row of lse -inf has no logit, the sink none
-          sum += std::exp(t - lh[i]) * dh[i];
-      grad_sinks.data_ptr<scalar_t>()[h] = -sum;
-    }
-  });
-  return {dq, dkt, dvt, ds, grad_sinks};
+  std::vector<at::Tensor> grads{dq, dkt, dvt, grad_bias ? ds : at::empty({0}, q.options().dtype(ct))};
+  if (sk.defined()) grads.push_back(sink_grads(sk, lse, delta, n_q));
+  if (edge) {
+    at::Tensor dqe = qe.defined() ? cache.empty({n_q, H, F}, ct) : at::empty({0}, q.options().dtype(ct));
+    at::Tensor de = cache.empty({E, F}, ct);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_edge_grads", [&] {
+      using T = compute_t<scalar_t>;
+      edge_grads<scalar_t>(ptr, n_q, H, E, F, static_cast<T>(scale), feat.data_ptr<scalar_t>(),
+                           qe.defined() ? qe.data_ptr<T>() : nullptr, gsum.defined() ? gsum.data_ptr<T>() : nullptr,
+                           ds.data_ptr<T>(), pw.defined() ? pw.data_ptr<T>() : nullptr,
+                           qe.defined() ? dqe.data_ptr<T>() : nullptr, de.data_ptr<T>());
+    });
+    grads.push_back(dqe), grads.push_back(de);
+  }
+  return grads;
 }
 
 // A stable counting sort of E entries by key c[e] in [0, n): fills ptr [n + 1] (zeroed) with the
@@ -1763,10 +1947,12 @@ std::vector<at::Tensor> transpose(const at::Tensor& col, int64_t n_k) {
 // for these ops, so that torch.compile can trace through them.
 TORCH_LIBRARY(tgattn_fused, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale, "
-        "float dropout_p, int seed, bool weights, float softcap=0.0, Tensor? sinks=None) -> Tensor[]");
+        "float dropout_p, int seed, bool weights, float softcap=0.0, Tensor? sinks=None, Tensor? edge_q=None, "
+        "Tensor? edge_features=None, bool edge_sums=False) -> Tensor[]");
   m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? weights, "
         "Tensor? grad_weights, Tensor? bias, Tensor rowptr, Tensor colptr, Tensor row_t, Tensor? perm_t, float scale, "
-        "float dropout_p, int seed, bool grad_bias, float softcap=0.0, Tensor? sinks=None) -> Tensor[]");
+        "float dropout_p, int seed, bool grad_bias, float softcap=0.0, Tensor? sinks=None, Tensor? edge_q=None, "
+        "Tensor? edge_features=None, Tensor? edge_sums=None, Tensor? grad_sums=None) -> Tensor[]");
   m.def("transpose_rows(Tensor rowptr, Tensor col, int n_k, bool with_perm, bool narrow) -> Tensor[]");
   // No tensor argument to dispatch on and never traced: a catch-all kernel.
   m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);

@@ -55,56 +55,79 @@ class FusedAttention(torch.autograd.Function):
     ``sinks`` (``[H]`` or ``None``) joins each softmax's denominator without a value. The saved
     log-sum-exp includes the sink, so the backward recomputes the weights with it; the kernel
     forms the sinks' gradient from it and its deltas.
+    Per-edge terms in factored form (``features [E, F]`` in sorted order; see ``EdgeTerms`` in
+    ``fused.cpp``): ``edge_q [n_q, H, F]`` (``W_h^T q_i``, compute dtype) adds ``scale <edge_q_i, e_ij>``
+    to each score, and ``sums=True`` returns ``s_i = sum_j a_ij e_ij`` ``[n_q, H, F]`` (compute dtype,
+    the weights as applied to the values) as a third output (else an empty tensor); the backward
+    returns the gradients of ``edge_q`` and the features.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, sinks, s: Structure, scale: float, p: float, seed: int, weights: bool,
-                softcap: Optional[float]):
+    def forward(ctx, q, k, v, bias, sinks, edge_q, features, s: Structure, scale: float, p: float, seed: int,
+                weights: bool, softcap: Optional[float], sums: bool):
         cap = 0.0 if softcap is None else softcap
-        out, lse, w = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights, cap,
-                                                     sinks)
+        out, lse, w, *rest = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights,
+                                                            cap, sinks, edge_q, features, sums)
+        edge_sums = rest[0] if sums else out.new_empty(0)
         ctx.set_materialize_grads(False)  # no zeros for an unused output
-        if not weights:
-            ctx.mark_non_differentiable(w)
-        ctx.save_for_backward(q, k, v, bias, sinks, out, lse, w if weights else None)
+        for unused in ([] if weights else [w]) + ([] if sums else [edge_sums]):
+            ctx.mark_non_differentiable(unused)
+        ctx.save_for_backward(q, k, v, bias, sinks, edge_q, features, out, lse, w if weights else None,
+                              edge_sums if sums else None)
         ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.softcap = s, scale, p, seed, softcap
-        return out, w
+        return out, w, edge_sums
 
     @staticmethod
-    def backward(ctx, grad_out, grad_weights):
-        q, k, v, bias, sinks, out, lse, weights = ctx.saved_tensors
-        s = ctx.s
-        if grad_out is None and grad_weights is None:
-            return (None,) * 11
+    def backward(ctx, grad_out, grad_weights, grad_sums):
+        q, k, v, bias, sinks, edge_q, features, out, lse, weights, edge_sums = ctx.saved_tensors
+        s, needs = ctx.s, ctx.needs_input_grad
+        unused = (None,) * 7  # s, scale, p, seed, weights, softcap, sums
+        if grad_out is None and grad_weights is None and grad_sums is None:
+            return (None,) * 7 + unused
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
             mult = None
             if ctx.p > 0:
                 mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
 
-            def attend(q, k, v, bias, sinks):  # float16 / bfloat16 in float32, as the kernels compute
+            def attend(q, k, v, bias, sinks, edge_q, features):  # float16 / bfloat16 in float32, as the kernels
                 work = compute_dtype(q.dtype)
+                e = None if features is None else features.to(work)
+                if edge_q is not None:  # the key term as a bias, scale <W_h^T q_i, e_ij>
+                    key = (edge_q[s.dst] * e.unsqueeze(1)).sum(-1) * ctx.scale  # [E, H]
+                    bias = key if bias is None else key + bias
+                used = None if mult is None else mult.to(work)
                 out, w = gather_attention(q.to(work), k.to(work), v.to(work), s.src, s.dst, s.n_q, bias, ctx.scale,
-                                          None if mult is None else mult.to(work), ctx.softcap, sinks)
-                return out.to(q.dtype), w.T.to(q.dtype)
+                                          used, ctx.softcap, sinks)
+                summed = None
+                if edge_sums is not None:
+                    applied = w if used is None else w * used
+                    summed = w.new_zeros(edge_sums.shape).index_add(0, s.dst, applied.unsqueeze(-1) * e.unsqueeze(1))
+                return out.to(q.dtype), w.T.to(q.dtype), summed
 
-            grads = recompute_grads(attend, (q, k, v, bias, sinks), (grad_out, grad_weights), ctx.needs_input_grad[:5])
-            return (*grads, None, None, None, None, None, None)
-        if grad_out is None:  # only the returned weights got a gradient
+            grads = recompute_grads(attend, (q, k, v, bias, sinks, edge_q, features), (grad_out, grad_weights, grad_sums),
+                                    needs[:7])
+            return (*grads, *unused)
+        if grad_out is None:  # only the returned weights or the value sums got a gradient
             grad_out = torch.zeros_like(out)
-        with_perm = bias is not None or ctx.p > 0 or grad_weights is not None
+        with_perm = bias is not None or ctx.p > 0 or grad_weights is not None or features is not None
         colptr, row_t, perm_t = backward_pattern(s, with_perm)
-        sinks_grad = sinks is not None and ctx.needs_input_grad[4]
+        sinks_grad = sinks is not None and needs[4]
         grads = torch.ops.tgattn_fused.backward(
             grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t,
-            ctx.scale, ctx.p, ctx.seed, ctx.needs_input_grad[3], 0.0 if ctx.softcap is None else ctx.softcap,
-            sinks if sinks_grad else None,
+            ctx.scale, ctx.p, ctx.seed, needs[3], 0.0 if ctx.softcap is None else ctx.softcap,
+            sinks if sinks_grad else None, edge_q, features, edge_sums,
+            None if grad_sums is None else grad_sums.contiguous(),
         )
         grad_q, grad_k, grad_v, d_scores = grads[:4]
-        grad_bias = None
-        if ctx.needs_input_grad[3]:
+        grad_bias = grad_edge_q = grad_features = None
+        if needs[3]:
             grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
         grad_sinks = grads[4] if sinks_grad else None
-        return grad_q, grad_k, grad_v, grad_bias, grad_sinks, None, None, None, None, None, None
+        if features is not None:
+            d_edge_q, d_features = grads[-2:]
+            grad_edge_q = d_edge_q if needs[5] else None
+            grad_features = d_features.to(features.dtype) if needs[6] else None
+        return grad_q, grad_k, grad_v, grad_bias, grad_sinks, grad_edge_q, grad_features, *unused
 
 
 def fused_attention(
@@ -119,10 +142,19 @@ def fused_attention(
     return_weights: bool = False,
     softcap: Optional[float] = None,
     sinks: Optional[Tensor] = None,
+    edge_q: Optional[Tensor] = None,
+    edge_features: Optional[Tensor] = None,
+    edge_sums: bool = False,
 ):
     """``(out [n_q, H, dv], weights [E, H] or None)`` on sorted edges; ``bias`` is ``[E, 1 or H]`` in sorted order.
     ``softcap`` caps the scaled scores before the bias (``c * tanh(s / c)``); ``sinks [H]`` adds one
     logit per head to each softmax, without a value; both with gradients.
+
+    Per-edge terms in factored form, with gradients: ``edge_features [E, F]`` (sorted order, q's
+    dtype) with ``edge_q [n_q, H, F]`` (``W_h^T q_i``) adds ``scale <edge_q_i, e_ij>`` to the scores,
+    and ``edge_sums=True`` also computes the value term's ``s_i = sum_j a_ij e_ij`` ``[n_q, H, F]``
+    (after dropout, float32 for float16 / bfloat16 q); with ``edge_features`` the result is
+    ``(out, weights or None, sums or None)``.
 
     ``q``, ``k``, ``v`` may have any strides (a feature dimension that is not contiguous is copied).
     float16 / bfloat16 inputs are read as they are and computed in float32 (the bias too, and
@@ -139,10 +171,16 @@ def fused_attention(
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     bias = None if bias is None else bias.to(compute_dtype(q.dtype))
     sinks = None if sinks is None else sinks.to(compute_dtype(q.dtype))
+    edge_q = None if edge_q is None else edge_q.to(compute_dtype(q.dtype)).contiguous()
+    edge_features = None if edge_features is None else edge_features.contiguous()
     # The kernels read rows through any row and head strides, but a row's features must be contiguous.
     q, k, v = (t if t.shape[2] <= 1 or t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
-    out, weights = FusedAttention.apply(q, k, v, bias, sinks, s, scale, dropout_p, seed, return_weights, softcap)
-    return out, (weights.T if return_weights else None)
+    out, weights, sums = FusedAttention.apply(q, k, v, bias, sinks, edge_q, edge_features, s, scale, dropout_p, seed,
+                                              return_weights, softcap, edge_sums)
+    weights = weights.T if return_weights else None
+    if edge_features is None:
+        return out, weights
+    return out, weights, (sums if edge_sums else None)
 
 
 class ReadsOnly(torch.autograd.Function):

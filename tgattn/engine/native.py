@@ -129,17 +129,25 @@ def register_fake_kernels() -> None:
     _state["fakes"] = True
 
     @torch.library.register_fake("tgattn_fused::forward")
-    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights, softcap=0.0, sinks=None):
+    def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights, softcap=0.0, sinks=None, edge_q=None,
+          edge_features=None, edge_sums=False):
         w = q.new_empty(q.shape[1], col.shape[0]) if weights else q.new_empty(0)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=compute_dtype(q.dtype))
-        return [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), lse, w]
+        outs = [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), lse, w]
+        if edge_sums:  # the value term's sums [n_q, H, F]
+            outs.append(lse.new_empty(q.shape[0], q.shape[1], edge_features.shape[1]))
+        return outs
 
     @torch.library.register_fake("tgattn_fused::backward")
     def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
-          seed, grad_bias, softcap=0.0, sinks=None):
+          seed, grad_bias, softcap=0.0, sinks=None, edge_q=None, edge_features=None, edge_sums=None, grad_sums=None):
         ds = q.new_empty(q.shape[1], row_t.shape[0] if grad_bias else 0, dtype=compute_dtype(q.dtype))
         grads = [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
-        return grads if sinks is None else grads + [sinks.new_empty(sinks.shape)]  # the sinks' gradient
+        if sinks is not None:
+            grads.append(sinks.new_empty(sinks.shape))  # the sinks' gradient
+        if edge_features is not None:  # the gradients of edge_q (empty without it) and of the features
+            grads += [ds.new_empty(edge_q.shape if edge_q is not None else (0,)), ds.new_empty(edge_features.shape)]
+        return grads
 
     @torch.library.register_fake("tgattn_fused::transpose_rows")
     def _(rowptr, col, n_k, with_perm, narrow):

@@ -60,14 +60,17 @@ def recompute_grads(
 ) -> list:
     """Gradients of ``fn(*inputs)`` for the upstream ``grads``, one per input (``None`` where not needed).
 
-    Called from an autograd ``backward``. Under ``create_graph=True`` (grad mode on there) the
-    saved inputs themselves are used, so the result is differentiable with respect to them;
+    Called from an autograd ``backward``. Under ``create_graph=True`` (grad mode on there) views
+    of the saved inputs are used, so the result is differentiable with respect to them;
     otherwise detached copies are.
     """
     create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
         if create_graph:
-            leaves = list(inputs)
+            # A view of each input, not the input: the gradient for a view counts only the paths through
+            # it, where one for the input itself would also count the paths through the other inputs
+            # derived from it (q = k = v, or edge terms' W_h^T q_i with q), counting those twice.
+            leaves = [None if t is None else t.view_as(t) for t in inputs]
         else:
             leaves = [None if t is None else t.detach().requires_grad_(bool(need)) for t, need in zip(inputs, needs)]
         outs = fn(*leaves)
