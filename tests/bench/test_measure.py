@@ -51,3 +51,14 @@ def test_sync_brackets_every_call_and_on_call_gets_the_timed_ones():
     assert calls == [("b", 0), ("a", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]  # reversed in even rounds
     assert events == [x for call in calls for x in ("sync", call, "sync")]
     assert timed == ["a", "b", "b", "a"]  # rounds 1 and 2, not the warm-up
+
+
+def test_a_spent_budget_stops_after_the_first_timed_round():
+    from tgattn.bench.measure import best_time
+
+    calls = []
+    wall, _, _ = interleaved({"a": calls.append}, 5, budget_s=-1.0)  # spent before the first call
+    assert calls == [0, 1] and wall["a"] >= 0.0
+    runs = []
+    assert best_time(lambda: runs.append(1), False, [], None, repeats=5, budget_s=-1.0) >= 0.0
+    assert len(runs) == 2  # the warm-up and one timed run

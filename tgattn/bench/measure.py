@@ -28,20 +28,17 @@ def run_once(fn: Callable, backward: bool, leaves: Sequence[torch.Tensor], grad:
 
 
 def best_time(fn: Callable, backward: bool, leaves, grad, *, repeats: int, budget_s: float) -> float:
-    """Minimum wall time (ms) over up to ``repeats`` runs after one warm-up run.
+    """Minimum wall time (ms) of :func:`run_once` over up to ``repeats`` runs after one warm-up run
+    (:func:`interleaved` of one function).
 
     Stops early once ``budget_s`` seconds were spent (slow peers at large n run once).
+
+    Example:
+        >>> best_time(lambda: torch.ones(4).sum(), False, [], None, repeats=3, budget_s=1.0) >= 0.0
+        True
     """
-    start = time.perf_counter()
-    run_once(fn, backward, leaves, grad)  # warm-up: compilation, caches, first-touch pages
-    best = float("inf")
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        run_once(fn, backward, leaves, grad)
-        best = min(best, time.perf_counter() - t0)
-        if time.perf_counter() - start > budget_s:
-            break
-    return best * 1e3
+    wall, _, _ = interleaved({"fn": lambda r: run_once(fn, backward, leaves, grad)}, repeats, budget_s=budget_s)
+    return wall["fn"] * 1e3
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -203,7 +200,8 @@ def os_usage() -> Tuple[float, int]:
 def interleaved(fns: Dict[object, Callable], rounds: int, threads: Optional[Dict[object, int]] = None,
                 slow_s: float = float("inf"), on_round: Optional[Callable[[int], None]] = None, *,
                 setup: Optional[Dict[object, Callable[[], object]]] = None, alternate: bool = False,
-                sync: Optional[Callable[[], None]] = None, on_call: Optional[Callable[[object, float], None]] = None):
+                sync: Optional[Callable[[], None]] = None, on_call: Optional[Callable[[object, float], None]] = None,
+                budget_s: float = float("inf")):
     """``(wall, cpu, system)``: minimum wall and thread-CPU seconds of each function, run in turn
     ``rounds`` times after a warm-up, and ``(system seconds, minor page faults)`` of its round of
     least CPU time (:func:`os_usage`).
@@ -216,7 +214,8 @@ def interleaved(fns: Dict[object, Callable], rounds: int, threads: Optional[Dict
     the round's number; ``alternate`` runs the functions in reverse order every other round
     (round 0 included), so that none always follows the same one; ``sync()`` runs before the
     clocks start and before they stop (``torch.cuda.synchronize`` for work on a GPU);
-    ``on_call(key, seconds)`` gets each timed call's wall seconds (rounds 1 on: for a median).
+    ``on_call(key, seconds)`` gets each timed call's wall seconds (rounds 1 on: for a median);
+    no round starts after round 1 once ``budget_s`` seconds have passed since the first call.
 
     Example:
         >>> wall, cpu, system = interleaved({"a": lambda r: sum(range(1000)), "b": lambda r: None}, rounds=3)
@@ -234,8 +233,11 @@ def interleaved(fns: Dict[object, Callable], rounds: int, threads: Optional[Dict
     system = {key: (0.0, 0) for key in fns}
     slow = set()
     order = list(fns.items())
+    start = time.perf_counter()
     try:
         for r in range(rounds + 1):
+            if r > 1 and time.perf_counter() - start > budget_s:
+                break
             for key, fn in order[::-1] if alternate and r % 2 == 0 else order:
                 if r > 1 and key in slow:
                     continue
