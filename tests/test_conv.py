@@ -219,7 +219,7 @@ def test_shared_projection_equals_one_weight_for_queries_keys_and_values():
 
 
 def test_projection_hooks_still_run_and_agree_with_the_stacked_product():
-    x = torch.randn(6, 4, dtype=torch.float64)
+    x = torch.randn(6, 4, dtype=torch.float64).to_sparse_csr()  # sparse features: one stacked product
     ei = random_graph(6, 6, 14, seed=6)
     conv = GraphAttentionConv(4, 3, 2).double()
     stacked = conv(x, ei)  # queries, keys, values and root term from one product
@@ -241,3 +241,89 @@ def test_add_self_loops_without_edge_features_equals_pyg_loops():
     assert torch.equal(used, expected)
     conv.add_self_loops = False
     torch.testing.assert_close(out, conv(x, expected), **TOL)
+
+
+def sampled_graph(n_src, n_dst, attended, seed=0, one_edge=True):
+    """A NeighborLoader-like edge set: targets 0 .. attended - 1 have 2-4 edges, every other even
+    target one edge (none with ``one_edge=False``), the odd ones none; unsorted, a duplicated
+    edge, no self-loop."""
+    g = torch.Generator().manual_seed(seed)
+    many = torch.repeat_interleave(torch.arange(attended), torch.randint(2, 5, (attended,), generator=g))
+    one = torch.arange(attended + attended % 2, n_dst, 2)[: None if one_edge else 0]
+    dst = torch.cat([many, one, many[:1]])
+    src = (dst + 1 + torch.randint(n_src - 1, (len(dst),), generator=g)) % n_src
+    src[-1] = src[0]
+    order = torch.randperm(len(dst), generator=g)
+    return torch.stack([src, dst])[:, order]
+
+
+def attended_rows(monkeypatch):
+    """The query rows each attention call of the conv gets."""
+    from tgattn import functional
+
+    seen, attend = [], functional.graph_attention
+
+    def spy(q, *args, **kwargs):
+        seen.append(q.shape[0])
+        return attend(q, *args, **kwargs)
+
+    monkeypatch.setattr(functional, "graph_attention", spy)
+    return seen
+
+
+@pytest.mark.parametrize("bipartite", [False, True], ids=["homogeneous", "bipartite"])
+@pytest.mark.parametrize("concat, beta, root_weight", [(True, False, True), (False, True, True), (True, False, False)])
+def test_rows_with_at_most_one_edge_skip_the_attention_and_equal_transformer_conv(monkeypatch, concat, beta,
+                                                                                   root_weight, bipartite):
+    n_src, n_dst = (12, 10) if bipartite else (12, 12)
+    ei = sampled_graph(n_src, n_dst, attended=3)
+    x_src = torch.randn(n_src, 5, dtype=torch.float64, requires_grad=True)
+    x_dst = torch.randn(n_dst, 4, dtype=torch.float64, requires_grad=True) if bipartite else x_src
+    x = (x_src, x_dst) if bipartite else x_src
+    sizes = (5, 4) if bipartite else 5
+    ref = TransformerConv(sizes, 3, 2, concat, beta, root_weight=root_weight).double()
+    conv = GraphAttentionConv(sizes, 3, 2, concat, beta, root_weight=root_weight).double()
+    conv.load_state_dict(ref.state_dict(), strict=False)
+    seen = attended_rows(monkeypatch)
+    out, ref_out = conv(x, ei), ref(x, ei)
+    assert seen == [3]  # the rows with two edges or more only
+    torch.testing.assert_close(out, ref_out, **TOL)
+    inputs = [x_src] + ([x_dst] if bipartite else [])
+    grad = torch.randn_like(out)
+    params = [p for name, p in ref.named_parameters() if root_weight or not name.startswith("lin_skip")]
+    for a, b in zip(torch.autograd.grad(out, list(conv.parameters()) + inputs, grad),
+                    torch.autograd.grad(ref_out, params + inputs, grad), strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_rows_with_one_edge_with_self_loops_and_shared_projection(monkeypatch):
+    """The sampled nodes of a batch's last hop have only their self-loop: they output their value."""
+    n = 14
+    ei = sampled_graph(n, n, attended=4, seed=1, one_edge=False)
+    x = torch.randn(n, 5, dtype=torch.float64)
+    for shared in (False, True):
+        conv = GraphAttentionConv(5, 3, 2, add_self_loops=True, root_weight=False, shared_projection=shared).double()
+        seen = attended_rows(monkeypatch)
+        out = conv(x, ei)
+        assert seen == [4]
+        _, (looped, _) = conv(x, ei, return_attention_weights=True)  # weights: every row attended
+        assert seen == [4, n]
+        conv.add_self_loops = False
+        torch.testing.assert_close(out, conv(x, looped, return_attention_weights=True)[0], **TOL)
+        one = torch.arange(4, n)  # rows with their self-loop only
+        torch.testing.assert_close(out[one], conv.lin_value(x[one]) if not shared else conv.lin_query(x[one]), **TOL)
+
+
+def test_rows_split_only_where_most_rows_have_at_most_one_edge(monkeypatch):
+    x = torch.randn(12, 5, dtype=torch.float64)
+    conv = GraphAttentionConv(5, 3, 2).double()
+    seen = attended_rows(monkeypatch)
+    conv(x, sampled_graph(12, 12, attended=7))  # 7 of 12 rows have two edges or more
+    conv(x, sampled_graph(12, 12, attended=6))
+    conv(x, torch.tensor([[1, 2, 3], [0, 5, 9]]))  # no row with two edges: no attention call
+    conv.train()
+    conv.dropout = 0.5  # dropout can drop a one-edge row's weight: every row attended
+    conv(x, sampled_graph(12, 12, attended=6))
+    assert seen == [12, 6, 12]
+    out = GraphAttentionConv(5, 3, 2, root_weight=False).double()(x, torch.tensor([[1, 2, 3], [0, 5, 9]]))
+    assert not out[[1, 2, 3, 4, 6, 7, 8, 10, 11]].any()
