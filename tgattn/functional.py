@@ -227,13 +227,15 @@ def attention_with_edge_terms(
             s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
             sinks=sinks is not None,
         ):
-            edge_q = None if key is None else edge_terms.key_features(q.to(work), key)  # W_h^T q_i [Nq, H, F]
+            key_blocks = None if key is None else edge_terms.per_head(key, work)
+            edge_q = None if key is None else edge_terms.key_features(q.to(work), key_blocks)  # W_h^T q_i [Nq, H, F]
             out, weights, summed = engine.dispatch.run_edge_terms(
                 q, k, v, s, bias, scale, dropout_p, return_weights, edge_q, features, value is not None,
                 generator=generator, **mods,
             )
-            if value is not None:
-                out = (out.to(work) + edge_terms.project(summed, value)).to(q.dtype)  # + W_h sum_j a_ij e_ij
+            if value is not None:  # + W_h sum_j a_ij e_ij, one map for both terms when they share it
+                blocks = key_blocks if shared else edge_terms.per_head(value, work)
+                out = edge_terms.project(summed, blocks, out.to(work)).to(q.dtype)
             return out, weights
     if key is not None:
         if shared and key.weight is not None and not key.factored():

@@ -272,9 +272,8 @@ def run_edge_terms(
     caller's order, sums in the compute dtype (see :func:`tgattn.engine.fused.fused_attention`).
     """
     dtype = q.dtype
-    if s.perm is not None:  # sorted edge order
-        bias = None if bias is None else bias[s.perm]
-        features = features[s.perm]
+    if s.perm is not None and bias is not None:  # sorted edge order (the kernel reads the features through s.perm)
+        bias = bias[s.perm]
     bias = None if bias is None else bias.to(compute_dtype(dtype))
     sinks = None if sinks is None else sinks.to(compute_dtype(dtype))
     with torch.autocast("cpu", enabled=False):

@@ -79,24 +79,26 @@ def _check_dtype(name: str, t: Tensor, dtype: torch.dtype) -> None:
         raise ValueError(f"{name} must have q's dtype {dtype} (got {t.dtype})")
 
 
-def _per_head(weight: Tensor) -> Tensor:
+def per_head(term: Term, dtype: torch.dtype) -> Tensor:
     """``[H * d, H * F]``, block diagonal with head h's ``[d, F]`` map: one matrix product applies
     every head's map (a third of the time of the batched per-head product on molecule batches)."""
-    return torch.block_diag(*weight.unbind(0))
+    return torch.block_diag(*term.weight.to(dtype).unbind(0))
 
 
-def key_features(q: Tensor, term: Term) -> Tensor:
-    """``W^h^T q_i`` per query and head ``[Nq, H, F]`` (one matrix product), in ``q``'s dtype."""
+def key_features(q: Tensor, blocks: Tensor) -> Tensor:
+    """``W^h^T q_i`` per query and head ``[Nq, H, F]`` (one matrix product); ``blocks`` from :func:`per_head`."""
     num_queries, heads, dim = q.shape
-    weight = _per_head(term.weight.to(q.dtype))  # [H * d, H * F]
-    return (q.reshape(num_queries, heads * dim) @ weight).view(num_queries, heads, -1)
+    return (q.reshape(num_queries, heads * dim) @ blocks).view(num_queries, heads, -1)
 
 
-def project(summed: Tensor, term: Term) -> Tensor:
-    """``W^h s_i`` per query and head ``[Nq, H, d]`` for feature sums ``s`` ``[Nq, H, F]`` (one matrix product)."""
+def project(summed: Tensor, blocks: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """``W^h s_i`` per query and head ``[Nq, H, d]`` for feature sums ``s`` ``[Nq, H, F]`` (one matrix
+    product), added to ``out`` ``[Nq, H, d]`` in the same product when given; ``blocks`` from :func:`per_head`."""
     num_queries, heads, _ = summed.shape
-    weight = _per_head(term.weight.to(summed.dtype))  # [H * d, H * F]
-    return (summed.reshape(num_queries, -1) @ weight.T).view(num_queries, heads, -1)
+    flat = summed.reshape(num_queries, -1)
+    if out is None:
+        return (flat @ blocks.T).view(num_queries, heads, -1)
+    return torch.addmm(out.reshape(num_queries, -1), flat, blocks.T).view(out.shape)
 
 
 def shared_features(key: Optional[Term], value: Optional[Term]) -> Optional[Tensor]:
@@ -113,7 +115,7 @@ def key_scores(q: Tensor, dst: Tensor, term: Term, scale: float) -> Tensor:
     """``scale * <q_i, ek_ij>`` per edge and head ``[E, H]``; ``q`` is ``[Nq, H, d]``, ``dst`` the queries i."""
     heads = q.shape[1]
     if term.factored():
-        per_edge = key_features(q, term).index_select(0, dst)  # [E, H, F]
+        per_edge = key_features(q, per_head(term, q.dtype)).index_select(0, dst)  # [E, H, F]
         return torch.bmm(per_edge, term.values.to(q.dtype).unsqueeze(-1)).view(-1, heads) * scale  # [E, H]
     return (q.index_select(0, dst) * term.vectors().to(q.dtype)).sum(-1) * scale  # [E, H]
 
@@ -126,6 +128,6 @@ def value_sum(used: Tensor, dst: Tensor, term: Term, num_queries: int) -> Tensor
         features = term.values.to(used.dtype)  # [E, F]
         per_edge = torch.bmm(used.unsqueeze(-1), features.unsqueeze(1))  # [E, H, F]: a_ij e_ij
         summed = used.new_zeros(num_queries, heads, features.shape[1]).index_add_(0, dst, per_edge)  # [Nq, H, F]
-        return project(summed, term)  # W^h sum_j a_ij e_ij
+        return project(summed, per_head(term, used.dtype))  # W^h sum_j a_ij e_ij
     vectors = term.vectors().to(used.dtype)  # [E, H, d]
     return used.new_zeros(num_queries, heads, vectors.shape[2]).index_add_(0, dst, used.unsqueeze(-1) * vectors)

@@ -322,13 +322,24 @@ struct Logits {
 // W_h s_i with s_i = sum_j a_ij e_ij (the weights as applied to v_j, after dropout), summed here and
 // projected outside. No [E, H, d] and nothing per edge and head is formed in the forward.
 // qe and s are [n_q, H, F] in the compute dtype (head h's row i at + i * rs), the features [E, F] in
-// the inputs' dtype (float16 / bfloat16 widened as read) in the kernel's sorted edge order.
+// the inputs' dtype (float16 / bfloat16 widened as read) in the caller's edge order, read through the
+// sort's permutation (a copy in sorted order and its gradient's scatter back cost more than the kernel's
+// work on them, molecule batches).
+template <typename S>
+struct FeatureRows {
+  const S* feat = nullptr;     // [E, F], the caller's order
+  const int64_t* perm = nullptr;  // sorted edge e is the caller's perm[e] (null: the same order)
+  int64_t F = 0;
+  int64_t operator()(int64_t e) const { return perm ? perm[e] : e; }  // the caller's edge
+  const S* operator[](int64_t e) const { return feat + (*this)(e) * F; }
+};
+
 template <typename S, typename T = compute_t<S>>
 struct EdgeTerms {
   const T* qe = nullptr;   // the key term's W_h^T q_i of this head, or null
-  const S* feat = nullptr;  // the features e [E, F]
-  T* sums = nullptr;        // the value term's s_i of this head (zeroed before), or null
-  int64_t F = 0, rs = 0;    // features; the row stride of qe and sums (H * F)
+  FeatureRows<S> feat;     // the features e
+  T* sums = nullptr;       // the value term's s_i of this head (zeroed before), or null
+  int64_t rs = 0;          // the row stride of qe and sums (H * F)
 };
 
 // <a, e> over F features, in one rounding order wherever it is computed (a row's forward, the
@@ -338,6 +349,26 @@ inline T edge_dot(const A* a, const S* e, int64_t F) {
   T s = 0;
   for (int64_t f = 0; f < F; ++f) s = madd(T(a[f]), T(e[f]), s);
   return s;
+}
+
+// The eight lanes' edge_dot(a[r], e[r]) as one vector, assembled in registers: scalar sums added into
+// an array that is then loaded as a vector stall the load (no store-to-load forwarding).
+template <typename A, typename S>
+__attribute__((always_inline)) inline vec_t<float> edge_dots8(const A* const* a, const S* const* e, int64_t F) {
+  return vec_t<float>{edge_dot<float>(a[0], e[0], F), edge_dot<float>(a[1], e[1], F), edge_dot<float>(a[2], e[2], F),
+                      edge_dot<float>(a[3], e[3], F), edge_dot<float>(a[4], e[4], F), edge_dot<float>(a[5], e[5], F),
+                      edge_dot<float>(a[6], e[6], F), edge_dot<float>(a[7], e[7], F)};
+}
+
+// s[f] = sum_r c[r] e_r[f] for the features e_r = row(r) of n edges (the value term's sums of one
+// row), each sum in a register (added to in memory, each edge's add waited for the previous one's store).
+template <typename T, typename Row>
+inline void edge_sums(T* s, const T* c, const Row& row, int64_t n, int64_t F) {
+  for (int64_t f = 0; f < F; ++f) {
+    T acc = 0;
+    for (int64_t r = 0; r < n; ++r) acc = madd(c[r], T(row(r)[f]), acc);
+    s[f] = acc;
+  }
 }
 
 // Fetches the row of `bytes` bytes at p into the cache ahead of its use (for writing when
@@ -1024,15 +1055,19 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     for (int r = 0; r < 8; ++r) kr[r] = k + col[first[r] + std::min(t, deg[r] - 1)] * ks;
     float x[8], b[8] = {};
     dots8(Pointers<const S>{qr}, kr, d, x);
+    vec_t<float> xv = load(x);
     if constexpr (EDGE)
-      if (et.qe)
+      if (et.qe) {
+        const float* a[8];
+        const S* e[8];
         for (int r = 0; r < 8; ++r)
-          x[r] += edge_dot<float>(et.qe + (i0 + std::min<int64_t>(r, m - 1)) * et.rs,
-                                  et.feat + (first[r] + std::min(t, deg[r] - 1)) * et.F, et.F);
+          a[r] = et.qe + (i0 + std::min<int64_t>(r, m - 1)) * et.rs, e[r] = et.feat[first[r] + std::min(t, deg[r] - 1)];
+        xv += edge_dots8(a, e, et.feat.F);
+      }
     if (bias)
       for (int r = 0; r < 8; ++r) b[r] = bias[(first[r] + std::min(t, deg[r] - 1)) * bias_stride];
-    const vec_t<float> st = LOGITS && lg.cap ? madd(tanh8(load(x) * lg.k), vec_t<float>{} + lg.cap, load(b))
-                                             : madd(load(x), vec_t<float>{} + scale, load(b));
+    const vec_t<float> st = LOGITS && lg.cap ? madd(tanh8(xv * lg.k), vec_t<float>{} + lg.cap, load(b))
+                                             : madd(xv, vec_t<float>{} + scale, load(b));
     s[t] = (ivec_t{} + int32_t(t)) < degs ? st : neg_inf;
     mx = s[t] > mx ? s[t] : mx;
   }
@@ -1065,9 +1100,9 @@ inline void attend_rows8(int64_t i0, int64_t m, int64_t r1, RowPtr ptr, const in
     accumulate(out + (i0 + r) * os, coef, Pointers<const S>{vr}, most, dv, /*fresh=*/true);
     if constexpr (EDGE)
       if (et.sums) {
-        float* si = et.sums + (i0 + r) * et.rs;
-        for (int64_t t = 0; t < deg[r]; ++t)
-          for (int64_t f = 0; f < et.F; ++f) si[f] += coef[t] * float(et.feat[(first[r] + t) * et.F + f]);
+        const S* e[8];
+        for (int64_t t = 0; t < deg[r]; ++t) e[t] = et.feat[first[r] + t];
+        edge_sums(et.sums + (i0 + r) * et.rs, coef, [&](int64_t t) { return e[t]; }, deg[r], et.feat.F);
       }
   }
 }
@@ -1107,7 +1142,7 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     dots(q + i * qs, Rows<const S>{k, re.index, ks}, n, d, x);
     if constexpr (EDGE)
       if (et.qe)
-        for (int64_t r = 0; r < n; ++r) x[r] += edge_dot<T>(et.qe + i * et.rs, et.feat + re.position(r) * et.F, et.F);
+        for (int64_t r = 0; r < n; ++r) x[r] += edge_dot<T>(et.qe + i * et.rs, et.feat[re.position(r)], et.feat.F);
     T row_max = neg_inf;
     if (LOGITS && lg.cap) {
       tanh_scaled(x, n, lg.k);
@@ -1136,9 +1171,7 @@ void attend_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const S
     accumulate(out + i * os, x, Rows<const S>{v, re.index, vs}, n, dv, /*fresh=*/true);
     if constexpr (EDGE)
       if (et.sums) {
-        T* si = et.sums + i * et.rs;
-        for (int64_t r = 0; r < n; ++r)
-          for (int64_t f = 0; f < et.F; ++f) si[f] += x[r] * T(et.feat[re.position(r) * et.F + f]);
+        edge_sums(et.sums + i * et.rs, x, [&](int64_t r) { return et.feat[re.position(r)]; }, n, et.feat.F);
       }
   }
 }
@@ -1162,9 +1195,9 @@ struct HeadGrad {
   // required) and, for the value term, each edge's weight as applied (pw: p_e times the dropout
   // factor); the features' and qe's gradients are summed from them afterwards (edge_grads).
   const T *qe = nullptr, *gsum = nullptr;
-  const S* feat = nullptr;
+  FeatureRows<S> feat;
   T* pw = nullptr;
-  int64_t F = 0, ers = 0;
+  int64_t ers = 0;
 };
 
 // The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without weight
@@ -1205,22 +1238,30 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     float x[8], y[8];
     dots8(Pointers<const S>{kr}, qr, g.dk, x);
     dots8(Pointers<const S>{vr}, gr, g.dv, y);
-    if constexpr (EDGE)
-      for (int r = 0; r < 8; ++r) {
-        const S* e = g.feat + edge[r] * g.F;
-        if (g.qe) x[r] += edge_dot<float>(g.qe + rows[t][r] * g.ers, e, g.F);
-        if (g.gsum) y[r] += edge_dot<float>(g.gsum + rows[t][r] * g.ers, e, g.F);
+    vec_t<float> xv = load(x), yv = load(y);
+    if constexpr (EDGE) {
+      const float* a[8];
+      const S* e[8];
+      for (int r = 0; r < 8; ++r) e[r] = g.feat[edge[r]];
+      if (g.qe) {
+        for (int r = 0; r < 8; ++r) a[r] = g.qe + rows[t][r] * g.ers;
+        xv += edge_dots8(a, e, g.feat.F);
       }
+      if (g.gsum) {
+        for (int r = 0; r < 8; ++r) a[r] = g.gsum + rows[t][r] * g.ers;
+        yv += edge_dots8(a, e, g.feat.F);
+      }
+    }
     // Padding and -inf-biased edges weigh 0 (their lse may be -inf too: -inf - -inf is NaN).
     const vec_t<float> bv = load(b), fv = load(f);
     const auto live = ((ivec_t{} + int32_t(t)) < degs) & (bv > -std::numeric_limits<float>::infinity());
     // Through the cap, d(cap tanh(u / cap)) / du = 1 - tanh^2.
-    const vec_t<float> th = LOGITS && lg.cap ? tanh8(load(x) * lg.k) : vec_t<float>{};
+    const vec_t<float> th = LOGITS && lg.cap ? tanh8(xv * lg.k) : vec_t<float>{};
     const vec_t<float> st = LOGITS && lg.cap ? madd(th, vec_t<float>{} + lg.cap, bv)
-                                             : madd(load(x), vec_t<float>{} + scale, bv);
+                                             : madd(xv, vec_t<float>{} + scale, bv);
     const vec_t<float> e = exp_nonpositive(st - load(lse));
     const vec_t<float> pt = live ? e : vec_t<float>{};
-    const vec_t<float> ds = pt * (load(y) * fv - load(delta));
+    const vec_t<float> ds = pt * (yv * fv - load(delta));
     if (g.ds)
       for (int r = 0; r < m; ++r)
         if (t < deg[r]) g.ds[edge[r]] = ds[r];
@@ -1306,7 +1347,7 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       if constexpr (EDGE)
         if (g.qe)
           for (int64_t r = 0; r < m; ++r)
-            pg[r] += edge_dot<T>(g.qe + rows[r] * g.ers, g.feat + edge(ce.position(g0 + r)) * g.F, g.F);
+            pg[r] += edge_dot<T>(g.qe + rows[r] * g.ers, g.feat[edge(ce.position(g0 + r))], g.feat.F);
       if (lg.cap) {  // ag holds each tanh until its 1 - tanh^2 is used below
         std::copy(pg, pg + m, ag);
         tanh_scaled(ag, m, lg.k);
@@ -1325,7 +1366,7 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       if constexpr (EDGE)
         if (g.gsum)
           for (int64_t r = 0; r < m; ++r)
-            dpg[r] += edge_dot<T>(g.gsum + rows[r] * g.ers, g.feat + edge(ce.position(g0 + r)) * g.F, g.F);
+            dpg[r] += edge_dot<T>(g.gsum + rows[r] * g.ers, g.feat[edge(ce.position(g0 + r))], g.feat.F);
       if (lg.cap) {
         for (int64_t r = 0; r < m; ++r) {
           T f = 1, ds;
@@ -1399,23 +1440,32 @@ void deltas(int64_t r0, int64_t r1, const S* go, int64_t gs, const S* out, int64
 // The gradients of the edge terms' inputs from what the key pass wrote per edge and head (the score
 // gradient ds [H, E] and, for the value term, the weight as applied pw [H, E]), one pass over the
 // rows with every head: dqe_i = scale sum_j ds_ij e_ij [n_q, H, F] (with qe), and per edge
-// de_ij = sum_h (scale ds_ij qe_i + pw_ij gsum_i) [E, F], each edge's row written once (no atomics).
+// de_ij = sum_h (scale ds_ij qe_i + pw_ij gsum_i) [E, F] in the caller's edge order, each edge's row
+// written once (no atomics).
 template <typename S, typename T = compute_t<S>>
-void edge_grads(RowPtr ptr, int64_t n_q, int64_t H, int64_t E, int64_t F, T scale, const S* feat, const T* qe,
+void edge_grads(RowPtr ptr, int64_t n_q, int64_t H, int64_t E, T scale, const FeatureRows<S>& feat, const T* qe,
                 const T* gsum, const T* ds, const T* pw, T* dqe, T* de) {
+  const int64_t F = feat.F;
   at::parallel_for(0, n_q, 1024, [&](int64_t r0, int64_t r1) {
+    std::vector<T> a(H), p(H);
     for (int64_t i = r0; i < r1; ++i) {
-      if (dqe) std::fill(dqe + i * H * F, dqe + (i + 1) * H * F, T(0));
+      T* dq = dqe ? dqe + i * H * F : nullptr;
+      const T* qi = qe ? qe + i * H * F : nullptr;
+      const T* gi = gsum ? gsum + i * H * F : nullptr;
+      if (dq) std::fill(dq, dq + H * F, T(0));
       for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-        T* g = de + e * F;
-        std::fill(g, g + F, T(0));
-        for (int64_t h = 0; h < H; ++h) {
-          const T a = scale * ds[h * E + e], p = pw ? pw[h * E + e] : T(0);
-          const int64_t row = (i * H + h) * F;
-          for (int64_t f = 0; f < F; ++f) {
-            if (qe) g[f] += a * qe[row + f], dqe[row + f] += a * T(feat[e * F + f]);
-            if (gsum) g[f] += p * gsum[row + f];
-          }
+        for (int64_t h = 0; h < H; ++h) a[h] = scale * ds[h * E + e], p[h] = pw ? pw[h * E + e] : T(0);
+        const S* x = feat[e];
+        T* g = de + feat(e) * F;
+        for (int64_t f = 0; f < F; ++f) {  // the sum over heads in a register (see edge_sums)
+          T acc = 0;
+          if (qi)
+            for (int64_t h = 0; h < H; ++h) acc += a[h] * qi[h * F + f];
+          if (gi)
+            for (int64_t h = 0; h < H; ++h) acc += p[h] * gi[h * F + f];
+          g[f] = acc;
+          if (dq)
+            for (int64_t h = 0; h < H; ++h) dq[h * F + f] += a[h] * T(x[f]);
         }
       }
     }
@@ -1512,6 +1562,19 @@ int64_t check_edge_terms(const at::Tensor& feat, std::initializer_list<const at:
 
 at::Tensor optional_tensor(const c10::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
 
+// The features' rows in sorted edge order (FeatureRows::perm): int64 [E] indices into [0, E), or null.
+const int64_t* checked_feature_perm(const c10::optional<at::Tensor>& edge_perm, int64_t E) {
+  if (!edge_perm.has_value()) return nullptr;
+  const at::Tensor& p = *edge_perm;
+  TORCH_CHECK(p.dim() == 1 && p.size(0) == E && p.scalar_type() == at::kLong && p.is_contiguous() && p.device().is_cpu(),
+              "tgattn fused: edge_perm must be a contiguous int64 [E] CPU vector");
+  const int64_t* x = p.data_ptr<int64_t>();
+  bool ok = true;
+  for (int64_t e = 0; e < E; ++e) ok &= (x[e] >= 0) & (x[e] < E);
+  TORCH_CHECK(ok, "tgattn fused: edge_perm holds an index outside [0, ", E, ")");
+  return x;
+}
+
 // The soft cap (0: none) and the sink of head h (sinks [H] or undefined).
 template <typename T>
 Logits<T> logits(double softcap, double scale, const at::Tensor& sinks, int64_t h) {
@@ -1523,8 +1586,8 @@ Logits<T> logits(double softcap, double scale, const at::Tensor& sinks, int64_t 
 
 // q [n_q, H, dk], k [n_k, H, dk], v [n_k, H, dv] (any row and head strides); bias [E, 1 or H] or None;
 // softcap > 0 caps the scaled scores (0: no cap); sinks [H] or None (see Logits). Edge terms
-// (EdgeTerms): edge_features [E, F] in sorted edge order, edge_q [n_q, H, F] (the key term) or None,
-// edge_sums: compute the value term's sums.
+// (EdgeTerms): edge_features [E, F] in the caller's edge order, sorted edge e's row edge_perm[e] (None:
+// sorted already), edge_q [n_q, H, F] (the key term) or None, edge_sums: compute the value term's sums.
 // Returns (out [n_q, H, dv], lse [H, n_q], weights [H, E] if `weights` else an empty tensor), and the
 // value sums s [n_q, H, F] (compute dtype) as a fourth tensor with edge_sums.
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1532,7 +1595,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
                                 const c10::optional<at::Tensor>& bias, double scale, double dropout_p,
                                 int64_t seed, bool weights, double softcap, const c10::optional<at::Tensor>& sinks,
                                 const c10::optional<at::Tensor>& edge_q,
-                                const c10::optional<at::Tensor>& edge_features, bool edge_sums) {
+                                const c10::optional<at::Tensor>& edge_features, bool edge_sums,
+                                const c10::optional<at::Tensor>& edge_perm) {
   check_inputs(q, k, v);
   const int64_t H = q.size(1), n_q = q.size(0), n_k = k.size(0), dk = q.size(2), dv = v.size(2), E = col.size(0);
   check_structure(rowptr, col, n_q, n_k, "rowptr / col");
@@ -1541,6 +1605,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   check_softcap(softcap);
   const at::Tensor qe = optional_tensor(edge_q), feat = optional_tensor(edge_features);
   const int64_t F = check_edge_terms(feat, {&qe}, q, E);
+  const int64_t* fperm = feat.defined() ? checked_feature_perm(edge_perm, E) : nullptr;
   TORCH_CHECK(!edge_sums || feat.defined(), "tgattn fused: edge_sums needs edge_features");
   TORCH_CHECK(!(qe.defined() && softcap > 0), "tgattn fused: softcap cannot be combined with edge_q");
   // Every row of out and lse is written by the kernel: no zero-filling pass, even on a reused block.
@@ -1571,7 +1636,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
       const Logits<T> lg = logits<T>(softcap, scale, sk, h);
       EdgeTerms<scalar_t> et;
       if (feat.defined()) {
-        et.feat = feat.data_ptr<scalar_t>(), et.F = F, et.rs = H * F;
+        et.feat = {feat.data_ptr<scalar_t>(), fperm, F}, et.rs = H * F;
         if (qe.defined()) et.qe = qe.data_ptr<T>() + h * F;
         if (edge_sums) et.sums = sums.data_ptr<T>() + h * F;
       }
@@ -1629,7 +1694,8 @@ at::Tensor sink_grads(const at::Tensor& sk, const at::Tensor& lse, const at::Ten
 // the sink weighs exp(sink - lse_i) in row i, a logit without a value, so its gradient is
 // -sum_i exp(sink - lse_i) delta_i. Edge terms as in forward, with the forward's value sums
 // (edge_sums) and their gradient (grad_sums), each [n_q, H, F] or None: then two more tensors, the
-// gradient of edge_q [n_q, H, F] (empty without edge_q) and of the features [E, F], both of the compute dtype.
+// gradient of edge_q [n_q, H, F] (empty without edge_q) and of the features [E, F] (the caller's
+// order), both of the compute dtype.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                  const c10::optional<at::Tensor>& weights,
@@ -1641,7 +1707,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                                  const c10::optional<at::Tensor>& sinks, const c10::optional<at::Tensor>& edge_q,
                                  const c10::optional<at::Tensor>& edge_features,
                                  const c10::optional<at::Tensor>& edge_sums,
-                                 const c10::optional<at::Tensor>& grad_sums) {
+                                 const c10::optional<at::Tensor>& grad_sums,
+                                 const c10::optional<at::Tensor>& edge_perm) {
   check_inputs(q, k, v);
   const at::Tensor sk = checked_sinks(sinks, q);
   check_softcap(softcap);
@@ -1655,6 +1722,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const at::Tensor qe = optional_tensor(edge_q), feat = optional_tensor(edge_features);
   const at::Tensor esums = optional_tensor(edge_sums), gsum = optional_tensor(grad_sums);
   const int64_t F = check_edge_terms(feat, {&qe, &esums, &gsum}, q, E);
+  const int64_t* fperm = feat.defined() ? checked_feature_perm(edge_perm, E) : nullptr;
   const bool edge = feat.defined();
   TORCH_CHECK(!gsum.defined() || esums.defined(), "tgattn fused: grad_sums needs the forward's edge_sums");
   TORCH_CHECK(index_type(rowptr) && rowptr.is_contiguous() && rowptr.numel() == n_q + 1 &&
@@ -1751,7 +1819,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                       sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
                       grad_bias || edge ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
         if (edge) {
-          g.feat = feat.data_ptr<S>(), g.F = F, g.ers = H * F;
+          g.feat = {feat.data_ptr<S>(), fperm, F}, g.ers = H * F;
           if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F;
           if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
         }
@@ -1786,7 +1854,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     at::Tensor de = cache.empty({E, F}, ct);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_edge_grads", [&] {
       using T = compute_t<scalar_t>;
-      edge_grads<scalar_t>(ptr, n_q, H, E, F, static_cast<T>(scale), feat.data_ptr<scalar_t>(),
+      edge_grads<scalar_t>(ptr, n_q, H, E, static_cast<T>(scale), FeatureRows<scalar_t>{feat.data_ptr<scalar_t>(), fperm, F},
                            qe.defined() ? qe.data_ptr<T>() : nullptr, gsum.defined() ? gsum.data_ptr<T>() : nullptr,
                            ds.data_ptr<T>(), pw.defined() ? pw.data_ptr<T>() : nullptr,
                            qe.defined() ? dqe.data_ptr<T>() : nullptr, de.data_ptr<T>());
@@ -1948,11 +2016,11 @@ std::vector<at::Tensor> transpose(const at::Tensor& col, int64_t n_k) {
 TORCH_LIBRARY(tgattn_fused, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor? bias, float scale, "
         "float dropout_p, int seed, bool weights, float softcap=0.0, Tensor? sinks=None, Tensor? edge_q=None, "
-        "Tensor? edge_features=None, bool edge_sums=False) -> Tensor[]");
+        "Tensor? edge_features=None, bool edge_sums=False, Tensor? edge_perm=None) -> Tensor[]");
   m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? weights, "
         "Tensor? grad_weights, Tensor? bias, Tensor rowptr, Tensor colptr, Tensor row_t, Tensor? perm_t, float scale, "
         "float dropout_p, int seed, bool grad_bias, float softcap=0.0, Tensor? sinks=None, Tensor? edge_q=None, "
-        "Tensor? edge_features=None, Tensor? edge_sums=None, Tensor? grad_sums=None) -> Tensor[]");
+        "Tensor? edge_features=None, Tensor? edge_sums=None, Tensor? grad_sums=None, Tensor? edge_perm=None) -> Tensor[]");
   m.def("transpose_rows(Tensor rowptr, Tensor col, int n_k, bool with_perm, bool narrow) -> Tensor[]");
   // No tensor argument to dispatch on and never traced: a catch-all kernel.
   m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);

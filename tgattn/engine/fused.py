@@ -55,8 +55,8 @@ class FusedAttention(torch.autograd.Function):
     ``sinks`` (``[H]`` or ``None``) joins each softmax's denominator without a value. The saved
     log-sum-exp includes the sink, so the backward recomputes the weights with it; the kernel
     forms the sinks' gradient from it and its deltas.
-    Per-edge terms in factored form (``features [E, F]`` in sorted order; see ``EdgeTerms`` in
-    ``fused.cpp``): ``edge_q [n_q, H, F]`` (``W_h^T q_i``, compute dtype) adds ``scale <edge_q_i, e_ij>``
+    Per-edge terms in factored form (``features [E, F]`` in the caller's edge order, read through
+    ``s.perm``; see ``EdgeTerms`` in ``fused.cpp``): ``edge_q [n_q, H, F]`` (``W_h^T q_i``, compute dtype) adds ``scale <edge_q_i, e_ij>``
     to each score, and ``sums=True`` returns ``s_i = sum_j a_ij e_ij`` ``[n_q, H, F]`` (compute dtype,
     the weights as applied to the values) as a third output (else an empty tensor); the backward
     returns the gradients of ``edge_q`` and the features.
@@ -66,8 +66,9 @@ class FusedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, sinks, edge_q, features, s: Structure, scale: float, p: float, seed: int,
                 weights: bool, softcap: Optional[float], sums: bool):
         cap = 0.0 if softcap is None else softcap
+        perm = s.perm if features is not None else None
         out, lse, w, *rest = torch.ops.tgattn_fused.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights,
-                                                            cap, sinks, edge_q, features, sums)
+                                                            cap, sinks, edge_q, features, sums, perm)
         edge_sums = rest[0] if sums else out.new_empty(0)
         ctx.set_materialize_grads(False)  # no zeros for an unused output
         for unused in ([] if weights else [w]) + ([] if sums else [edge_sums]):
@@ -92,6 +93,8 @@ class FusedAttention(torch.autograd.Function):
             def attend(q, k, v, bias, sinks, edge_q, features):  # float16 / bfloat16 in float32, as the kernels
                 work = compute_dtype(q.dtype)
                 e = None if features is None else features.to(work)
+                if e is not None and s.perm is not None:
+                    e = e[s.perm]  # sorted order
                 if edge_q is not None:  # the key term as a bias, scale <W_h^T q_i, e_ij>
                     key = (edge_q[s.dst] * e.unsqueeze(1)).sum(-1) * ctx.scale  # [E, H]
                     bias = key if bias is None else key + bias
@@ -116,7 +119,7 @@ class FusedAttention(torch.autograd.Function):
             grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t,
             ctx.scale, ctx.p, ctx.seed, needs[3], 0.0 if ctx.softcap is None else ctx.softcap,
             sinks if sinks_grad else None, edge_q, features, edge_sums,
-            None if grad_sums is None else grad_sums.contiguous(),
+            None if grad_sums is None else grad_sums.contiguous(), s.perm if features is not None else None,
         )
         grad_q, grad_k, grad_v, d_scores = grads[:4]
         grad_bias = grad_edge_q = grad_features = None
@@ -150,7 +153,7 @@ def fused_attention(
     ``softcap`` caps the scaled scores before the bias (``c * tanh(s / c)``); ``sinks [H]`` adds one
     logit per head to each softmax, without a value; both with gradients.
 
-    Per-edge terms in factored form, with gradients: ``edge_features [E, F]`` (sorted order, q's
+    Per-edge terms in factored form, with gradients: ``edge_features [E, F]`` (the caller's order, q's
     dtype) with ``edge_q [n_q, H, F]`` (``W_h^T q_i``) adds ``scale <edge_q_i, e_ij>`` to the scores,
     and ``edge_sums=True`` also computes the value term's ``s_i = sum_j a_ij e_ij`` ``[n_q, H, F]``
     (after dropout, float32 for float16 / bfloat16 q); with ``edge_features`` the result is

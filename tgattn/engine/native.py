@@ -130,7 +130,7 @@ def register_fake_kernels() -> None:
 
     @torch.library.register_fake("tgattn_fused::forward")
     def _(q, k, v, rowptr, col, bias, scale, dropout_p, seed, weights, softcap=0.0, sinks=None, edge_q=None,
-          edge_features=None, edge_sums=False):
+          edge_features=None, edge_sums=False, edge_perm=None):
         w = q.new_empty(q.shape[1], col.shape[0]) if weights else q.new_empty(0)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=compute_dtype(q.dtype))
         outs = [q.new_empty(q.shape[0], q.shape[1], v.shape[2]), lse, w]
@@ -140,7 +140,8 @@ def register_fake_kernels() -> None:
 
     @torch.library.register_fake("tgattn_fused::backward")
     def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
-          seed, grad_bias, softcap=0.0, sinks=None, edge_q=None, edge_features=None, edge_sums=None, grad_sums=None):
+          seed, grad_bias, softcap=0.0, sinks=None, edge_q=None, edge_features=None, edge_sums=None, grad_sums=None,
+          edge_perm=None):
         ds = q.new_empty(q.shape[1], row_t.shape[0] if grad_bias else 0, dtype=compute_dtype(q.dtype))
         grads = [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
         if sinks is not None:
