@@ -427,3 +427,16 @@ def test_row_pointers_of_either_width_give_the_same_bits():
     assert all(torch.equal(a, b) for a, b in zip(*results))
     colptr = results[0][3]
     assert torch.equal(colptr, torch.searchsorted(s.src.sort().values, torch.arange(n + 1)))
+
+
+@pytest.mark.skipif(not fused.available(), reason="no C++ toolchain here")
+def test_double_backward_with_one_tensor_for_q_k_and_v():
+    """create_graph=True recomputes the gradients for views of the saved inputs: with q = k = v one
+    tensor, a gradient for the tensor itself would count the paths through the other two again."""
+    x = torch.randn(10, 2, 4, dtype=torch.float64, requires_grad=True)
+    ei = builders.window(10, 2)
+    second = []
+    for backend in ("fused", "gather"):
+        grad, = torch.autograd.grad(graph_attention(x, x, x, ei, backend=backend).pow(2).sum(), x, create_graph=True)
+        second.append(torch.autograd.grad(grad.pow(2).sum(), x)[0])
+    torch.testing.assert_close(*second, rtol=1e-10, atol=1e-10)
