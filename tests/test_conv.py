@@ -327,3 +327,23 @@ def test_rows_split_only_where_most_rows_have_at_most_one_edge(monkeypatch):
     assert seen == [12, 6, 12]
     out = GraphAttentionConv(5, 3, 2, root_weight=False).double()(x, torch.tensor([[1, 2, 3], [0, 5, 9]]))
     assert not out[[1, 2, 3, 4, 6, 7, 8, 10, 11]].any()
+
+
+
+@pytest.mark.parametrize("own_loop", [False, True])
+def test_self_looped_edges_are_made_again_when_the_input_changes_in_place(own_loop):
+    """The cached self-looped set is checked against its own first E columns where the input has no
+    loops of its own (no copy of the input kept), against a copy where it has."""
+    from tgattn.engine.derived import DERIVED
+
+    x = torch.randn(8, 4, dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 2, 3, 5] + [7] * own_loop, [1, 2, 3, 4, 6] + [7] * own_loop])
+    conv = GraphAttentionConv(4, 3, 2, add_self_loops=True).double()
+    first = conv(x, ei)
+    copy, looped, _ = DERIVED.lookup(ei, ("self_loops", 8), lambda *_: True)
+    assert (copy is None) != own_loop
+    conv(x, ei)
+    assert DERIVED.lookup(ei, ("self_loops", 8), lambda *_: True)[1] is looped  # made once
+    ei[1, 0] = 5  # changed in place: 0 -> 5 instead of 0 -> 1
+    torch.testing.assert_close(conv(x, ei), conv(x, ei.clone()), **TOL)
+    assert not torch.allclose(conv(x, ei), first)
