@@ -344,11 +344,29 @@ struct EdgeTerms {
 
 // <a, e> over F features, in one rounding order wherever it is computed (a row's forward, the
 // eight-lane paths, a key's backward), so that the backward recomputes each score bit for bit (see hsum).
+template <typename T, int N, typename A, typename S>
+__attribute__((always_inline)) inline T edge_dot_n(const A* a, const S* e, int64_t F) {
+  T s = 0;
+#pragma GCC unroll 8
+  for (int64_t f = 0; f < (N ? N : F); ++f) s = madd(T(a[f]), T(e[f]), s);
+  return s;
+}
+
+// Up to 8 features (bond features of molecule models) in a loop of fixed length the compiler unrolls:
+// a loop of F iterations cost a compare and a branch per multiply-add.
 template <typename T, typename A, typename S>
 inline T edge_dot(const A* a, const S* e, int64_t F) {
-  T s = 0;
-  for (int64_t f = 0; f < F; ++f) s = madd(T(a[f]), T(e[f]), s);
-  return s;
+  switch (F) {
+    case 1: return edge_dot_n<T, 1>(a, e, F);
+    case 2: return edge_dot_n<T, 2>(a, e, F);
+    case 3: return edge_dot_n<T, 3>(a, e, F);
+    case 4: return edge_dot_n<T, 4>(a, e, F);
+    case 5: return edge_dot_n<T, 5>(a, e, F);
+    case 6: return edge_dot_n<T, 6>(a, e, F);
+    case 7: return edge_dot_n<T, 7>(a, e, F);
+    case 8: return edge_dot_n<T, 8>(a, e, F);
+    default: return edge_dot_n<T, 0>(a, e, F);
+  }
 }
 
 // The eight lanes' edge_dot(a[r], e[r]) as one vector, assembled in registers: scalar sums added into
