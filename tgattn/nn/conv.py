@@ -237,8 +237,9 @@ class GraphAttentionConv(MessagePassing):
             )
         if edge_bias is not None and self.add_self_loops:
             raise ValueError("edge_bias needs add_self_loops=False (it must match the edges passed in)")
+        own = False  # whether edge_index is the conv's own cached self-looped set
         if self.add_self_loops:
-            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, *size)
+            edge_index, edge_attr, own = self._with_self_loops(edge_index, edge_attr, *size)
         edge_attr = self._check_edge_attr(edge_attr, edge_index.shape[1])  # [E, F] or None
         bias = self._score_bias(edge_attr, edge_bias)  # [E, H], [E] or None
         p = self.dropout if self.training else 0.0
@@ -248,7 +249,7 @@ class GraphAttentionConv(MessagePassing):
         # a query and the attention (see _attended_rows).
         plain = not (messages or return_attention_weights or self._explain or p > 0 or bias is not None
                      or self.lin_edge is not None)
-        rows = _attended_rows(edge_index, *size) if plain else None
+        rows = _attended_rows(edge_index, *size, own) if plain else None
         q, k, v, root = self._project(x_j, x_i, size[1], None if rows is None else rows.queries)
         # q [Nq or R, H, C], k [Nk, H, C], v [Nk, H, C], root term [Nq, H*C or C] or None
         if messages:
@@ -343,8 +344,8 @@ class GraphAttentionConv(MessagePassing):
                 f"add_self_loops=True needs as many source as target nodes (got {num_keys} and {num_queries})"
             )
         if edge_attr is None and isinstance(edge_index, Tensor) and not torch.compiler.is_compiling():
-            return _shared_self_loops(edge_index, num_queries), None
-        return _self_loops(edge_index, edge_attr, num_queries)
+            return _shared_self_loops(edge_index, num_queries), None, True
+        return (*_self_loops(edge_index, edge_attr, num_queries), False)
 
     # The message-passing path: PyG's edge_updater + propagate, readable, and what hooks see.
 
@@ -427,9 +428,11 @@ class _AttendedRows(NamedTuple):
         return out.index_fill(0, self.empty, 0.0) if len(self.empty) else out
 
 
-def _attended_rows(edge_index: Tensor, num_keys: int, num_queries: int) -> Optional[_AttendedRows]:
+def _attended_rows(edge_index: Tensor, num_keys: int, num_queries: int, own: bool) -> Optional[_AttendedRows]:
     """The split of ``edge_index``'s target rows (:class:`_AttendedRows`), where at least half of
-    them have at most one edge; else None (cached with the edge set's analysis).
+    them have at most one edge; else None. Made once per edge set: for the conv's own self-looped
+    set (``own``, checked through its input by :func:`_shared_self_loops`) kept beside it, for an
+    edge set as given kept with its analysis (whose cache checks it).
 
     A row with one edge has softmax weight exactly 1 on it, so it outputs the edge's value and its
     query gets no gradient; a row without edges outputs 0. In a NeighborLoader batch most rows are
@@ -439,26 +442,34 @@ def _attended_rows(edge_index: Tensor, num_keys: int, num_queries: int) -> Optio
     """
     if torch.compiler.is_compiling() or not 0 < edge_index.shape[1] < _SPLIT_EDGES_PER_ROW * num_queries:
         return None
-    s = structure_of(edge_index, num_queries, num_keys)  # the analysis the engine reads, cached per edge set
-    if "conv_rows" not in s.extras:
-        s.extras["conv_rows"] = _split_rows(s)
-    return s.extras["conv_rows"]
+    if not own:
+        extras = structure_of(edge_index, num_queries, num_keys).extras  # validates; cached per edge set
+        if "conv_rows" not in extras:
+            extras["conv_rows"] = _split_rows(edge_index, num_queries)
+        return extras["conv_rows"]
+    key = ("attended_rows", num_queries)
+    found = DERIVED.lookup(edge_index, key, lambda *_: True)  # the looped set is the conv's, never written
+    if found is None:
+        found = (_split_rows(edge_index, num_queries),)
+        DERIVED.store(edge_index, key, found)
+    return found[0]
 
 
-def _split_rows(s) -> Optional[_AttendedRows]:
-    deg = s.rowptr[1:] - s.rowptr[:-1]  # [Nq] edges per row (edges sorted by target)
+def _split_rows(edge_index: Tensor, num_queries: int) -> Optional[_AttendedRows]:
+    """:class:`_AttendedRows` of a validated edge set, or None where more than half of its rows
+    have two edges or more. O(E + Nq), on the edges as they come: where the split applies, the
+    whole edge set is never analysed, only the attended rows' edges."""
+    src, dst = edge_index.long()  # int32 edges as given come in as they are
+    deg = torch.bincount(dst, minlength=num_queries)  # [Nq] edges per row
     many = deg >= 2
-    count = int(many.sum())
-    if 2 * count > s.n_q:
+    if 2 * int(many.sum()) > num_queries:
         return None
     queries = many.nonzero().flatten()  # [R]
     rank = torch.cumsum(many, 0) - 1  # [Nq] position of an attended row among them
-    keep = many[s.dst]  # [E] the edges of the attended rows, still sorted by (target, source)
-    edge_index = torch.stack([s.src[keep], rank[s.dst[keep]]])  # [2, E']
-    source = torch.zeros(s.n_q, dtype=torch.long, device=deg.device)
-    one = (deg == 1).nonzero().flatten()
-    source[one] = s.src[s.rowptr[one].long()]
-    return _AttendedRows(queries, edge_index, source, (deg == 0).nonzero().flatten())
+    keep = many[dst]  # [E] the edges of the attended rows
+    source = torch.zeros(num_queries, dtype=torch.long, device=dst.device)
+    source[dst[~keep]] = src[~keep]  # a one-edge row's one edge
+    return _AttendedRows(queries, torch.stack([src[keep], rank[dst[keep]]]), source, (deg == 0).nonzero().flatten())
 
 
 def _shared_self_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
