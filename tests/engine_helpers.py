@@ -66,3 +66,29 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
         return out
+
+
+def fused_mask(edge_index, n_q, n_k, p, heads):
+    """``keep / (1 - p)`` ``[E, H]`` float64 of the fused kernel's dropout, in the order of ``edge_index``;
+    the kernel's seed is the next draw of torch's generator (call right after ``torch.manual_seed``)."""
+    from tgattn import engine
+    from tgattn.engine import fused
+
+    s = engine.structure_of(edge_index, n_q, n_k)
+    keep = fused.dropout_keep(heads, edge_index.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E] sorted
+    mult = torch.empty(edge_index.shape[1], heads, dtype=torch.float64)
+    mult[s.perm if s.perm is not None else slice(None)] = keep.T.double() / (1 - p)
+    return mult
+
+
+def checked_losses(out, ref, w, ref_w, tol):
+    """``(loss, ref_loss)`` whose gradients compare a result with its oracle: ``out`` (and the weights
+    ``w`` where returned) checked against ``ref`` / ``ref_w`` at ``tol`` first, then ``<out, probe>``
+    plus ``sum w^2`` for each side."""
+    torch.testing.assert_close(out.double(), ref, **tol)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    loss, ref_loss = (out.double() * probe).sum(), (ref * probe).sum()
+    if w is not None:
+        torch.testing.assert_close(w.double(), ref_w, **tol)
+        loss, ref_loss = loss + w.double().pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    return loss, ref_loss

@@ -8,6 +8,7 @@ from test_native_terms_equal_the_oracle on count its calls and refuse the compos
 import pytest
 import torch
 
+from engine_helpers import checked_losses, fused_mask
 from test_functional_softcap_sinks import KernelCalls, _short_and_long_rows
 from tgattn import builders, engine
 from tgattn.engine import edge_terms, fused
@@ -234,16 +235,6 @@ def _oracle_terms(kind, e, wk, wv, num_edges):
     return ek if kind != "value" else torch.zeros_like(ek), ev if kind != "key" else torch.zeros_like(ev)
 
 
-def _mask_in_callers_order(edge_index, n_q, n_k, p, heads=HEADS):
-    """``keep / (1 - p)`` ``[E, H]`` of the fused kernel's dropout, whose seed is the next draw of torch's
-    generator (call right after ``torch.manual_seed``), in the order of ``edge_index``."""
-    s = engine.structure_of(edge_index, n_q, n_k)
-    keep = fused.dropout_keep(heads, edge_index.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E] sorted
-    mult = torch.empty(edge_index.shape[1], heads, dtype=torch.float64)
-    mult[s.perm if s.perm is not None else slice(None)] = keep.T.double() / (1 - p)
-    return mult
-
-
 @native
 @pytest.mark.parametrize("weights", [False, True], ids=["no-weights", "weights"])
 # softcap only with the value term: with edge_key it is refused (test_functional_softcap_sinks).
@@ -271,7 +262,7 @@ def test_native_terms_equal_the_oracle(pattern, kind, mods, weights, monkeypatch
     mult = None
     if p > 0:
         torch.manual_seed(7)
-        mult = _mask_in_callers_order(edge_index, nq, nk, p)
+        mult = fused_mask(edge_index, nq, nk, p, HEADS)
         assert (mult == 0).any()
     ek, ev = _oracle_terms(kind, e, wk, wv, num_edges)
     ref, ref_w = oracle(q, k, v, edge_index, ek, ev, DK**-0.5, bias, mult, **extra)
@@ -312,17 +303,12 @@ def test_native_terms_in_float_on_short_and_long_rows(dtype, kind, weights, monk
     out, w = result if weights else (result, None)
     assert out.dtype == dtype
     torch.manual_seed(5)
-    mult = _mask_in_callers_order(edge_index, n, n, p)
+    mult = fused_mask(edge_index, n, n, p, HEADS)
     wide = [t.detach().double().requires_grad_() for t in leaves]
     ek, ev = _oracle_terms(kind, *wide[4:7], num_edges)
     ref, ref_w = oracle(*wide[:3], edge_index, ek, ev, DK**-0.5, wide[3], mult, sinks=wide[7])
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(out.double(), ref, **tol)
-    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    loss, ref_loss = (out.double() * probe).sum(), (ref * probe).sum()
-    if weights:
-        torch.testing.assert_close(w.double(), ref_w, **tol)
-        loss, ref_loss = loss + w.double().pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    loss, ref_loss = checked_losses(out, ref, w, ref_w, tol)
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     ref_grads = torch.autograd.grad(ref_loss, wide, allow_unused=True)
     for name, a, b in zip("q k v bias e wk wv sinks".split(), grads, ref_grads, strict=True):
@@ -376,7 +362,7 @@ def test_native_terms_twice_differentiable():
     torch.manual_seed(3)
     out = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, dropout_p=0.3)
     torch.manual_seed(3)
-    mult = _mask_in_callers_order(edge_index, n, n, 0.3)
+    mult = fused_mask(edge_index, n, n, 0.3, HEADS)
     ek, ev = _oracle_terms("two-maps", e, wk, wv, edge_index.shape[1])
     ref, _ = oracle(q, k, v, edge_index, ek, ev, DK**-0.5, bias, mult)
     inputs = leaves[:7]

@@ -5,6 +5,8 @@
 import pytest
 import torch
 
+from engine_helpers import checked_losses, fused_mask
+
 from tgattn import builders, engine
 from tgattn.engine import fused
 from tgattn.engine import triton as triton_backend
@@ -295,7 +297,6 @@ def test_fused_short_rows_float_with_cap_sinks_dropout(dtype, weights):
     query whose edges are all -inf in head 0: only its sink is left), against the float64 oracle."""
     n, p = 64, 0.3
     ei = _short_and_long_rows(n, seed=3)
-    s = engine.structure_of(ei, n, n)
     q, k, v, bias, sinks = _inputs(n, n, ei.shape[1], seed=1)
     with torch.no_grad():
         removed = torch.rand(bias.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64) < 0.1
@@ -308,18 +309,11 @@ def test_fused_short_rows_float_with_cap_sinks_dropout(dtype, weights):
                              return_weights=weights, backend="fused")
     out, w = result if weights else (result, None)
     torch.manual_seed(5)
-    keep = fused.dropout_keep(HEADS, ei.shape[1], p, int(torch.randint(0, 2**62, ())))  # [H, E], sorted order
-    mult = torch.empty(ei.shape[1], HEADS, dtype=torch.float64)
-    mult[s.perm if s.perm is not None else slice(None)] = keep.T.double() / (1 - p)  # the caller's order
+    mult = fused_mask(ei, n, n, p, HEADS)  # the caller's order
     leaves = [t.detach().double().requires_grad_() for t in cast]
     ref, ref_w = oracle(*leaves[:3], ei, DK ** -0.5, softcap=CAP, bias=leaves[3], sinks=leaves[4], mult=mult)
     tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(out.double(), ref, **tol)
-    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    loss, ref_loss = (out.double() * probe).sum(), (ref * probe).sum()
-    if weights:
-        torch.testing.assert_close(w.double(), ref_w, **tol)
-        loss, ref_loss = loss + w.double().pow(2).sum(), ref_loss + ref_w.pow(2).sum()
+    loss, ref_loss = checked_losses(out, ref, w, ref_w, tol)
     loss.backward()
     ref_loss.backward()
     for name, t, leaf in zip("q k v bias sinks".split(), cast, leaves):

@@ -201,16 +201,12 @@ def run(
         s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable,
         edge_scale=edge_scale is not None, triton=tritonable, softcap=softcap is not None, sinks=sinks is not None,
     )
-    if chosen not in ("csr", "triton") and (on_host(q) or chosen == "tile") and not (
-        all_finite(q, k, v) and (bias is None or not bool(torch.isnan(bias).any()))
-    ):
+    if chosen not in ("csr", "triton") and (on_host(q) or chosen == "tile") and not _finite(bias, q, k, v):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
         # oracle keeps (and its max drops a NaN bias). The CSR kernels touch every edge and nothing else.
         chosen = "csr"
-    if s.perm is not None:  # sorted edge order
-        bias = None if bias is None else bias[s.perm]
-        edge_scale = None if edge_scale is None else edge_scale[s.perm]
+    bias, edge_scale = _sorted(bias, s), _sorted(edge_scale, s)
     # Triton and the fused kernel read half precision as it is and accumulate in float32 themselves.
     work = dtype if chosen in ("triton", "fused") else compute_dtype(dtype)
     # q's dtype or float32 (a float32 bias with float64 q); the fused kernel's bias is float32 with half q.
@@ -228,9 +224,23 @@ def run(
     out = out.to(dtype)
     if not return_weights or weights is None:
         return out, None
-    if s.perm is not None:
-        weights = torch.empty_like(weights).index_copy(0, s.perm, weights)  # caller's order
-    return out, weights.to(dtype)
+    return out, _callers_order(weights, s).to(dtype)
+
+
+def _finite(bias: Optional[Tensor], *tensors: Tensor) -> bool:
+    """Whether the tensors are finite and ``bias`` holds no NaN: what the fused kernel and the tiles
+    need to equal the oracle (see :func:`run`)."""
+    return all_finite(*tensors) and (bias is None or not bool(torch.isnan(bias).any()))
+
+
+def _sorted(t: Optional[Tensor], s: Structure) -> Optional[Tensor]:
+    """A per-edge tensor in the caller's order, in the structure's sorted order."""
+    return t if t is None or s.perm is None else t[s.perm]
+
+
+def _callers_order(weights: Tensor, s: Structure) -> Tensor:
+    """Per-edge weights in the structure's sorted order, back in the caller's order."""
+    return weights if s.perm is None else torch.empty_like(weights).index_copy(0, s.perm, weights)
 
 
 def edge_terms_on_fused(
@@ -244,9 +254,7 @@ def edge_terms_on_fused(
     if q.device.type != "cpu" or s.num_edges == 0:
         return False
     chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap, sinks=sinks)
-    return chosen == "fused" and all_finite(q, k, v, features, *maps) and (
-        bias is None or not bool(torch.isnan(bias).any())
-    )
+    return chosen == "fused" and _finite(bias, q, k, v, features, *maps)
 
 
 def run_edge_terms(
@@ -271,19 +279,13 @@ def run_edge_terms(
     the value term. Returns ``(out, weights or None, sums [Nq, H, F] or None)``, weights in the
     caller's order, sums in the compute dtype (see :func:`tgattn.engine.fused.fused_attention`).
     """
-    dtype = q.dtype
-    if s.perm is not None and bias is not None:  # sorted edge order (the kernel reads the features through s.perm)
-        bias = bias[s.perm]
-    bias = None if bias is None else bias.to(compute_dtype(dtype))
-    sinks = None if sinks is None else sinks.to(compute_dtype(dtype))
-    with torch.autocast("cpu", enabled=False):
+    bias = _sorted(bias, s)  # the kernel reads the features through s.perm, in the caller's order
+    with torch.autocast("cpu", enabled=False):  # fused_attention casts bias and sinks to the compute dtype
         out, weights, summed = fused.fused_attention(
             q, k, v, s, bias, scale, dropout_p, generator, return_weights, softcap, sinks, edge_q=edge_q,
             edge_features=features, edge_sums=sums,
         )
-    if weights is not None and s.perm is not None:
-        weights = torch.empty_like(weights).index_copy(0, s.perm, weights)  # caller's order
-    return out, weights, summed
+    return out, None if weights is None else _callers_order(weights, s), summed
 
 
 def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only):

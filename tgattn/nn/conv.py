@@ -457,8 +457,8 @@ def _attended_rows(edge_index: Tensor, num_keys: int, num_queries: int, own: boo
 
 def _split_rows(edge_index: Tensor, num_queries: int) -> Optional[_AttendedRows]:
     """:class:`_AttendedRows` of a validated edge set, or None where more than half of its rows
-    have two edges or more. O(E + Nq), on the edges as they come: where the split applies, the
-    whole edge set is never analysed, only the attended rows' edges."""
+    have two edges or more. O(E + Nq), on the edges as they come: for the conv's own self-looped
+    set the whole edge set is then never analysed, only the attended rows' edges."""
     src, dst = edge_index.long()  # int32 edges as given come in as they are
     deg = torch.bincount(dst, minlength=num_queries)  # [Nq] edges per row
     many = deg >= 2
