@@ -29,18 +29,29 @@ def test_slow_functions_are_timed_once():
     assert calls == ["slow", "fast"] * 2  # the warm-up, then round 1 only
 
 
-def test_setup_runs_outside_the_timing_and_the_call_takes_what_it_made():
-    import time
+def test_setup_runs_outside_the_timing_and_the_call_takes_what_it_made(monkeypatch):
+    import types
 
+    from tgattn.bench import measure
+
+    # A clock that moves only when told to: 100 s in each setup, 1 s in each call, so the timing
+    # is read from the clock's steps, not from the machine.
+    now = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], thread_time=lambda: now[0])
+    monkeypatch.setattr(measure, "time", clock)
     made, got = [], []
 
     def fresh():
-        time.sleep(0.02)  # not timed
+        now[0] += 100.0  # not timed
         made.append(len(made))
         return made[-1]
 
-    wall, cpu, _ = interleaved({"a": got.append}, 2, setup={"a": fresh})
-    assert got == made == [0, 1, 2] and wall["a"] < 0.02
+    def call(arg):
+        now[0] += 1.0
+        got.append(arg)
+
+    wall, cpu, _ = interleaved({"a": call}, 2, setup={"a": fresh})
+    assert got == made == [0, 1, 2] and wall["a"] == cpu["a"] == 1.0
 
 
 def test_sync_brackets_every_call_and_on_call_gets_the_timed_ones():
