@@ -56,3 +56,13 @@ def test_gpu_targets_from_fixed_times():
     assert lines["random0.01 n=16384 fwd: Flex / tgattn >= 2"] == ["1.50x", "NOT met"]
     assert lines["random0.01 n=16384 fwd+bwd: SDPA masked / tgattn >= 10"] == ["n/a"]
     assert lines["GNN cora train step: tgattn / GATConv <= 1"] == ["0.75x", "met"]
+
+
+def test_memory_estimate_scales_with_the_element_size():
+    from tgattn.bench.attention import _bytes_needed
+
+    for peer in ("tgattn", "gather", "transformerconv", "gatconv", "sdpa_mask", "flex_csr"):
+        for cuda in (False, True):
+            fp32, bf16 = (_bytes_needed(peer, 16384, 2_000_000, 8, 64, True, cuda, itemsize=b) for b in (4, 2))
+            assert fp32 == _bytes_needed(peer, 16384, 2_000_000, 8, 64, True, cuda)  # float32 the default
+            assert 0.5 * fp32 <= bf16 < fp32, (peer, cuda)

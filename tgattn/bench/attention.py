@@ -20,29 +20,37 @@ SLOW_S = 20.0  # a peer slower than this at one size is not run at larger sizes
 FLEX_SIZES = (4096,)  # each (pattern, n) costs FlexAttention a compile of ~1 minute or more here
 
 
-def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward: bool, cuda: bool = False) -> float:
-    """Rough working set of a peer (to skip runs that cannot fit)."""
+def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward: bool, cuda: bool = False,
+                  itemsize: int = 4) -> float:
+    """Rough working set of a peer (to skip runs that cannot fit).
+
+    ``itemsize``: bytes per element of q / k / v (4 for float32, 2 for bfloat16 / float16); the
+    tensors and the float masks of the inputs' dtype scale with it; boolean masks, block tables
+    and tgattn's per-edge scores (counted at 4 bytes, as float32) do not.
+    """
     factor = 3 if backward else 1
     if cuda and peer == "sdpa_mask":
-        return 5.0 * n * n  # the bool mask and the float mask the memory-efficient kernel reads
+        return (1.0 + itemsize) * n * n  # the bool mask and the float mask the memory-efficient kernel reads
     if cuda and peer == "flex":
         return 1.0 * n * n  # create_block_mask evaluates the mask_mod on every pair
     if peer == "flex_csr":
-        return 20.0 * (n / 128) ** 2 + 4.0 * n * heads * dim * 4 * factor  # block tables, q / k / v / out
+        return 20.0 * (n / 128) ** 2 + 4.0 * n * heads * dim * itemsize * factor  # block tables, q / k / v / out
     if peer in ("gather", "transformerconv"):
-        return 4.0 * edges * heads * dim * 4 * factor  # several [E, H, d] float tensors
+        return 4.0 * edges * heads * dim * itemsize * factor  # several [E, H, d] tensors
     if peer == "gatconv":
-        return 4.0 * edges * heads * (dim + 8) * factor  # messages [E, H, d] and edge scores
+        return 1.0 * itemsize * edges * heads * (dim + 8) * factor  # messages [E, H, d] and edge scores
     if peer == "sdpa_mask":
-        return n * n * (1 + 4 * heads * factor)  # the mask, and scores if a math kernel runs
+        return n * n * (1 + itemsize * heads * factor)  # the mask, and scores if a math kernel runs
     if peer == "flex":
         return 4.0 * n * n / 128  # block masks
-    return 4.0 * (edges * heads * 3 + 8 * n * heads * dim)
+    return 4.0 * edges * heads * 3 + 8.0 * n * heads * dim * itemsize
 
 
-def _inputs(n: int, heads: int, dim: int, seed: int = 0, device="cpu"):
+def _inputs(n: int, heads: int, dim: int, seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32):
+    """q, k, v (leaves) and the output gradient ``[n, heads, dim]`` in ``dtype``: drawn in float32
+    from a seeded generator and then cast, so that every dtype rounds the same numbers."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, grad = (torch.randn(n, heads, dim, generator=g).to(device) for _ in range(4))
+    q, k, v, grad = (torch.randn(n, heads, dim, generator=g).to(device, dtype) for _ in range(4))
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
 
 
@@ -58,8 +66,12 @@ def sweep(
     memory: bool = True,
     progress: bool = True,
     device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> List[dict]:
-    """Measure every (pattern, n, peer, mode); returns one row per measurement (or skip)."""
+    """Measure every (pattern, n, peer, mode); returns one row per measurement (or skip).
+
+    Every peer gets the same q, k, v and gradient in ``dtype`` (no peer is upcast: one that
+    cannot run in ``dtype`` gives a row whose note says why)."""
     from tqdm.auto import tqdm
 
     from ..engine import triton as triton_backend
@@ -67,6 +79,7 @@ def sweep(
     cuda = torch.device(device).type == "cuda"
     mem_limit = GPU_MEM_FRACTION * torch.cuda.get_device_properties(device).total_memory if cuda else MEM_LIMIT
 
+    itemsize = torch.empty((), dtype=dtype).element_size()
     tasks = [(name, n) for name in patterns for n in sizes[name]]
     rows: List[dict] = []
     slow = set()  # (pattern, peer, mode) that ran out of time at a smaller n
@@ -74,7 +87,7 @@ def sweep(
         pattern = patterns[name]
         edge_index = pattern.make(n).to(device)
         edges = edge_index.shape[1]
-        q, k, v, grad = _inputs(n, heads, dim, device=device)
+        q, k, v, grad = _inputs(n, heads, dim, device=device, dtype=dtype)
         t0 = time.perf_counter()
         s = engine.structure_of(edge_index, n, n)
         backend = engine.plan(s, fusable=not cuda, triton=triton_backend.usable(q))
@@ -96,13 +109,13 @@ def sweep(
                 if peer in peer_impls.FLEX and n not in FLEX_SIZES and not cuda:
                     row["note"] = f"skipped: compiled only for n in {FLEX_SIZES}"
                     continue
-                if _bytes_needed(peer, n, edges, heads, dim, backward, cuda) > mem_limit:
+                if _bytes_needed(peer, n, edges, heads, dim, backward, cuda, itemsize) > mem_limit:
                     row["note"] = "skipped: does not fit in memory"
                     continue
                 try:
                     fn = peer_impls.build(peer, q, k, v, edge_index, pattern)
-                except Exception as err:  # a peer that cannot be built here (e.g. no compiler)
-                    row["note"] = f"unavailable: {type(err).__name__}"
+                except Exception as err:  # a peer that cannot be built here (e.g. no compiler, or this dtype)
+                    row["note"] = f"unavailable: {type(err).__name__}: {str(err)[:80]}"
                     continue
                 if fn is None:
                     row["note"] = "not applicable"

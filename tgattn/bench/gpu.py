@@ -15,12 +15,15 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
   the faster of the ``flex`` and ``flex_csr`` peers);
 * :func:`main`: all of it, CSV files and a plot named by the device. ``--dry-run`` runs the
   same code on the CPU at a tiny size (what CI checks): every GPU peer is built or says why
-  it cannot run here.
+  it cannot run here. ``--dtype`` (float32 by default; the issue's GPU targets are stated in
+  bfloat16) is the dtype of every peer's q, k, v in the sweep, recorded in the CSV's ``dtype``
+  column; ``--patterns`` picks among :data:`PATTERNS` (all by default).
 
 Example::
 
     python -m tgattn.bench.gpu                           # on a CUDA machine
     python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
+    python -m tgattn.bench.gpu --dtype bfloat16 --patterns window64 random0.01  # the targets' dtype
 """
 from __future__ import annotations
 
@@ -40,7 +43,9 @@ from .report import FIELDS, SINGLE_REPEAT_NOTE, _index, _ratio, verdict
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
 DRY_RUN_N = 128  # every pattern's size in a dry run (documents of 16-64 tokens)
-CSV_FIELDS = FIELDS + ("device",)
+CSV_FIELDS = FIELDS + ("device", "dtype")
+PATTERNS = ("window64", "random0.01", "topk0.01", "packed_causal", "packed_full")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_device(device: str) -> torch.device:
@@ -165,6 +170,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-gnn", action="store_true", help="skip the GNN training steps")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="dtype of q, k, v in the sweep, every peer alike (default: float32)")
+    parser.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS), metavar="PATTERN",
+                        help=f"patterns to run, among {', '.join(PATTERNS)} (default: all)")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     args = parser.parse_args(argv)
     try:
@@ -192,19 +201,25 @@ def _bench(args: argparse.Namespace, device: torch.device) -> int:
     cora = load_planetoid("Cora", args.data) if "cora" in workloads and not args.no_gnn else None
     where = device_name(device)
 
-    names = ("window64", "random0.01", "topk0.01")
-    chosen = {**{n: patterns()[n] for n in names}, **packed_patterns((16, 64) if args.dry_run else PACKED_LENGTHS)}
+    wanted = [n for n in PATTERNS if n in args.patterns]  # in PATTERNS' order, each once
+    names = [n for n in wanted if not n.startswith("packed_")]
+    packed = packed_patterns((16, 64) if args.dry_run else PACKED_LENGTHS)
+    chosen = {n: patterns()[n] if n in names else packed[n] for n in wanted}
     sizes = {n: [DRY_RUN_N] for n in chosen} if args.dry_run else {**sizes_for(names, False, device="cuda"),
-                                                              "packed_causal": [16384, 65536], "packed_full": [16384, 65536]}
+                                                              **{n: [16384, 65536] for n in wanted if n in packed}}
     peers = [p for p in GPU_PEERS if not ((args.no_flex or args.dry_run) and p in ("flex", "flex_csr"))]
     repeats = 1 if args.dry_run else args.repeats
-    rows = sweep(chosen, sizes, peers, repeats=repeats, progress=not args.no_progress, device=str(device))
+    rows = sweep(chosen, sizes, peers, repeats=repeats, progress=not args.no_progress, device=str(device),
+                 dtype=DTYPES[args.dtype])
     bf16 = varlen_rows(chosen, sizes, device, repeats=repeats)
-    for row in rows + bf16:
-        row["device"] = where
+    for row in rows:
+        row["device"], row["dtype"] = where, args.dtype
+    for row in bf16:
+        row["device"], row["dtype"] = where, "bfloat16"  # the varlen kernel runs half precision only
     write_csv(rows + bf16, args.out / "gpu_attention.csv", fields=CSV_FIELDS)
     plot(rows + bf16, args.out / "gpu_attention.png", device=where)
-    print(f"torch {torch.__version__}, {where}; H=8, d=64, fp32 (bf16 where named); ratio = peer time / tgattn time")
+    print(f"torch {torch.__version__}, {where}; H=8, d=64, {args.dtype} (bf16 where named); "
+          "ratio = peer time / tgattn time")
     print(ratio_table(rows, peers))
     print()
     print(varlen_table(bf16))

@@ -10,6 +10,8 @@ callable that runs the forward pass (``None`` when the peer cannot run this case
   projections, so that only its attention core runs (keys double as values);
 * ``gatconv``: PyG ``GATConv`` (additive attention, Velickovic et al., 2018) with an identity
   projection and no added self-loops, on the same edges: the GNN layer users pick for speed;
+  both PyG layers are cast to q's dtype (a bfloat16 run does not promote to their float32
+  parameters);
 * ``sdpa_mask``: ``scaled_dot_product_attention`` with the boolean mask, the kernel
   ``nn.MultiheadAttention`` runs for a masked call without weights;
 * ``sdpa``: dense SDPA without a mask (``is_causal`` for causal), for full / causal only;
@@ -62,7 +64,7 @@ def transformerconv(q, k, v, ei, pattern: Pattern) -> Callable:
     from torch_geometric.nn import TransformerConv
 
     n, h, d = q.shape
-    conv = TransformerConv(h * d, d, heads=h, root_weight=False).to(q.device)
+    conv = TransformerConv(h * d, d, heads=h, root_weight=False).to(q.device, q.dtype)
     conv.lin_query = conv.lin_key = conv.lin_value = nn.Identity()
     return lambda: conv((k.reshape(n, h * d), q.reshape(n, h * d)), ei).view(n, h, d)
 
@@ -71,7 +73,7 @@ def gatconv(q, k, v, ei, pattern: Pattern) -> Callable:
     from torch_geometric.nn import GATConv
 
     n, h, d = q.shape
-    conv = GATConv(h * d, d, heads=h, add_self_loops=False).to(q.device)
+    conv = GATConv(h * d, d, heads=h, add_self_loops=False).to(q.device, q.dtype)  # its att / bias in q's dtype
     conv.lin = nn.Identity()
     return lambda: conv(k.reshape(n, h * d), ei).view(n, h, d)
 
