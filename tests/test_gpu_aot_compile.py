@@ -71,6 +71,36 @@ def test_the_committed_table_covers_every_configuration_at_the_blocks_the_backen
             assert (int(r["block_m"]), int(r["block_n"])) == blocks_for(d, d, dtype, "softcap" in r["options"]), r
 
 
+_PRECISION_PROBE = """
+import re, torch
+from tgattn.engine.triton import aot
+sm90 = [t for t in aot.TARGETS if t.name == "sm_90"][0]
+for dtype in (torch.float64, torch.float32):
+    for kernel in ("forward_kernel", "dq_kernel", "dkdv_kernel"):
+        ptx = aot.compile_launch(aot.launch_of(aot.Config(kernel, dtype, 16)), sm90)[1]["ptx"]
+        params = sorted(re.findall(r"\\.param \\.(f32|f64) ", ptx))
+        print(kernel, dtype, ",".join(params), len(re.findall(r"\\b(?:mul|fma|add|sub)\\.rn\\.f64", ptx)))
+"""
+
+
+def test_float_arguments_reach_the_compiled_kernels_in_double_precision():
+    """A Python float reaches a compiled kernel as float32 unless its parameter says otherwise:
+    the softmax scale, soft-cap and dropout rescale were rounded so, and float64 results were
+    1e-8 off on an H100 (data/gpu/h100.md) while the interpreter's were exact. Compiled for
+    sm_90: three float64 arguments (scale, cap, 1 / keep) and one float32 (p, compared with
+    Triton's float32 random numbers); the float32 kernels convert them once and do no float64
+    arithmetic."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _PRECISION_PROBE], env=env, capture_output=True, text=True,
+                          cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert len(lines) == 6
+    for kernel, dtype, params, f64_arithmetic in lines:
+        assert params == "f32,f64,f64,f64", (kernel, dtype, params)
+        assert (int(f64_arithmetic) > 0) == (dtype == "torch.float64"), (kernel, dtype, f64_arithmetic)
+
+
 def _meta_key(launch):
     """What makes a compiled kernel: the kernel, its first tensor's dtype, constants and options."""
     meta = {k: str(v) for k, v in launch.meta.items()}

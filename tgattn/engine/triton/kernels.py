@@ -98,7 +98,7 @@ def _scores(x, ys, scale, cap, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS: tl.conste
 @triton.jit(do_not_specialize=["seed"])
 def forward_kernel(
     Q, K, V, BIAS, SINK, OUT, LSE, W, ROWPTR, SRC, ORDER,
-    n_q, heads, dk, dv, scale, cap, p_drop, inv_keep, seed,
+    n_q, heads, dk, dv, scale: tl.float64, cap: tl.float64, p_drop, inv_keep: tl.float64, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_on, s_oh, s_be, s_bh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, WEIGHTS: tl.constexpr, SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr, ACC: tl.constexpr,
@@ -109,6 +109,9 @@ def forward_kernel(
     With ``SINKS`` the logit ``SINK[h]`` joins each row's softmax without a value (it enters the
     log-sum-exp, so the weights of the edges sum to less than 1)."""
     h = tl.program_id(1)
+    # The float arguments arrive as float64 (their annotations): a bare Python float reaches a
+    # compiled kernel as float32, which put float64 results 1e-8 off on an H100. Compute in ACC.
+    scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
     rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
     q = _rows(Q, rows, h, s_qn, s_qh, live, od, dk, ACC)  # [BM, BDK]
@@ -159,7 +162,7 @@ def forward_kernel(
 @triton.jit(do_not_specialize=["seed"])
 def dq_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DQ, DB, ROWPTR, SRC, ORDER,
-    n_q, heads, dk, dv, scale, cap, p_drop, inv_keep, seed,
+    n_q, heads, dk, dv, scale: tl.float64, cap: tl.float64, p_drop, inv_keep: tl.float64, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SOFTCAP: tl.constexpr, ACC: tl.constexpr,
@@ -167,6 +170,8 @@ def dq_kernel(
 ):
     """``DQ [n_q, H, dk]`` (contiguous) and, with ``BIAS_GRAD``, the score gradients ``DB [E, H]``."""
     h = tl.program_id(1)
+    # float64 arguments (see forward_kernel), computed with in ACC
+    scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
     rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
     q = _rows(Q, rows, h, s_qn, s_qh, live, od, dk, ACC)  # [BM, BDK]
@@ -199,13 +204,15 @@ def dq_kernel(
 @triton.jit(do_not_specialize=["seed"])
 def dkdv_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DK, DV, COLPTR, ROW_T, PERM_T, ORDER,
-    n_k, n_q, heads, dk, dv, scale, cap, p_drop, inv_keep, seed,
+    n_k, n_q, heads, dk, dv, scale: tl.float64, cap: tl.float64, p_drop, inv_keep: tl.float64, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, SOFTCAP: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """``DK [n_k, H, dk]`` and ``DV [n_k, H, dv]`` (contiguous) over key rows of the transposed pattern."""
     h = tl.program_id(1)
+    # float64 arguments (see forward_kernel), computed with in ACC
+    scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
     cols, live, start, end = _block(ORDER, COLPTR, n_k, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
     k = _rows(K, cols, h, s_kn, s_kh, live, od, dk, ACC)  # [BM, BDK]
