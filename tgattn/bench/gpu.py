@@ -217,7 +217,7 @@ def _bench(args: argparse.Namespace, device: torch.device) -> int:
     for row in bf16:
         row["device"], row["dtype"] = where, "bfloat16"  # the varlen kernel runs half precision only
     write_csv(rows + bf16, args.out / "gpu_attention.csv", fields=CSV_FIELDS)
-    plot(rows + bf16, args.out / "gpu_attention.png", device=where)
+    plot(rows + bf16, args.out / "gpu_attention.png", device=where, dtype=args.dtype)
     print(f"torch {torch.__version__}, {where}; H=8, d=64, {args.dtype} (bf16 where named); "
           "ratio = peer time / tgattn time")
     print(ratio_table(rows, peers))

@@ -183,9 +183,10 @@ def targets(rows: List[dict], window: str = "window64", *, verdicts: bool = True
     return "\n".join(out)
 
 
-def plot(rows: List[dict], path: Path, device: str = "CPU") -> None:
+def plot(rows: List[dict], path: Path, device: str = "CPU", dtype: str = "fp32") -> None:
     """One panel per pattern. Over several n: time against n, solid = forward, dashed =
-    forward+backward. At a single n: one bar per peer and mode (light = forward)."""
+    forward+backward. At a single n: one bar per peer and mode (light = forward). ``dtype``
+    names the inputs' precision in the title."""
     import matplotlib
     import matplotlib.lines
     import matplotlib.ticker
@@ -196,7 +197,11 @@ def plot(rows: List[dict], path: Path, device: str = "CPU") -> None:
     cols = min(4, len(patterns))
     nrows = -(-len(patterns) // cols)
     colors = dict(zip(peers, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]))
-    with figure(path, nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False, rect=(0, 0.04, 1, 1)) as (fig, axes):
+    ncol = min(len(peers), 3 * cols)  # the legend's columns; its rows get room below the panels
+    legend = 0.25 * -(-len(peers) // ncol)
+    height = 3.2 * nrows + legend
+    with figure(path, nrows, cols, figsize=(4 * cols, height), squeeze=False, rect=(0, (legend + 0.05) / height, 1, 1)) \
+            as (fig, axes):
         for ax, pattern in zip(axes.flat, patterns):
             if single:
                 _bars(ax, [r for r in rows if r["pattern"] == pattern], peers, colors)
@@ -214,9 +219,10 @@ def plot(rows: List[dict], path: Path, device: str = "CPU") -> None:
             ax.axis("off")
         handles = [matplotlib.lines.Line2D([], [], color=colors[p], marker="s" if single else "o", ms=5 if single else 3,
                                            lw=0 if single else 1.5, label=p) for p in peers]
-        fig.legend(handles=handles, loc="lower center", ncol=len(peers), fontsize=8, bbox_to_anchor=(0.5, -0.01))
+        fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8,
+                   bbox_to_anchor=(0.5, -0.01))
         how = "light: forward, dark: forward+backward" if single else "solid: forward, dashed: forward+backward"
-        fig.suptitle(f"attention core, H=8, d=64, fp32 {device} ({how})")
+        fig.suptitle(f"attention core, H=8, d=64, {dtype}, {device}\n({how})", fontsize=10)
 
 
 def _bars(ax, rows: List[dict], peers: Sequence[str], colors: dict) -> None:
