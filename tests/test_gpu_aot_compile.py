@@ -69,6 +69,7 @@ def test_the_committed_table_covers_every_configuration_at_the_blocks_the_backen
         if d:
             dtype = getattr(torch, r["dtype"])
             assert (int(r["block_m"]), int(r["block_n"])) == blocks_for(d, d, dtype, "softcap" in r["options"]), r
+            assert int(r["num_warps"]) == kernels_module().num_warps(d), r
 
 
 _PRECISION_PROBE = """

@@ -170,7 +170,7 @@ def dq_kernel(
 ):
     """``DQ [n_q, H, dk]`` (contiguous) and, with ``BIAS_GRAD``, the score gradients ``DB [E, H]``."""
     h = tl.program_id(1)
-    # float64 arguments (see forward_kernel), computed with in ACC
+    # float64 arguments (see forward_kernel), converted to ACC
     scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
     rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
@@ -211,7 +211,7 @@ def dkdv_kernel(
 ):
     """``DK [n_k, H, dk]`` and ``DV [n_k, H, dv]`` (contiguous) over key rows of the transposed pattern."""
     h = tl.program_id(1)
-    # float64 arguments (see forward_kernel), computed with in ACC
+    # float64 arguments (see forward_kernel), converted to ACC
     scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
     cols, live, start, end = _block(ORDER, COLPTR, n_k, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
@@ -275,10 +275,18 @@ class Launch(NamedTuple):
 # registers, in 7 of the 98 heaviest configurations) to fit more blocks per SM; with it, none
 # spills and each still keeps at least 8 warps per SM (tgattn.engine.triton.aot).
 MAX_REGISTERS = 255
+# Warps a program: two from head dim 64 up, not Triton's default four. On an H100 (torch 2.11,
+# triton 3.6) the same blocks at d = 64 ran window-64 / random-1 % attention 2.1-2.5x faster in
+# bfloat16 and 1.3-1.6x in float32, forward and backward (data/gpu/h100.md, blocks.md), and
+# compile without spills for sm_80 / sm_90; at d = 16 / 32 two warps spill 4-156 bytes with
+# every option on (not measured on a GPU there).
+def num_warps(block_d: int) -> int:
+    return 2 if block_d >= 64 else 4
 
 
 def _meta(q, v, blocks) -> dict:
     block_m, block_n = blocks
+    block_d = triton.next_power_of_2(max(q.shape[2], v.shape[2]))
     return dict(
         ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         BLOCK_M=block_m,
@@ -286,6 +294,7 @@ def _meta(q, v, blocks) -> dict:
         BLOCK_DK=triton.next_power_of_2(q.shape[2]),
         BLOCK_DV=triton.next_power_of_2(v.shape[2]),
         maxnreg=MAX_REGISTERS,
+        num_warps=num_warps(block_d),
     )
 
 
