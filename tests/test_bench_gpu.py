@@ -66,3 +66,17 @@ def test_memory_estimate_scales_with_the_element_size():
             fp32, bf16 = (_bytes_needed(peer, 16384, 2_000_000, 8, 64, True, cuda, itemsize=b) for b in (4, 2))
             assert fp32 == _bytes_needed(peer, 16384, 2_000_000, 8, 64, True, cuda)  # float32 the default
             assert 0.5 * fp32 <= bf16 < fp32, (peer, cuda)
+
+
+def test_memory_estimate_skips_what_ran_out_of_memory_on_an_h100():
+    """On an H100 (80 GB, 75 % of it allowed) at n = 131,072, window 64, bfloat16: SDPA's boolean
+    mask ran the forward and ran out of memory in the backward (32 GiB more), and Flex's
+    create_block_mask asked for 128 GiB (data/gpu/h100_bf16.csv); at 65,536 both ran."""
+    from tgattn.bench.attention import _bytes_needed
+
+    limit = 0.75 * 80e9
+    for n, fits in ((65536, True), (131072, False)):
+        edges = 129 * n
+        assert (_bytes_needed("flex", n, edges, 8, 64, False, True, itemsize=2) <= limit) == fits
+        assert (_bytes_needed("sdpa_mask", n, edges, 8, 64, True, True, itemsize=2) <= limit) == fits
+    assert _bytes_needed("sdpa_mask", 131072, 129 * 131072, 8, 64, False, True, itemsize=2) <= limit

@@ -30,9 +30,13 @@ def _bytes_needed(peer: str, n: int, edges: int, heads: int, dim: int, backward:
     """
     factor = 3 if backward else 1
     if cuda and peer == "sdpa_mask":
-        return (1.0 + itemsize) * n * n  # the bool mask and the float mask the memory-efficient kernel reads
+        # the bool mask, the float mask the memory-efficient kernel reads, and in the backward that
+        # mask's gradient (an H100 at n = 131,072 in bfloat16: the forward ran, the backward asked 32 GiB)
+        return (1.0 + itemsize * (2 if backward else 1)) * n * n
     if cuda and peer == "flex":
-        return 1.0 * n * n  # create_block_mask evaluates the mask_mod on every pair
+        # create_block_mask evaluates the mask_mod on every pair: 8 bytes each (an H100 at n = 131,072
+        # was asked for 128 GiB)
+        return 8.0 * n * n
     if peer == "flex_csr":
         return 20.0 * (n / 128) ** 2 + 4.0 * n * heads * dim * itemsize * factor  # block tables, q / k / v / out
     if peer in ("gather", "transformerconv"):
