@@ -372,3 +372,68 @@ def test_native_terms_twice_differentiable():
         results.append(torch.autograd.grad(sum((g * g).sum() for g in grads), inputs))
     for name, a, b in zip("q k v bias e wk wv".split(), *results, strict=True):
         torch.testing.assert_close(a, b, **TOL, msg=name)
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("d, features", [(16, 4), (8, 3), (16, 8), (5, 4), (16, 11), (24, 1)])
+def test_per_head_maps_equal_einsum(dtype, d, features):
+    """The extension's per-head maps (d of 8 or 16 with at most 8 features in registers, other sizes in
+    general loops; rows past a group of 8) and the autograd functions over them against einsum: values,
+    gradients of every input, and a second derivative."""
+    g = torch.Generator().manual_seed(d * 100 + features)
+    n, heads = 21, 3
+    tol = TOL if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
+
+    q = leaf(heads, n, d).transpose(0, 1)  # [n, H, d] with a head stride: read in place
+    s, base, maps = leaf(n, heads, features), leaf(n, heads, d), leaf(heads, d, features)
+    ops = torch.ops.tgattn_fused
+    torch.testing.assert_close(ops.head_map(q, maps), torch.einsum("nhd,hdf->nhf", q, maps), **tol)
+    torch.testing.assert_close(ops.head_map_add(base, s, maps), base + torch.einsum("nhf,hdf->nhd", s, maps), **tol)
+    torch.testing.assert_close(ops.head_map_add(None, s, maps), torch.einsum("nhf,hdf->nhd", s, maps), **tol)
+    torch.testing.assert_close(ops.head_outer(q, s), torch.einsum("nhd,nhf->hdf", q, s), **tol)
+    assert edge_terms._native(q, maps)
+
+    def results():
+        outs = (edge_terms.key_features(q, maps), edge_terms.project(s, maps, base), edge_terms.project(s, maps))
+        refs = (torch.einsum("nhd,hdf->nhf", q, maps), base + torch.einsum("nhf,hdf->nhd", s, maps),
+                torch.einsum("nhf,hdf->nhd", s, maps))
+        return zip(outs, refs)
+
+    inputs = (q, s, base, maps)
+    for out, ref in results():
+        torch.testing.assert_close(out, ref, **tol)
+        w = torch.randn(ref.shape, generator=g, dtype=dtype)
+        got = torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)
+        want = torch.autograd.grad((ref * w).sum(), inputs, allow_unused=True)
+        for a, b in zip(got, want):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, **tol)
+    if dtype == torch.float64:  # create_graph=True: the backward's einsum path, against the oracle's
+        for out, ref in results():
+            results = []
+            for o in (out, ref):
+                grads = [x for x in torch.autograd.grad(o.pow(2).sum(), inputs, create_graph=True, allow_unused=True)
+                         if x is not None]
+                results.append(torch.autograd.grad(sum((x * x).sum() for x in grads), inputs, allow_unused=True))
+            for a, b in zip(*results):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a, b, **tol)
+
+
+def test_per_head_maps_off_the_extension_equal_it():
+    """Where the native maps do not run (half precision here; the GPU, torch.compile), the block-diagonal
+    product gives the same maps."""
+    g = torch.Generator().manual_seed(0)
+    q, s = torch.randn(7, 2, 16, generator=g), torch.randn(7, 2, 4, generator=g)
+    maps = torch.randn(2, 16, 4, generator=g)
+    assert not edge_terms._native(q.bfloat16(), maps.bfloat16())
+    got = edge_terms.key_features(q.bfloat16(), maps.bfloat16()).float()
+    torch.testing.assert_close(got, torch.einsum("nhd,hdf->nhf", q, maps), rtol=0.05, atol=0.1)
+    got = edge_terms.project(s.bfloat16(), maps.bfloat16(), q.bfloat16()).float()
+    torch.testing.assert_close(got, q + torch.einsum("nhf,hdf->nhd", s, maps), rtol=0.05, atol=0.2)
