@@ -164,6 +164,20 @@ def test_bad_terms_are_named():
         graph_attention(q, k, v, torch.tensor([[9], [0]]), edge_key=torch.randn(1, HEADS, DK))
 
 
+@pytest.mark.parametrize("call", ["kernel", "csr", "gather", "vectors"])
+def test_bad_node_ids_are_named_on_every_path(call):
+    """A node id out of range raises naming it, where the terms run in the kernel (structure_of checks the ids
+    as it sorts the edges) and where they are composed around the engine (checked before the first gather)."""
+    q = k = v = torch.randn(6, HEADS, DK, dtype=torch.float64)
+    features, weight = torch.randn(1, 3, dtype=torch.float64), torch.randn(HEADS * DK, 3, dtype=torch.float64)
+    term = torch.randn(1, HEADS, DK, dtype=torch.float64) if call == "vectors" else (features, weight)
+    backend = call if call in ("csr", "gather") else "auto"
+    for edges, named in (([[9], [0]], "key/source node 9"), ([[0], [7]], "query/target node 7"),
+                         ([[-1], [0]], "negative node id -1")):
+        with pytest.raises(ValueError, match=named):
+            graph_attention(q, k, v, torch.tensor(edges), edge_key=term, edge_value=term, backend=backend)
+
+
 def test_one_pair_for_keys_and_values_of_different_widths_is_refused():
     """The same (features, weight) object for both terms is shared only when dk == dv."""
     edge_index = builders.window(6, 1)
@@ -340,8 +354,9 @@ def test_which_calls_run_the_terms_in_the_kernel(call, monkeypatch):
         v = v.detach().clone()
         v[3, 0, 0] = float("nan")
     native_calls = []
-    run_edge_terms = engine.dispatch.run_edge_terms
-    monkeypatch.setattr(engine.dispatch, "run_edge_terms", lambda *a, **kw: native_calls.append(1) or run_edge_terms(*a, **kw))
+    for name in ("run_edge_terms", "run_mapped_edge_terms"):  # the maps in the kernel's node (float64) or apart
+        run = getattr(engine.dispatch, name)
+        monkeypatch.setattr(engine.dispatch, name, lambda *a, run=run, **kw: native_calls.append(1) or run(*a, **kw))
     out = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, backend=backend,
                           edge_scale=edge_scale)
     expected_native = call in ("auto", "fused", "dense", "tile", "triton")
@@ -351,11 +366,55 @@ def test_which_calls_run_the_terms_in_the_kernel(call, monkeypatch):
 
 
 @native
-def test_native_terms_twice_differentiable():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_maps_run_in_the_kernels_node(kind, dtype, monkeypatch):
+    """float32 / float64 on the CPU: W_h^T q_i, the kernel and W_h s_i are one autograd node (MappedAttention),
+    without key_features and project; half precision keeps them apart (the maps in float32 around the kernel).
+    Both equal the oracle (here float32 and bfloat16 at their precision; float64 at 1e-10 above)."""
+    edge_index, n, _ = PATTERNS["duplicates-unsorted"]()
+    leaves, (key, value) = _native_inputs(kind, n, n, edge_index.shape[1], dtype=dtype)
+    q, k, v, bias, e, wk, wv, _ = leaves
+    runs = {"run_edge_terms": 0, "run_mapped_edge_terms": 0}
+
+    def counted(name, run):
+        def call(*args, **kwargs):
+            runs[name] += 1
+            return run(*args, **kwargs)
+        return call
+
+    for name in runs:
+        monkeypatch.setattr(engine.dispatch, name, counted(name, getattr(engine.dispatch, name)))
+    if dtype != torch.bfloat16:
+        _refuse_composition(monkeypatch)
+        for helper in ("key_features", "project"):
+            monkeypatch.setattr(edge_terms, helper, lambda *a, **kw: pytest.fail("a map ran outside the kernel's node"))
+    out = graph_attention(q, k, v, edge_index, bias=bias.detach().float(), edge_key=key, edge_value=value)
+    mapped = dtype != torch.bfloat16
+    assert runs == {"run_edge_terms": int(not mapped), "run_mapped_edge_terms": int(mapped)}
+    assert (type(out.grad_fn).__name__ == "MappedAttentionBackward") == mapped
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    ek, ev = _oracle_terms(kind, *wide[4:7], edge_index.shape[1])
+    ref, _ = oracle(*wide[:3], edge_index, ek, ev, DK**-0.5, wide[3].detach().float().double())
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5) if mapped else \
+        dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    grads = torch.autograd.grad((out.double() * probe).sum(), [q, k, v, e, wk, wv], allow_unused=True)
+    ref_grads = torch.autograd.grad((ref * probe).sum(), [wide[i] for i in (0, 1, 2, 4, 5, 6)], allow_unused=True)
+    for name, a, b in zip("q k v e wk wv".split(), grads, ref_grads, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a.double(), b, **{key: 4 * x for key, x in tol.items()}, msg=name)
+
+
+@native
+@pytest.mark.parametrize("kind", KINDS)
+def test_native_terms_twice_differentiable(kind):
     """create_graph=True: the gradients recompute on the textbook path, with the terms, and their own
     gradients equal the oracle's."""
     edge_index, n, _ = PATTERNS["duplicates-unsorted"]()
-    leaves, (key, value) = _native_inputs("two-maps", n, n, edge_index.shape[1])
+    leaves, (key, value) = _native_inputs(kind, n, n, edge_index.shape[1])
     q, k, v, bias, e, wk, wv, _ = leaves
     with torch.no_grad():
         bias.clamp_(min=-3)  # finite: the oracle's second derivative of a -inf score is NaN
@@ -363,14 +422,15 @@ def test_native_terms_twice_differentiable():
     out = graph_attention(q, k, v, edge_index, bias=bias, edge_key=key, edge_value=value, dropout_p=0.3)
     torch.manual_seed(3)
     mult = fused_mask(edge_index, n, n, 0.3, HEADS)
-    ek, ev = _oracle_terms("two-maps", e, wk, wv, edge_index.shape[1])
+    ek, ev = _oracle_terms(kind, e, wk, wv, edge_index.shape[1])
     ref, _ = oracle(q, k, v, edge_index, ek, ev, DK**-0.5, bias, mult)
-    inputs = leaves[:7]
+    names = "q k v bias e wk wv".split()[: 7 if kind == "two-maps" else 6]  # one map: wk (the value term's: wv)
+    inputs = leaves[:5] + ([leaves[6]] if kind == "value" else leaves[5:len(names)])
     results = []
     for o in (out, ref):
         grads = torch.autograd.grad(o.pow(2).sum(), inputs, create_graph=True)
         results.append(torch.autograd.grad(sum((g * g).sum() for g in grads), inputs))
-    for name, a, b in zip("q k v bias e wk wv".split(), *results, strict=True):
+    for name, a, b in zip(names, *results, strict=True):
         torch.testing.assert_close(a, b, **TOL, msg=name)
 
 

@@ -19,7 +19,7 @@ from .engine import edge_terms
 from .engine.edge_terms import EdgeTerm
 from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks, check_softcap, eager_graph_attention
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
-from .engine.validate import check_edge_index  # noqa: F401  (public: builders and analysis use it)
+from .engine.validate import check_edge_index, check_ranges  # noqa: F401  (check_edge_index: public, builders use it)
 
 BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton")
 
@@ -203,9 +203,10 @@ def attention_with_edge_terms(
     """
     check_qkv(q, k, v)
     compiling = torch.compiler.is_compiling()
-    # Under torch.compile the op validates the edges; reading them here would break the graph.
-    ei = edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0])
-    num_edges, heads, dst = ei.shape[1], q.shape[1], ei[1].long()
+    # Under torch.compile the op validates the edges; reading them here would break the graph. The node ids
+    # are checked where the edges are first read: by structure_of on the kernel's path, else below.
+    ei = edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0], ranges=False)
+    num_edges, heads = ei.shape[1], q.shape[1]
     work = engine.dispatch.compute_dtype(q.dtype)  # half precision: the terms in float32, as the kernels
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if edge_scale is not None:
@@ -227,6 +228,13 @@ def attention_with_edge_terms(
             s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
             sinks=sinks is not None,
         ):
+            if edge_terms._native(q, k, v, features, *maps):  # the maps inside the kernel's node
+                key_maps = None if key is None else key.weight
+                value_maps = None if value is None else key_maps if shared else value.weight
+                return engine.dispatch.run_mapped_edge_terms(
+                    q, k, v, s, bias, scale, dropout_p, return_weights, features, key_maps, value_maps,
+                    generator=generator, **mods,
+                )
             key_blocks = None if key is None else edge_terms.per_head(key, work)
             edge_q = None if key is None else edge_terms.key_features(q.to(work), key_blocks)  # W_h^T q_i [Nq, H, F]
             out, weights, summed = engine.dispatch.run_edge_terms(
@@ -237,6 +245,9 @@ def attention_with_edge_terms(
                 blocks = key_blocks if shared else edge_terms.per_head(value, work)
                 out = edge_terms.project(summed, blocks, out.to(work)).to(q.dtype)
             return out, weights
+    if not compiling and features is None:  # (structure_of has checked them where features are given)
+        check_ranges(ei, k.shape[0], q.shape[0])
+    dst = ei[1].long()
     if key is not None:
         if shared and key.weight is not None and not key.factored():
             key = edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)

@@ -40,6 +40,7 @@ tells which one will run.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -163,7 +164,7 @@ def all_finite(*tensors: Tensor) -> bool:
         groups.setdefault(id(base), (base, []))[1].append(t)
     for base, views in groups.values():
         whole = base is not views[0] and base.numel() <= 2 * sum(t.numel() for t in views)
-        if not all(bool(torch.isfinite(t.sum())) for t in ([base] if whole else views)):
+        if not all(math.isfinite(t.sum().item()) for t in ([base] if whole else views)):  # no isfinite op: 5 us
             return False
     return True
 
@@ -286,6 +287,42 @@ def run_edge_terms(
             edge_features=features, edge_sums=sums,
         )
     return out, None if weights is None else _callers_order(weights, s), summed
+
+
+def run_mapped_edge_terms(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Structure,
+    bias: Optional[Tensor],
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+    features: Tensor,
+    key_maps: Optional[Tensor],
+    value_maps: Optional[Tensor],
+    *,
+    generator: Optional[torch.Generator] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`run_edge_terms` with the terms' per-head maps ``[H, d, F]`` (``W_h``; None for a missing term)
+    applied with the kernel in one autograd node (:class:`tgattn.engine.edge_terms.MappedAttention`): the
+    output already holds the value term ``W_h sum_j a_ij e_ij``. For float32 / float64 CPU inputs of one
+    dtype (:func:`tgattn.engine.edge_terms._native`). Returns ``(out, weights or None)``, weights in the
+    caller's order.
+    """
+    from .edge_terms import MappedAttention
+
+    seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
+    bias = _sorted(bias, s)  # the kernel reads the features through s.perm, in the caller's order
+    bias = None if bias is None else bias.to(q.dtype)  # the compute dtype (a no-op where it is q's)
+    sinks = None if sinks is None else sinks.to(q.dtype)
+    # The kernels read rows through any row and head strides, but a row's features must be contiguous.
+    q, k, v = (t if t.shape[2] <= 1 or t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
+    out, weights = MappedAttention.apply(q, k, v, bias, sinks, features.contiguous(), key_maps, value_maps, s, scale,
+                                         dropout_p, seed, return_weights, softcap)
+    return out, _callers_order(weights.T, s) if return_weights else None
 
 
 def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only):

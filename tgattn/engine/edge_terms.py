@@ -20,7 +20,8 @@ inside the kernel instead (:func:`shared_features`): the key term's ``W^h^T q_i`
 (:func:`key_features`) goes in, the value term's ``sum_j a_ij e_ij`` ``[Nq, H, F]`` comes out and is
 projected (:func:`project`), with no per-edge tensor in the forward. Those per-head maps and their
 gradients run in the extension too (``head_map``, ``head_map_add``, ``head_outer``: each head's
-``[d, F]`` map once, not a block-diagonal ``[H d, H F]`` product) for float32 / float64 CPU tensors.
+``[d, F]`` map once, not a block-diagonal ``[H d, H F]`` product) for float32 / float64 CPU tensors, where
+:class:`MappedAttention` runs them with the kernel as one autograd node (half precision keeps the three).
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+
+from .fused import backward_pattern
+from .native import dropout_keep
+from .recompute import gather_attention, recompute_grads
 
 # What a caller passes: the vectors [E, H, d], or (features [E, F], weight [H * d, F]).
 EdgeTerm = Union[Tensor, Tuple[Tensor, Tensor]]
@@ -172,6 +177,102 @@ class _Project(torch.autograd.Function):
         rows = grad if grad.stride(-1) == 1 else grad.contiguous()  # rows with a contiguous last dimension
         return (torch.ops.tgattn_fused.head_map(rows, maps) if need_s else None,
                 torch.ops.tgattn_fused.head_outer(rows, summed) if need_maps else None, grad if need_out else None)
+
+
+class MappedAttention(torch.autograd.Function):
+    """The fused kernel with its per-head maps, one autograd node: ``(out [n_q, H, dv], weights [H, E] or empty)``.
+
+    ``out_i = o_i + W^v_h s_i`` for the kernel's ``o_i`` and value sums ``s_i = sum_j a_ij e_ij``, the key
+    term's ``W^k_h^T q_i`` computed here and fed to the kernel (``key_maps`` / ``value_maps`` ``[H, d, F]``,
+    either None, or one tensor for both); ``features [E, F]`` in the caller's order (read through ``s.perm``),
+    ``bias`` ``[E, 1 or H]`` sorted, all of q's dtype, float32 or float64 (:func:`_native`), rows with a
+    contiguous last dimension. The backward feeds the kernel ``W^v_h^T dO_i`` and adds ``W^k_h dqe_i`` to its
+    ``dq`` in one pass (``head_map_add``): against :func:`key_features`, ``FusedAttention`` and :func:`project`
+    as three nodes, no ``[n_q, H, d]`` gradient summed apart, no identity gradients passed along, one node's
+    bookkeeping instead of three. ``create_graph=True`` recomputes on the textbook path (twice differentiable).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, sinks, features, key_maps, value_maps, s, scale: float, p: float, seed: int,
+                weights: bool, softcap: Optional[float]):
+        ops = torch.ops.tgattn_fused
+        edge_q = None if key_maps is None else ops.head_map(q, key_maps)  # W_h^T q_i [n_q, H, F]
+        sums = value_maps is not None
+        out, lse, w, *rest = ops.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights,
+                                         0.0 if softcap is None else softcap, sinks, edge_q, features, sums, s.perm)
+        summed = rest[0] if sums else None  # [n_q, H, F]
+        result = out if summed is None else ops.head_map_add(out, summed, value_maps)  # o_i + W_h s_i
+        ctx.set_materialize_grads(False)  # no zeros for an unused output
+        if not weights:
+            ctx.mark_non_differentiable(w)
+        ctx.save_for_backward(q, k, v, bias, sinks, features, key_maps, value_maps, edge_q, out, lse,
+                              w if weights else None, summed)
+        ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.softcap = s, scale, p, seed, softcap
+        return result, w
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_weights):
+        q, k, v, bias, sinks, features, key_maps, value_maps, edge_q, out, lse, weights, summed = ctx.saved_tensors
+        s, needs = ctx.s, ctx.needs_input_grad
+        unused = (None,) * 6  # s, scale, p, seed, weights, softcap
+        if grad_out is None and grad_weights is None:
+            return (None,) * 8 + unused
+        if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
+            inputs = (q, k, v, bias, sinks, features, key_maps, value_maps)
+            return (*recompute_grads(_textbook(ctx), inputs, (grad_out, grad_weights), needs[:8]), *unused)
+        ops = torch.ops.tgattn_fused
+        grad_sums = rows = None
+        if grad_out is None:  # only the returned weights got a gradient
+            grad_out = torch.zeros_like(out)
+        elif summed is not None:
+            rows = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()  # the maps read packed rows
+            grad_sums = ops.head_map(rows, value_maps)  # W_h^T dO_i [n_q, H, F]
+        colptr, row_t, perm_t = backward_pattern(s, True)
+        sinks_grad = sinks is not None and needs[4]
+        grads = ops.backward(
+            grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t, ctx.scale, ctx.p,
+            ctx.seed, needs[3], 0.0 if ctx.softcap is None else ctx.softcap, sinks if sinks_grad else None, edge_q,
+            features, summed, grad_sums, s.perm,
+        )
+        grad_q, grad_k, grad_v, d_scores = grads[:4]
+        d_edge_q, d_features = grads[-2:]
+        grad_bias = None
+        if needs[3]:
+            grad_bias = d_scores.T if bias.shape[1] > 1 else d_scores.sum(0).unsqueeze(1)  # [E, 1 or H]
+        grad_maps = [None, None]
+        if key_maps is not None:
+            if needs[0]:
+                grad_q = ops.head_map_add(grad_q, d_edge_q, key_maps)  # dq_i + W_h dqe_i, one pass
+            if needs[6]:
+                grad_maps[0] = ops.head_outer(q, d_edge_q)  # sum_i q_ih dqe_ih^T
+        if value_maps is not None and needs[7] and rows is not None:
+            grad_maps[1] = ops.head_outer(rows, summed)  # sum_i dO_ih s_ih^T
+        return (grad_q if needs[0] else None, grad_k if needs[1] else None, grad_v if needs[2] else None, grad_bias,
+                grads[4] if sinks_grad else None, d_features if needs[5] else None, *grad_maps, *unused)
+
+
+def _textbook(ctx):
+    """:class:`MappedAttention`'s forward on plain autograd ops (per-edge gathers, einsum), twice differentiable:
+    what its backward differentiates under ``create_graph=True``."""
+    s, scale, softcap = ctx.s, ctx.scale, ctx.softcap
+
+    def attend(q, k, v, bias, sinks, features, key_maps, value_maps):
+        mult = None
+        if ctx.p > 0:  # the kernel's own mask, keep / (1 - p)
+            mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
+        e = features if s.perm is None else features[s.perm]  # sorted order
+        if key_maps is not None:  # the key term as a bias, scale <W_h^T q_i, e_ij>
+            edge_q = torch.einsum("nhd,hdf->nhf", q, key_maps)
+            key = (edge_q[s.dst] * e.unsqueeze(1)).sum(-1) * scale  # [E, H]
+            bias = key if bias is None else key + bias
+        out, w = gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale, mult, softcap, sinks)
+        if value_maps is not None:  # + W_h sum_j a_ij e_ij
+            applied = (w if mult is None else w * mult).unsqueeze(-1) * e.unsqueeze(1)  # [E, H, F]
+            summed = w.new_zeros(s.n_q, w.shape[1], e.shape[1]).index_add(0, s.dst, applied)
+            out = out + torch.einsum("nhf,hdf->nhd", summed, value_maps)
+        return out, w.T
+
+    return attend
 
 
 def shared_features(key: Optional[Term], value: Optional[Term]) -> Optional[Tensor]:
