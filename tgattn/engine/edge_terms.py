@@ -30,9 +30,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .fused import backward_pattern
-from .native import dropout_keep
-from .recompute import gather_attention, recompute_grads
+from .fused import backward_pattern, textbook
+from .recompute import recompute_grads
 
 # What a caller passes: the vectors [E, H, d], or (features [E, F], weight [H * d, F]).
 EdgeTerm = Union[Tensor, Tuple[Tensor, Tensor]]
@@ -252,25 +251,17 @@ class MappedAttention(torch.autograd.Function):
 
 
 def _textbook(ctx):
-    """:class:`MappedAttention`'s forward on plain autograd ops (per-edge gathers, einsum), twice differentiable:
-    what its backward differentiates under ``create_graph=True``."""
-    s, scale, softcap = ctx.s, ctx.scale, ctx.softcap
+    """:class:`MappedAttention`'s forward on plain autograd ops: the fused kernel's textbook path
+    (:func:`tgattn.engine.fused.textbook`) with the maps as einsums, twice differentiable: what its backward
+    differentiates under ``create_graph=True``."""
 
     def attend(q, k, v, bias, sinks, features, key_maps, value_maps):
-        mult = None
-        if ctx.p > 0:  # the kernel's own mask, keep / (1 - p)
-            mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
-        e = features if s.perm is None else features[s.perm]  # sorted order
-        if key_maps is not None:  # the key term as a bias, scale <W_h^T q_i, e_ij>
-            edge_q = torch.einsum("nhd,hdf->nhf", q, key_maps)
-            key = (edge_q[s.dst] * e.unsqueeze(1)).sum(-1) * scale  # [E, H]
-            bias = key if bias is None else key + bias
-        out, w = gather_attention(q, k, v, s.src, s.dst, s.n_q, bias, scale, mult, softcap, sinks)
+        edge_q = None if key_maps is None else torch.einsum("nhd,hdf->nhf", q, key_maps)  # W_h^T q_i
+        out, w, summed = textbook(ctx.s, ctx.scale, ctx.softcap, ctx.p, ctx.seed, value_maps is not None)(
+            q, k, v, bias, sinks, edge_q, features)
         if value_maps is not None:  # + W_h sum_j a_ij e_ij
-            applied = (w if mult is None else w * mult).unsqueeze(-1) * e.unsqueeze(1)  # [E, H, F]
-            summed = w.new_zeros(s.n_q, w.shape[1], e.shape[1]).index_add(0, s.dst, applied)
             out = out + torch.einsum("nhf,hdf->nhd", summed, value_maps)
-        return out, w.T
+        return out, w
 
     return attend
 

@@ -41,6 +41,35 @@ def backward_pattern(s: Structure, with_perm: bool) -> Tuple[Tensor, Tensor, Opt
     return cached
 
 
+def textbook(s: Structure, scale: float, softcap: Optional[float], p: float, seed: int, sums: bool):
+    """The fused kernel's forward on plain autograd ops (per-edge gathers), twice differentiable: what a
+    double backward (``create_graph=True``) differentiates. Returns ``attend(q, k, v, bias, sinks, edge_q,
+    features) -> (out, weights [H, E], sums [n_q, H, F] or None)`` with the kernel's own dropout mask
+    (``seed``); float16 / bfloat16 computed in float32, as the kernels do."""
+
+    def attend(q, k, v, bias, sinks, edge_q, features):
+        work = compute_dtype(q.dtype)
+        used = None
+        if p > 0:  # the kernel's mask, keep / (1 - p)
+            used = (dropout_keep(q.shape[1], s.num_edges, p, seed).T.to(q.dtype) / (1.0 - p)).to(work)  # [E, H]
+        e = None if features is None else features.to(work)
+        if e is not None and s.perm is not None:
+            e = e[s.perm]  # sorted order
+        if edge_q is not None:  # the key term as a bias, scale <W_h^T q_i, e_ij>
+            key = (edge_q[s.dst] * e.unsqueeze(1)).sum(-1) * scale  # [E, H]
+            bias = key if bias is None else key + bias
+        out, w = gather_attention(q.to(work), k.to(work), v.to(work), s.src, s.dst, s.n_q, bias, scale, used,
+                                  softcap, sinks)
+        summed = None
+        if sums:  # s_i = sum_j a_ij e_ij, the weights as applied to the values
+            applied = w if used is None else w * used
+            per_edge = applied.unsqueeze(-1) * e.unsqueeze(1)  # [E, H, F]
+            summed = w.new_zeros(s.n_q, w.shape[1], e.shape[1]).index_add(0, s.dst, per_edge)
+        return out.to(q.dtype), w.T.to(q.dtype), summed
+
+    return attend
+
+
 class FusedAttention(torch.autograd.Function):
     """Attention on the fused kernel: ``(out [n_q, H, dv], weights [H, E] or an empty tensor)``.
 
@@ -86,27 +115,7 @@ class FusedAttention(torch.autograd.Function):
         if grad_out is None and grad_weights is None and grad_sums is None:
             return (None,) * 7 + unused
         if torch.is_grad_enabled():  # create_graph=True: recompute on a twice-differentiable path
-            mult = None
-            if ctx.p > 0:
-                mult = dropout_keep(q.shape[1], s.num_edges, ctx.p, ctx.seed).T.to(q.dtype) / (1.0 - ctx.p)  # [E, H]
-
-            def attend(q, k, v, bias, sinks, edge_q, features):  # float16 / bfloat16 in float32, as the kernels
-                work = compute_dtype(q.dtype)
-                e = None if features is None else features.to(work)
-                if e is not None and s.perm is not None:
-                    e = e[s.perm]  # sorted order
-                if edge_q is not None:  # the key term as a bias, scale <W_h^T q_i, e_ij>
-                    key = (edge_q[s.dst] * e.unsqueeze(1)).sum(-1) * ctx.scale  # [E, H]
-                    bias = key if bias is None else key + bias
-                used = None if mult is None else mult.to(work)
-                out, w = gather_attention(q.to(work), k.to(work), v.to(work), s.src, s.dst, s.n_q, bias, ctx.scale,
-                                          used, ctx.softcap, sinks)
-                summed = None
-                if edge_sums is not None:
-                    applied = w if used is None else w * used
-                    summed = w.new_zeros(edge_sums.shape).index_add(0, s.dst, applied.unsqueeze(-1) * e.unsqueeze(1))
-                return out.to(q.dtype), w.T.to(q.dtype), summed
-
+            attend = textbook(s, ctx.scale, ctx.softcap, ctx.p, ctx.seed, edge_sums is not None)
             grads = recompute_grads(attend, (q, k, v, bias, sinks, edge_q, features), (grad_out, grad_weights, grad_sums),
                                     needs[:7])
             return (*grads, *unused)
