@@ -51,6 +51,7 @@ from .csr import csr_attention
 from . import fused
 from . import triton as triton_backend
 from .dense import dense_attention
+from .edge_terms import MappedAttention
 from .precision import compute_dtype
 from .tiles import fill_bound, tile_attention, tile_layout
 
@@ -312,8 +313,6 @@ def run_mapped_edge_terms(
     dtype (:func:`tgattn.engine.edge_terms._native`). Returns ``(out, weights or None)``, weights in the
     caller's order.
     """
-    from .edge_terms import MappedAttention
-
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0
     bias = _sorted(bias, s)  # the kernel reads the features through s.perm, in the caller's order
     bias = None if bias is None else bias.to(q.dtype)  # the compute dtype (a no-op where it is q's)

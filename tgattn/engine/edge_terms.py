@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from .fused import backward_pattern, textbook
+from .native import available
 from .recompute import recompute_grads
 
 # What a caller passes: the vectors [E, H, d], or (features [E, F], weight [H * d, F]).
@@ -130,8 +131,6 @@ def _native(*tensors: Optional[Tensor]) -> bool:
         return False
     if not all(t.device.type == "cpu" and t.dtype == dtype for t in given):
         return False
-    from .native import available  # the extension: imported here, as it loads the fused kernel
-
     return available()
 
 
