@@ -211,6 +211,37 @@ def test_beta_gate_runs_lin_beta_as_a_module_under_a_hook():
     assert seen == [torch.Size([7, 3 * H * C])]
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_beta_gate_one_pass_equals_its_ops_twice_differentiable(dtype):
+    """The fused extension's gate (forward and backward one pass each, ``beta_gate``) equals the gate in
+    PyTorch ops (``_mix``): output and the three gradients, with rows of a width that is no multiple
+    of a vector (a scalar tail), non-contiguous rows, more rows than a block of the weight gradient's
+    sums; and it is twice differentiable (gradgradcheck, float64)."""
+    from tgattn.engine.native import available
+    from tgattn.nn._gate import _mix, beta_mix
+
+    if not available():
+        pytest.skip("the fused extension is not built")
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(13, 700, generator=g, dtype=dtype).T.requires_grad_()  # [700, 13], strided
+    root = torch.randn(700, 13, generator=g, dtype=dtype).requires_grad_()
+    w = (torch.randn(1, 39, generator=g, dtype=dtype) / 4).requires_grad_()
+    grad = torch.randn(700, 13, generator=g, dtype=dtype)
+    calls = []
+    op = torch.ops.tgattn_fused.beta_gate
+    with pytest.MonkeyPatch.context() as mp:  # the one-pass op must be what runs
+        mp.setattr(torch.ops.tgattn_fused, "beta_gate", lambda *a: calls.append(1) or op(*a), raising=False)
+        y = beta_mix(out, root, w)
+    assert calls == [1]
+    ref = _mix(out, root, w.view(-1))
+    torch.testing.assert_close(y, ref, **TOL[dtype])
+    for a, b in zip(torch.autograd.grad(y, (out, root, w), grad), torch.autograd.grad(ref, (out, root, w), grad)):
+        torch.testing.assert_close(a, b, **TOL[dtype])
+    if dtype == torch.float64:
+        small = [t.detach()[:20, :5].clone().requires_grad_() for t in (out, root)] + [w.detach()[:, :15].clone().requires_grad_()]
+        assert torch.autograd.gradgradcheck(beta_mix, small)
+
+
 def test_explainer_edge_mask_scales_the_edge_values_too():
     """PyG's explain path multiplies the whole message a_ij (v_j + W_E e_ij) by the mask: so do
     the fast path (edge_scale on both value terms) and the message path, gradients included."""

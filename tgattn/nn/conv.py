@@ -16,6 +16,7 @@ from .. import functional
 from ..engine.analysis import device_stamp, structure_of
 from ..engine.derived import DERIVED
 from . import _adjacency, _checkpoint
+from ._gate import beta_mix
 from .explain import explain_edge_scale
 
 OptPairTensor = Tuple[Tensor, Optional[Tensor]]
@@ -282,11 +283,8 @@ class GraphAttentionConv(MessagePassing):
             return out + root
         if _hooked(self.lin_beta):
             gate = self.lin_beta(torch.cat([out, root, out - root], dim=-1)).sigmoid()  # [Nq, 1]
-        else:
-            # w^T [o, r, o - r] = (w_1 + w_3)^T o + (w_2 - w_3)^T r: two products, no [Nq, 3 * width] copy.
-            w_out, w_root, w_diff = self.lin_beta.weight.view(3, -1)  # [width] each
-            gate = torch.addmv(root @ (w_root - w_diff), out, w_out + w_diff).unsqueeze(-1).sigmoid()  # [Nq, 1]
-        return torch.lerp(out, root, gate)  # gate * root + (1 - gate) * out
+            return torch.lerp(out, root, gate)  # gate * root + (1 - gate) * out
+        return beta_mix(out, root, self.lin_beta.weight)
 
     def _project(self, x_j: Tensor, x_i: Optional[Tensor], num_queries: int, query_rows: Optional[Tensor] = None):
         """``(q [Nq or R, H, C], k [Nk, H, C], v [Nk, H, C], root term [Nq, H*C or C] or None)``.
