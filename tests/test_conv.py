@@ -243,6 +243,29 @@ def test_add_self_loops_without_edge_features_equals_pyg_loops():
     torch.testing.assert_close(out, conv(x, expected), **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_self_loops_in_one_pass_equal_pyg_remove_then_add(dtype, monkeypatch):
+    """The extension's ``self_loops`` (the conv's looped edge set in one pass) gives PyG's
+    remove_self_loops then add_self_loops, edge for edge, with and without loops of the input's own,
+    and without edges; a node id out of range is named as without the extension."""
+    from torch_geometric.utils import remove_self_loops
+
+    from tgattn.nn import conv as conv_module
+
+    ei = torch.cat([random_graph(9, 9, 30, seed=2), torch.tensor([[3, 8], [3, 8]])], dim=1)
+    for edges in (ei, ei[:, ei[0] != ei[1]], ei[:, :0]):
+        looped, _ = conv_module._self_loops(edges.to(dtype), None, 9)
+        assert looped.dtype == torch.int64
+        assert torch.equal(looped, add_self_loops(remove_self_loops(edges)[0], num_nodes=9)[0])
+    bad = ei.clone()
+    bad[1, 4] = 9
+    with pytest.raises(ValueError, match="query/target node 9"):
+        conv_module._self_loops(bad.to(dtype), None, 9)
+    monkeypatch.setattr(conv_module, "available", lambda: False)  # the PyTorch-ops path names it alike
+    with pytest.raises(ValueError, match="query/target node 9"):
+        conv_module._self_loops(bad.to(dtype), None, 9)
+
+
 def sampled_graph(n_src, n_dst, attended, seed=0, one_edge=True):
     """A NeighborLoader-like edge set: targets 0 .. attended - 1 have 2-4 edges, every other even
     target one edge (none with ``one_edge=False``), the odd ones none; unsorted, a duplicated

@@ -133,6 +133,20 @@ def test_sort_edges_reports_repeated_edges():
         assert s.duplicates == expected
 
 
+def test_sort_edges_gives_the_row_pointer_of_the_sorted_targets():
+    """The extension's sort returns the rows' pointer with the sorted edges (int32 below 2^31 edges):
+    that of ``row_pointer`` over the sorted targets, for edges in order and out of order, with empty rows."""
+    from tgattn.engine.analysis import row_pointer
+
+    ei = random_edges(30, 40, 0.1, seed=9)  # 30 queries, 40 keys
+    ei = ei[:, ei[1] != 7]  # row 7 without edges
+    for edges in (ei, ei.flip(1)):
+        perm, src, dst, _, rowptr = torch.ops.tgattn_fused.sort_edges(edges[0], edges[1], 30, 40)
+        assert (perm.numel() == 0) == (edges is ei)
+        assert rowptr.dtype == torch.int32 and torch.equal(rowptr, row_pointer(dst, 30))
+        assert torch.equal(engine.analyse(edges, 30, 40).rowptr, rowptr)
+
+
 def test_plan_lays_out_no_tiles_it_will_not_use():
     s = engine.analyse(builders.window(512, 64), 512, 512)
     assert engine.plan(s) == "fused" and "tiles" not in s.extras  # fill 0.8, below the threshold

@@ -99,6 +99,39 @@ def test_an_edge_set_changed_behind_torch_back_is_analysed_again(backend, how):
         graph_attention(q, k, v, ei, backend=backend)
 
 
+@pytest.mark.skipif(not fused.available(), reason="fused kernel not compiled")
+@pytest.mark.parametrize("layout", ["sorted", "unsorted", "int32", "strided"])
+def test_same_edges_in_one_pass_equals_the_gathered_comparison(layout, monkeypatch):
+    """The cache's check of a hit (the extension's ``same_edges``) says what comparing gathered copies
+    says: the edges as analysed are the same; one changed source or target at the first, a middle or the
+    last sorted position is not."""
+    from tgattn.engine import analysis
+
+    g = torch.Generator().manual_seed(4)
+    ei = torch.randint(0, 30, (2, 9000), generator=g)  # more than one block of the one-pass compare
+    if layout == "sorted":
+        ei = ei[:, torch.argsort(ei[1] * 30 + ei[0])]
+    elif layout == "int32":
+        ei = ei.int()
+    elif layout == "strided":
+        ei = ei.T.contiguous().T  # [2, E] with a row stride of 1
+    s = analysis.analyse(ei.long(), 30, 30)
+    assert (s.perm is None) == (layout == "sorted")
+
+    def gathered(edges):  # the comparison without the extension
+        with monkeypatch.context() as m:
+            m.setattr(analysis.native, "available", lambda: False)
+            return analysis.same_edges(edges, s)
+
+    assert analysis.same_edges(ei, s) and gathered(ei)
+    for pos in (0, 4500, 8999):
+        e = pos if s.perm is None else int(s.perm[pos])
+        for row in (0, 1):
+            changed = ei.clone()
+            changed[row, e] = (changed[row, e] + 1) % 30
+            assert not analysis.same_edges(changed, s) and not gathered(changed)
+
+
 def test_structure_of_validates_before_caching():
     ei = builders.window(10, 1)
     ei[0, 3] = 10**9

@@ -22,7 +22,7 @@ timing) and the cached call, in turn (interleaved); times are the thread's CPU t
 thread, minimum over ``--rounds``. The target: never-seen / cached <= 1.10.
 ``--parts`` adds, per case, the parts of the never-seen call timed alone the same way: the
 validation (``validate``: ``check_edge_index``; the node ids only where the extension's sort does
-not check them), the sort and repeat check, the row pointer, the row spans
+not check them), the sort, repeat check and row pointer (one call of the extension), the row spans
 and kind (``classify``), the plan (tile bound included), the call on an analysed structure
 (``run``: the kernel and its checks), and the cached call's comparison (``same_edges``).
 """
@@ -94,8 +94,7 @@ def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
     sorted_src, sorted_dst = s.src, s.dst
 
     def fresh():  # a structure as analyse makes it before the classification, and uncached
-        return analysis.Structure(n, n, s.num_edges, s.perm, sorted_src, sorted_dst, analysis.row_pointer(sorted_dst, n),
-                                  s.duplicates)
+        return analysis.Structure(n, n, s.num_edges, s.perm, sorted_src, sorted_dst, s.rowptr, s.duplicates)
 
     def classified():
         t = fresh()
@@ -114,7 +113,6 @@ def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
     parts.update({
         "validate": (lambda: edge_index, validate),
         "sort": (lambda: edge_index, lambda ei: analysis._sorted_edges(ei, n, n)),
-        "row_pointer": (lambda: sorted_dst, lambda dst: analysis.row_pointer(dst, n)),
         "classify": (fresh, analysis._classify),
         "plan": (classified, dispatch.plan),
         "analysis": (edge_index.clone, lambda ei: engine.structure_of(ei, n, n)),

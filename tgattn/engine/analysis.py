@@ -77,17 +77,18 @@ def counting_sort(edge_index: Tensor, n_q: int, n_k: int) -> bool:
 
 
 def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
-    """``(perm or None, src, dst, duplicates)`` of the edges in (target, source) order.
+    """``(perm or None, src, dst, duplicates, rowptr)`` of the edges in (target, source) order,
+    ``rowptr`` their :func:`row_pointer` (by targets).
 
     On the CPU one call of the fused extension checks the order and, if needed, sorts by two
-    stable counting sorts (O(E + n)) and finds repeated edges, with no ``[E]`` temporary;
-    elsewhere, and where the nodes outnumber the edges (``COUNTING_SORT_NODES_PER_EDGE``), a
-    comparison pass and a stable argsort on a key ``[E]``.
+    stable counting sorts (O(E + n)), finds repeated edges and keeps the second sort's row
+    pointer, with no ``[E]`` temporary; elsewhere, and where the nodes outnumber the edges
+    (``COUNTING_SORT_NODES_PER_EDGE``), a comparison pass and a stable argsort on a key ``[E]``.
     """
     src, dst = edge_index[0], edge_index[1]
     if counting_sort(edge_index, n_q, n_k):
-        perm, src, dst, duplicates = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
-        return (perm if perm.numel() else None), src, dst, bool(duplicates)
+        perm, src, dst, duplicates, rowptr = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
+        return (perm if perm.numel() else None), src, dst, bool(duplicates), rowptr
     key = dst * max(n_k, 1) + src  # [E]
     if key.numel() < 2 or bool((key[1:] >= key[:-1]).all()):
         # Copies, not views: a view would keep the caller's tensor (the cache key) alive.
@@ -95,7 +96,7 @@ def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     else:
         perm = torch.argsort(key, stable=True)
         src, dst, key = src[perm], dst[perm], key[perm]
-    return perm, src, dst, key.numel() > 1 and bool((key[1:] == key[:-1]).any())
+    return perm, src, dst, key.numel() > 1 and bool((key[1:] == key[:-1]).any()), row_pointer(dst, n_q)
 
 
 def row_pointer(index: Tensor, n: int) -> Tensor:
@@ -229,8 +230,8 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
         'general'
     """
     E = edge_index.shape[1]
-    perm, src, dst, duplicates = _sorted_edges(edge_index, n_q, n_k)
-    s = Structure(n_q, n_k, E, perm, src, dst, row_pointer(dst, n_q), duplicates)
+    perm, src, dst, duplicates, rowptr = _sorted_edges(edge_index, n_q, n_k)
+    s = Structure(n_q, n_k, E, perm, src, dst, rowptr, duplicates)
     _classify(s)
     return s
 
@@ -278,6 +279,9 @@ def same_edges(edge_index: Tensor, s: Structure) -> bool:
     """
     if edge_index.shape != (2, s.num_edges) or edge_index.device != s.src.device:
         return False
+    if on_host(edge_index) and s.src.dtype == torch.long and native.available():  # one pass, no gathered copies
+        perm = s.src.new_empty(0) if s.perm is None else s.perm
+        return torch.ops.tgattn_fused.same_edges(edge_index, perm, s.src, s.dst)
     src, dst = edge_index[0], edge_index[1]
     if s.perm is not None:
         src, dst = src[s.perm], dst[s.perm]

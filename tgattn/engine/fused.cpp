@@ -2097,10 +2097,12 @@ at::Tensor dropout_keep(int64_t heads, int64_t edges, double dropout_p, int64_t 
   return keep;
 }
 
-// Edges in (target, source) order: (perm, src, dst, duplicates) of the sorted edges, perm empty
-// when they come sorted already, duplicates a bool scalar (some edge appears twice). Two stable
-// counting sorts (by source, then by target), O(E + n_q + n_k), and one pass over the edges
-// when they are sorted: the analysis of every new edge set.
+// Edges in (target, source) order: (perm, src, dst, duplicates, rowptr) of the sorted edges, perm empty
+// when they come sorted already, duplicates a bool scalar (some edge appears twice), rowptr [n_q + 1] the
+// rows' pointer (int32 below 2^31 edges, else int64; the second sort's prefix sums, which PyTorch ops
+// made again from dst in 30 us on a molecule batch). Two stable counting sorts (by source, then by
+// target), O(E + n_q + n_k), and one pass over the edges when they are sorted: the analysis of every
+// new edge set.
 std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst, int64_t n_q, int64_t n_k) {
   TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.dim() == 1 &&
                   src.sizes() == dst.sizes() && src.device().is_cpu() && dst.device().is_cpu(),
@@ -2120,22 +2122,101 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
     for (int64_t e = 1; e < E; ++e) dup |= (sp[e] == sp[e - 1]) & (tp[e] == tp[e - 1]);
     return at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool));
   };
-  if (sorted) return {at::empty({0}, s.options()), s.clone(), t.clone(), repeats(sp, tp)};
-  std::vector<int64_t> by_src(E), start(std::max(n_q, n_k) + 1);
+  const bool narrow = E < (int64_t(1) << 31);
+  at::Tensor rowptr = at::empty({n_q + 1}, s.options().dtype(narrow ? at::kInt : at::kLong));
+  // The pointer from the starts of the rows (start[i], i <= n_q), before the placement moves them.
+  const auto pointer = [&](const std::vector<int64_t>& start) {
+    if (narrow)
+      std::copy(start.begin(), start.begin() + n_q + 1, rowptr.data_ptr<int32_t>());
+    else
+      std::copy(start.begin(), start.begin() + n_q + 1, rowptr.data_ptr<int64_t>());
+  };
+  std::vector<int64_t> by_src(sorted ? 0 : E), start(std::max(n_q, n_k) + 1);
+  const auto count_rows = [&] {
+    std::fill(start.begin(), start.begin() + n_q + 1, 0);
+    for (int64_t e = 0; e < E; ++e) ++start[tp[e] + 1];
+    for (int64_t i = 0; i < n_q; ++i) start[i + 1] += start[i];
+    pointer(start);
+  };
+  if (sorted) {
+    count_rows();
+    return {at::empty({0}, s.options()), s.clone(), t.clone(), repeats(sp, tp), rowptr};
+  }
   std::fill(start.begin(), start.begin() + n_k + 1, 0);
   for (int64_t e = 0; e < E; ++e) ++start[sp[e] + 1];
   for (int64_t j = 0; j < n_k; ++j) start[j + 1] += start[j];
   for (int64_t e = 0; e < E; ++e) by_src[start[sp[e]]++] = e;
-  std::fill(start.begin(), start.begin() + n_q + 1, 0);
-  for (int64_t e = 0; e < E; ++e) ++start[tp[e] + 1];
-  for (int64_t i = 0; i < n_q; ++i) start[i + 1] += start[i];
+  count_rows();
   at::Tensor perm = at::empty({E}, s.options()), ss = at::empty({E}, s.options()), ts = at::empty({E}, s.options());
   int64_t* pp = perm.data_ptr<int64_t>();
   for (int64_t r = 0; r < E; ++r) pp[start[tp[by_src[r]]]++] = by_src[r];
   int64_t* ssp = ss.data_ptr<int64_t>();
   int64_t* tsp = ts.data_ptr<int64_t>();
   for (int64_t r = 0; r < E; ++r) ssp[r] = sp[pp[r]], tsp[r] = tp[pp[r]];
-  return {perm, ss, ts, repeats(ssp, tsp)};
+  return {perm, ss, ts, repeats(ssp, tsp), rowptr};
+}
+
+// Whether edge_index [2, E] (int64 or int32, any strides) still holds the sorted edges src, dst [E] (int64)
+// of its analysis: src[t] = edge_index[0, perm[t]] (perm [E] int64, or empty for edges that came sorted).
+// The analysis cache's check of every hit, in one pass: gathering edge_index through perm and comparing
+// the copies took 84 us on a molecule batch, nearly what analysing the edges anew takes.
+bool same_edges(const at::Tensor& edge_index, const at::Tensor& perm, const at::Tensor& src, const at::Tensor& dst) {
+  const int64_t E = src.numel();
+  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 && edge_index.size(1) == E && edge_index.device().is_cpu() &&
+                  (edge_index.scalar_type() == at::kLong || edge_index.scalar_type() == at::kInt) &&
+                  src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.is_contiguous() &&
+                  dst.is_contiguous() && dst.numel() == E && (perm.numel() == 0 || (perm.numel() == E &&
+                  perm.scalar_type() == at::kLong && perm.is_contiguous())),
+              "tgattn same_edges: edge_index [2, E] (int64 or int32) and contiguous int64 src, dst and perm [E]");
+  const int64_t* pp = perm.numel() ? perm.data_ptr<int64_t>() : nullptr;
+  const int64_t *sp = src.data_ptr<int64_t>(), *tp = dst.data_ptr<int64_t>();
+  const int64_t s0 = edge_index.stride(0), s1 = edge_index.stride(1);
+  const auto compare = [&](const auto* ei) {
+    bool same = true;
+    for (int64_t t = 0; t < E && same; t += 4096) {  // stop at the first block that differs
+      const int64_t end = std::min(E, t + 4096);
+      for (int64_t r = t; r < end; ++r) {
+        const int64_t e = pp ? pp[r] : r;
+        same &= (int64_t(ei[e * s1]) == sp[r]) & (int64_t(ei[s0 + e * s1]) == tp[r]);
+      }
+    }
+    return same;
+  };
+  if (pp)
+    for (int64_t r = 0; r < E; ++r) TORCH_CHECK(pp[r] >= 0 && pp[r] < E, "tgattn same_edges: perm out of range");
+  return edge_index.scalar_type() == at::kLong ? compare(edge_index.data_ptr<int64_t>())
+                                               : compare(edge_index.data_ptr<int32_t>());
+}
+
+// The edges of edge_index [2, E] (int64) without their self-loops, then one loop (i, i) per node i < n:
+// the edge set of a conv with add_self_loops=True (PyG's remove_self_loops, then add_self_loops), in
+// one pass and one allocation (PyTorch ops, through a boolean mask, took 100-270 us a molecule batch).
+// Refuses a node id outside [0, n) (the caller names it).
+at::Tensor self_loops(const at::Tensor& edge_index, int64_t n) {
+  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 && edge_index.scalar_type() == at::kLong &&
+                  edge_index.device().is_cpu(),
+              "tgattn self_loops: edge_index must be an int64 CPU tensor [2, E]");
+  const at::Tensor ei = edge_index.contiguous();
+  const int64_t E = ei.size(1);
+  const int64_t *sp = ei.data_ptr<int64_t>(), *tp = sp + E;
+  bool ok = true;
+  int64_t loops = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    ok &= (sp[e] >= 0) & (sp[e] < n) & (tp[e] >= 0) & (tp[e] < n);
+    loops += sp[e] == tp[e];
+  }
+  TORCH_CHECK(ok, "tgattn self_loops: a node id outside [0, ", n, ")");
+  const int64_t kept = E - loops;
+  at::Tensor out = at::empty({2, kept + n}, ei.options());
+  int64_t *os = out.data_ptr<int64_t>(), *ot = os + kept + n;
+  if (loops == 0) {
+    std::copy(sp, sp + E, os), std::copy(tp, tp + E, ot);
+  } else {
+    for (int64_t e = 0, t = 0; e < E; ++e)
+      if (sp[e] != tp[e]) os[t] = sp[e], ot[t] = tp[e], ++t;
+  }
+  for (int64_t i = 0; i < n; ++i) os[kept + i] = ot[kept + i] = i;
+  return out;
 }
 
 // The transposed pattern by a stable counting sort on the keys, O(E + n_k) instead of an
@@ -2592,6 +2673,8 @@ TORCH_LIBRARY(tgattn_fused, m) {
   m.def("gather_rows(Tensor a, Tensor b, Tensor ptr, Tensor idx) -> Tensor");
   m.def("transpose(Tensor col, int n_k) -> Tensor[]");
   m.def("sort_edges(Tensor src, Tensor dst, int n_q, int n_k) -> Tensor[]");
+  m.def("same_edges(Tensor edge_index, Tensor perm, Tensor src, Tensor dst) -> bool");
+  m.def("self_loops(Tensor edge_index, int n) -> Tensor");
   m.def("head_map(Tensor x, Tensor w) -> Tensor");
   m.def("head_map_add(Tensor? base, Tensor s, Tensor w) -> Tensor");
   m.def("head_outer(Tensor x, Tensor s) -> Tensor");
@@ -2613,6 +2696,8 @@ TORCH_LIBRARY_IMPL(tgattn_fused, CPU, m) {
   m.impl("transpose", &transpose);
   m.impl("transpose_rows", &transpose_rows);
   m.impl("sort_edges", &sort_edges);
+  m.impl("same_edges", &same_edges);
+  m.impl("self_loops", &self_loops);
   m.impl("head_map", &head_map);
   m.impl("head_map_add", &head_map_add);
   m.impl("head_outer", &head_outer);
