@@ -454,6 +454,9 @@ def test_per_head_maps_equal_einsum(dtype, d, features):
     torch.testing.assert_close(ops.head_map(q, maps), torch.einsum("nhd,hdf->nhf", q, maps), **tol)
     torch.testing.assert_close(ops.head_map_add(base, s, maps), base + torch.einsum("nhf,hdf->nhd", s, maps), **tol)
     torch.testing.assert_close(ops.head_map_add(None, s, maps), torch.einsum("nhf,hdf->nhd", s, maps), **tol)
+    into = base.detach().clone()  # in place: the sums go into base itself
+    assert ops.head_map_add(into, s, maps, True).data_ptr() == into.data_ptr()
+    torch.testing.assert_close(into, ops.head_map_add(base, s, maps), rtol=0, atol=0)
     torch.testing.assert_close(ops.head_outer(q, s), torch.einsum("nhd,nhf->hdf", q, s), **tol)
     assert edge_terms._native(q, maps)
 

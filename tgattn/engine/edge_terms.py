@@ -199,11 +199,13 @@ class MappedAttention(torch.autograd.Function):
         out, lse, w, *rest = ops.forward(q, k, v, s.rowptr, s.src, bias, scale, p, seed, weights,
                                          0.0 if softcap is None else softcap, sinks, edge_q, features, sums, s.perm)
         summed = rest[0] if sums else None  # [n_q, H, F]
-        result = out if summed is None else ops.head_map_add(out, summed, value_maps)  # o_i + W_h s_i
+        # o_i + W_h s_i into the kernel's fresh output (no second [n_q, H, d] buffer): the backward's delta_i
+        # = <dO_i, o_i + W_h s_i> then has the value term's share, <W_h^T dO_i, s_i>, already.
+        result = out if summed is None else ops.head_map_add(out, summed, value_maps, True)
         ctx.set_materialize_grads(False)  # no zeros for an unused output
         if not weights:
             ctx.mark_non_differentiable(w)
-        ctx.save_for_backward(q, k, v, bias, sinks, features, key_maps, value_maps, edge_q, out, lse,
+        ctx.save_for_backward(q, k, v, bias, sinks, features, key_maps, value_maps, edge_q, result, lse,
                               w if weights else None, summed)
         ctx.s, ctx.scale, ctx.p, ctx.seed, ctx.softcap = s, scale, p, seed, softcap
         return result, w
@@ -230,7 +232,7 @@ class MappedAttention(torch.autograd.Function):
         grads = ops.backward(
             grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t, ctx.scale, ctx.p,
             ctx.seed, needs[3], 0.0 if ctx.softcap is None else ctx.softcap, sinks if sinks_grad else None, edge_q,
-            features, summed, grad_sums, s.perm,
+            features, None, grad_sums, s.perm,  # no edge_sums: `out` holds the value term (see forward)
         )
         grad_q, grad_k, grad_v, d_scores = grads[:4]
         d_edge_q, d_features = grads[-2:]
@@ -240,7 +242,7 @@ class MappedAttention(torch.autograd.Function):
         grad_maps = [None, None]
         if key_maps is not None:
             if needs[0]:
-                grad_q = ops.head_map_add(grad_q, d_edge_q, key_maps)  # dq_i + W_h dqe_i, one pass
+                grad_q = ops.head_map_add(grad_q, d_edge_q, key_maps, True)  # dq_i += W_h dqe_i in the kernel's dq
             if needs[6]:
                 grad_maps[0] = ops.head_outer(q, d_edge_q)  # sum_i q_ih dqe_ih^T
         if value_maps is not None and needs[7] and rows is not None:

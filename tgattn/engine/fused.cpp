@@ -1836,8 +1836,10 @@ at::Tensor sink_grads(const at::Tensor& sk, const at::Tensor& lse, const at::Ten
 // dv, d_scores [H, E] when grad_bias, else empty); d_scores is the gradient of an additive bias (of the
 // capped scores). softcap and sinks as in forward; with sinks a fifth tensor, their gradient [H]:
 // the sink weighs exp(sink - lse_i) in row i, a logit without a value, so its gradient is
-// -sum_i exp(sink - lse_i) delta_i. Edge terms as in forward, with the forward's value sums
-// (edge_sums) and their gradient (grad_sums), each [n_q, H, F] or None: then two more tensors, the
+// -sum_i exp(sink - lse_i) delta_i. Edge terms as in forward, with the gradient of the value sums (grad_sums,
+// [n_q, H, F] or None) and the forward's value sums (edge_sums) where `out` is the kernel's output
+// without the value term (delta_i then adds <grad_sums_i, s_i>); None where `out` already holds it
+// (o_i + W_h s_i: <dO_i, W_h s_i> is that term). Then two more tensors, the
 // gradient of edge_q [n_q, H, F] (empty without edge_q) and of the features [E, F] (the caller's
 // order), both of the compute dtype.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -1868,7 +1870,6 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const int64_t F = check_edge_terms(feat, {&qe, &esums, &gsum}, q, E);
   const int64_t* fperm = feat.defined() ? checked_feature_perm(edge_perm, E) : nullptr;
   const bool edge = feat.defined();
-  TORCH_CHECK(!gsum.defined() || esums.defined(), "tgattn fused: grad_sums needs the forward's edge_sums");
   TORCH_CHECK(!(qe.defined() && softcap > 0), "tgattn fused: softcap cannot be combined with edge_q");
   TORCH_CHECK(index_type(rowptr) && rowptr.is_contiguous() && rowptr.numel() == n_q + 1 &&
                   row_ptr(rowptr)[n_q] == E,
@@ -1928,8 +1929,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     for_head_blocks<None>(ptr, n_q, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
       deltas<S>(r0, r1, head<S>(go, h), go.stride(0), head<S>(o, h), o.stride(0), dv, ptr,
                 w.defined() ? w.data_ptr<S>() + h * E : nullptr, gw.defined() ? gw.data_ptr<S>() + h * E : nullptr,
-                delta.data_ptr<T>() + h * n_q, gsum.defined() ? gsum.data_ptr<T>() + h * F : nullptr,
-                gsum.defined() ? esums.data_ptr<T>() + h * F : nullptr, F, H * F);
+                delta.data_ptr<T>() + h * n_q, gsum.defined() && esums.defined() ? gsum.data_ptr<T>() + h * F : nullptr,
+                gsum.defined() && esums.defined() ? esums.data_ptr<T>() + h * F : nullptr, F, H * F);
     });
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
     const auto run = [&](const auto* rt, const auto* pt) {
@@ -2488,15 +2489,18 @@ at::Tensor head_map(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
-at::Tensor head_map_add(const c10::optional<at::Tensor>& base, const at::Tensor& s, const at::Tensor& w) {
+// inplace: the sums go into base itself (contiguous), which a caller that owns it (a kernel's fresh output)
+// saves a buffer and a pass over fresh memory with: each row is read before it is written.
+at::Tensor head_map_add(const c10::optional<at::Tensor>& base, const at::Tensor& s, const at::Tensor& w, bool inplace) {
   check_maps(s, w, 2, "head_map_add needs s [N, H, F] and W [H, d, F] of one dtype (float or double)");
   const int64_t N = s.size(0), H = s.size(1), d = w.size(1), F = w.size(2);
   TORCH_CHECK(!base.has_value() || (base->sizes() == at::IntArrayRef{N, H, d} &&
                                     base->scalar_type() == s.scalar_type() && base->device().is_cpu()),
               "tgattn fused: head_map_add's base must be [N, H, d] of the dtype of s");
+  TORCH_CHECK(!inplace || (base.has_value() && base->is_contiguous()), "tgattn fused: head_map_add in place needs a contiguous base");
   const at::Tensor sc = s.contiguous(), wc = w.contiguous(), wt = w.transpose(1, 2).contiguous();  // W_h^T [F, d]
   const at::Tensor bc = base.has_value() ? base->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({N, H, d}, s.options());
+  at::Tensor out = inplace ? bc : at::empty({N, H, d}, s.options());
   AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "tgattn_head_map_add", [&] {
     const scalar_t *sp = sc.data_ptr<scalar_t>(), *wp = wt.data_ptr<scalar_t>();
     const scalar_t* bp = bc.defined() ? bc.data_ptr<scalar_t>() : nullptr;
@@ -2691,7 +2695,7 @@ TORCH_LIBRARY(tgattn_fused, m) {
   m.def("same_edges(Tensor edge_index, Tensor perm, Tensor src, Tensor dst) -> bool");
   m.def("self_loops(Tensor edge_index, int n) -> Tensor");
   m.def("head_map(Tensor x, Tensor w) -> Tensor");
-  m.def("head_map_add(Tensor? base, Tensor s, Tensor w) -> Tensor");
+  m.def("head_map_add(Tensor? base, Tensor s, Tensor w, bool inplace=False) -> Tensor");
   m.def("head_outer(Tensor x, Tensor s) -> Tensor");
   m.def("beta_gate(Tensor out, Tensor root, Tensor w) -> Tensor[]");
   m.def("beta_gate_backward(Tensor grad, Tensor out, Tensor root, Tensor w, Tensor gate) -> Tensor[]");
