@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -2187,19 +2188,25 @@ bool same_edges(const at::Tensor& edge_index, const at::Tensor& perm, const at::
   const int64_t* pp = perm.numel() ? perm.data_ptr<int64_t>() : nullptr;
   const int64_t *sp = src.data_ptr<int64_t>(), *tp = dst.data_ptr<int64_t>();
   const int64_t s0 = edge_index.stride(0), s1 = edge_index.stride(1);
+  std::atomic<bool> same{true};
   const auto compare = [&](const auto* ei) {
-    bool same = true;
-    for (int64_t t = 0; t < E && same; t += 4096) {  // stop at the first block that differs
-      const int64_t end = std::min(E, t + 4096);
-      for (int64_t r = t; r < end; ++r) {
-        const int64_t e = pp ? pp[r] : r;
-        same &= (int64_t(ei[e * s1]) == sp[r]) & (int64_t(ei[s0 + e * s1]) == tp[r]);
+    at::parallel_for(0, E, int64_t(1) << 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t t = r0; t < r1 && same; t += 4096) {  // stop at the first block that differs
+        bool here = true;
+        for (int64_t r = t; r < std::min(r1, t + 4096); ++r) {
+          const int64_t e = pp ? pp[r] : r;
+          here &= (int64_t(ei[e * s1]) == sp[r]) & (int64_t(ei[s0 + e * s1]) == tp[r]);
+        }
+        if (!here) same = false;
       }
-    }
-    return same;
+    });
+    return bool(same);
   };
-  if (pp)
-    for (int64_t r = 0; r < E; ++r) TORCH_CHECK(pp[r] >= 0 && pp[r] < E, "tgattn same_edges: perm out of range");
+  if (pp) {
+    bool ok = true;
+    for (int64_t r = 0; r < E; ++r) ok &= (pp[r] >= 0) & (pp[r] < E);
+    TORCH_CHECK(ok, "tgattn same_edges: perm out of range");
+  }
   return edge_index.scalar_type() == at::kLong ? compare(edge_index.data_ptr<int64_t>())
                                                : compare(edge_index.data_ptr<int32_t>());
 }
