@@ -11,7 +11,7 @@ def test_cli_writes_the_ratios_and_parts(tmp_path, capsys):
     assert never_seen.main(argv) == 0
     with open(tmp_path / "never_seen.csv") as f:
         rows = list(csv.DictReader(f))
-    parts = ["never-seen", "cached", "validate", "sort", "row_pointer", "classify", "plan", "analysis", "run", "same_edges"]
+    parts = ["never-seen", "cached", "validate", "sort", "classify", "plan", "analysis", "run", "same_edges"]
     assert [(r["case"], r["part"]) for r in rows] == [(c, p) for c in ("molecules_distinct", "indexer_topk") for p in parts]
     assert all(float(r["cpu_ms"]) >= 0 for r in rows) and {r["backend"] for r in rows} <= {"fused", "csr"}
     mine = {(r["case"], r["part"]): r for r in rows}
