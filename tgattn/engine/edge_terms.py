@@ -232,7 +232,7 @@ class MappedAttention(torch.autograd.Function):
         grads = ops.backward(
             grad_out, q, k, v, out, lse, weights, grad_weights, bias, s.rowptr, colptr, row_t, perm_t, ctx.scale, ctx.p,
             ctx.seed, needs[3], 0.0 if ctx.softcap is None else ctx.softcap, sinks if sinks_grad else None, edge_q,
-            features, None, grad_sums, s.perm,  # no edge_sums: `out` holds the value term (see forward)
+            features, None, grad_sums, s.perm, s.src,  # no edge_sums: `out` holds the value term (see forward); col
         )
         grad_q, grad_k, grad_v, d_scores = grads[:4]
         d_edge_q, d_features = grads[-2:]

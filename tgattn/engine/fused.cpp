@@ -1278,12 +1278,16 @@ struct HeadGrad {
   FeatureRows<S> feat;
   T *as = nullptr, *pw = nullptr;
   int64_t ers = 0;
+  // With a query pass for dq (query_rows; dq null): the scaled score gradient of each edge (the
+  // coefficient of k_j in dq_i), written by edge [E] instead of added into dq rows here.
+  T* ad = nullptr;
 };
 
 // The backward of keys j0 .. j0 + m - 1 (m <= 8), each of 1 to 8 edges, without weight
 // gradients (float): key_pass with the keys as the lanes of a vector and their
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
-// repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite).
+// repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite; with a
+// query pass, g.ad, only a key's own edges are written).
 template <typename S, typename I, bool LOGITS, bool EDGE>
 void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
                const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h, const Logits<float>& lg) {
@@ -1362,6 +1366,9 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
         if (t < deg[r]) g.ds[edge[r]] = ds[r];
     a[t] = LOGITS && lg.cap ? ds * (1.0f - th * th) * scale : ds * scale;
     p[t] = pt * fv;
+    if (g.ad)
+      for (int r = 0; r < m; ++r)
+        if (t < deg[r]) g.ad[edge[r]] = a[t][r];
   }
   for (int r = 0; r < m; ++r) {
     const int64_t j = j0 + r;
@@ -1371,11 +1378,11 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     for (int64_t t = 0; t < most; ++t) {
       const int64_t i = rows[t][r];
       ac[t] = a[t][r], pc[t] = p[t][r];
-      qr[t] = g.q + i * g.qs, gr[t] = g.go + i * g.gs, dq[t] = g.dq + i * g.dqs;
+      qr[t] = g.q + i * g.qs, gr[t] = g.go + i * g.gs, dq[t] = g.dq ? g.dq + i * g.dqs : nullptr;
     }
     accumulate_pointers(g.dkey + j * g.dks, ac, qr, most, g.dk);
     accumulate_pointers(g.dval + j * g.dvs, pc, gr, most, g.dv);
-    scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
+    if (g.dq) scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
     if constexpr (EDGE) {  // key r's edges are positions first[r] .. first[r] + deg[r] - 1
       if (g.as) std::copy(ac, ac + deg[r], g.as + first[r]);
       if (g.pw) std::copy(pc, pc + deg[r], g.pw + first[r]);
@@ -1393,7 +1400,9 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
 //   ds_e = p_e (dp_e - delta_i),  dk_j += scale sum ds_e q_i,  dv_j += sum p_e dO_i,
 //   dq_i += scale ds_e k_j.
 // The thread owns dk_j and dv_j; dq rows are shared between keys, so the caller gives each
-// key block that may run at the same time as another block of the same head its own dq.
+// key block that may run at the same time as another block of the same head its own dq, or
+// (g.dq null, g.ad set) the key pass writes each edge's scale ds_e and a pass over query rows
+// sums dq afterwards (query_rows).
 // A float16 / bfloat16 dk_j, dv_j of more than GROUP queries is summed in float (`sums`) and
 // rounded once at the end, not after each group.
 constexpr int64_t GROUP = 16;
@@ -1510,10 +1519,28 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
         accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, g0 == 0);
         accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
       }
-      scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
+      if (g.ad)
+        for (int64_t r = 0; r < m; ++r) g.ad[edge(ce.position(g0 + r))] = ag[r];
+      else
+        scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
     }
     if constexpr (is_half_v<S>)
       if (n > GROUP) convert(g.dkey + j * g.dks, sums.data(), g.dk), convert(g.dval + j * g.dvs, sums.data() + g.dk, g.dv);
+  }
+}
+
+// The query pass of one head over rows r0 .. r1: dq_i = sum_e ad_e k_col[e] over row i's edges, with
+// ad [E] (by edge) the scaled score gradients the key pass wrote, summed in registers and written
+// once, in the inputs' dtype (accumulate, as the forward sums its values): no float dq to clear,
+// add into and round afterwards, and no dq copy per key block. k: the head's rows (a packed copy).
+// In the order of the row's edges, the order in which a single key block's scatter added them.
+template <typename S, typename T = compute_t<S>>
+void query_rows(int64_t r0, int64_t r1, RowPtr ptr, const int64_t* col, const T* ad, const S* k, int64_t ks, int64_t d,
+                S* dq, int64_t dqs) {
+  for (int64_t i = r0; i < r1; ++i) {
+    if (i + 1 < r1) fetch<1>(dq + (i + 1) * dqs, d * sizeof(S));
+    const int64_t e0 = ptr[i];
+    accumulate(dq + i * dqs, ad + e0, Rows<const S>{k, col + e0, ks}, ptr[i + 1] - e0, d, /*fresh=*/true);
   }
 }
 
@@ -1842,7 +1869,8 @@ at::Tensor sink_grads(const at::Tensor& sk, const at::Tensor& lse, const at::Ten
 // without the value term (delta_i then adds <grad_sums_i, s_i>); None where `out` already holds it
 // (o_i + W_h s_i: <dO_i, W_h s_i> is that term). Then two more tensors, the
 // gradient of edge_q [n_q, H, F] (empty without edge_q) and of the features [E, F] (the caller's
-// order), both of the compute dtype.
+// order), both of the compute dtype. col (int64 [E], as in forward) with perm_t lets dq be summed
+// by a pass over query rows where that was measured faster (see query_pass below); None: never.
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                  const c10::optional<at::Tensor>& weights,
@@ -1855,7 +1883,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                                  const c10::optional<at::Tensor>& edge_features,
                                  const c10::optional<at::Tensor>& edge_sums,
                                  const c10::optional<at::Tensor>& grad_sums,
-                                 const c10::optional<at::Tensor>& edge_perm) {
+                                 const c10::optional<at::Tensor>& edge_perm, const c10::optional<at::Tensor>& col) {
   check_inputs(q, k, v);
   const at::Tensor sk = checked_sinks(sinks, q);
   check_softcap(softcap);
@@ -1893,6 +1921,25 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
               "lse [H, n_q] (float32 for float16 / bfloat16 q)");
   const int64_t blocks = std::min(key_blocks(H, E, n_q), std::max<int64_t>(n_k, 1));
   const RowPtr ptr = row_ptr(rowptr), tptr = row_ptr(colptr);
+  // dq by a query pass (query_rows): the key pass writes each edge's scale ds_e ([H, E] floats, by
+  // edge through perm_t) and each query row then sums its dq in registers from its keys' rows, instead
+  // of the key pass adding into float dq rows (a read-modify-write of 4 bytes per number; each key
+  // block but the first into a dq of its own, cleared and summed at the end; float16 / bfloat16 then
+  // rounded into dq). Backward op alone, n = 4096, d = 64, 1 thread, min of 25-30 interleaved rounds,
+  // old -> query pass: H = 8 (one key block) bfloat16 32.1 -> 31.0 ms (random 1 %), 31.7 -> 30.0
+  // (top-k 1 %), 63.1 -> 58.0 (window 64), float16 34.8 -> 33.3, 34.8 -> 33.0, 69.7 -> 65.1; float32
+  // 42.9 -> 46.3, 40.2 -> 40.8, 72.8 -> 70.5, float64 (random) 96.2 -> 99.9: reading a float32 k row
+  // per edge costs what its dq row's update did. With more key blocks float32 gains too: random 1 %
+  // H = 4 20.7 -> 20.8 (window 64 37.5 -> 35.3; float64 76.2 -> 77.2), H = 2 10.9 -> 9.3, H = 1
+  // 5.0 -> 4.4 (bfloat16 16.9 -> 14.0, 9.5 -> 7.0, 4.6 -> 3.5). Hence: float16 / bfloat16 always,
+  // float32 / float64 with more than one key block. Every dq row is summed whole, in one thread, in
+  // the order of its edges: deterministic, whatever the thread count.
+  const at::Tensor cv = optional_tensor(col);
+  const bool query_pass = cv.defined() && perm.defined() && (compute_type(q) != q.scalar_type() || blocks > 1);
+  if (query_pass) {
+    TORCH_CHECK(cv.scalar_type() == at::kLong && cv.size(0) == E, "tgattn fused: col must be int64 [E]");
+    check_structure(rowptr, cv, n_q, n_k, "rowptr / col");
+  }
   const std::vector<int64_t> bounds = n_k > 0 ? balanced(tptr, n_k, blocks) : std::vector<int64_t>{};
   const int64_t runs = same_head_blocks(H, blocks);
   // A block with few edges for the queries (in_place) reads q and dO in place and sums dq where
@@ -1909,8 +1956,9 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   // float16 / bfloat16: dq is summed in float, by every block apart (sums) where there are several
   // or one sums in place; a single block's packed float dq is rounded into dq as it is copied there.
   const bool half = ct != dtype;
-  at::Tensor extra = !half && blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
-  at::Tensor sums = half && (blocks > 1 || any_direct) ? cache.empty({blocks, n_q, H, dk}, ct) : at::Tensor();
+  at::Tensor extra = !query_pass && !half && blocks > 1 ? cache.empty({blocks - 1, n_q, H, dk}, q) : at::Tensor();
+  at::Tensor sums =
+      !query_pass && half && (blocks > 1 || any_direct) ? cache.empty({blocks, n_q, H, dk}, ct) : at::Tensor();
   // The score gradient per edge (a bias's gradient), and per position of the key pass what the edge
   // terms' gradients are summed from (see HeadGrad). The key pass writes them for every edge but those
   // of a -inf bias, which it skips (they keep 0): zero-filled first only with a bias.
@@ -1922,6 +1970,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   at::Tensor as = qe.defined() ? per_edge() : at::Tensor();
   at::Tensor pw = gsum.defined() ? per_edge() : at::Tensor();
   at::Tensor delta = cache.empty({H, n_q}, ct);
+  at::Tensor ad = query_pass ? per_edge() : at::Tensor();  // the query pass's coefficients, by edge
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_backward", [&] {
     using S = scalar_t;
     using T = compute_t<S>;
@@ -1943,6 +1992,27 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
         std::vector<T> a, sums;
       };
       for_head_blocks<Scratch>(bounds, tptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
+        if (query_pass) {  // no dq here: the key pass writes ad
+          if (direct(blk))
+            sc.q.view(q, h), sc.go.view(go, h);
+          else
+            sc.q.hold(q, h), sc.go.hold(go, h);
+          HeadGrad<S> g{sc.q.rows, head<S>(k, h), head<S>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
+                        delta.data_ptr<T>() + h * n_q,
+                        b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
+                        gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
+                        sc.go.stride, bias_heads, dk, dv, nullptr, head<S>(dkt, h), head<S>(dvt, h),
+                        grad_bias ? ds.data_ptr<T>() + h * E : nullptr, 0, dkt.stride(0), dvt.stride(0)};
+          g.ad = ad.data_ptr<T>() + h * E;
+          if (edge) {
+            g.feat = {feat.data_ptr<S>(), fperm, F}, g.ers = H * F;
+            if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F, g.as = as.data_ptr<T>() + h * E;
+            if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
+          }
+          (edge ? key_pass<S, I, true> : key_pass<S, I, false>)(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h,
+                                                               sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
+          return;
+        }
         // Where this block's dq of head h goes: T sums (dq itself for block 0 of float / double
         // inputs), or, for float16 / bfloat16 without `sums`, rounded into dq.
         T* dst = nullptr;
@@ -1997,6 +2067,29 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
       run(row_t.data_ptr<int32_t>(), perm.defined() ? perm.data_ptr<int32_t>() : nullptr);
     else
       run(row_t.data_ptr<int64_t>(), perm.defined() ? perm.data_ptr<int64_t>() : nullptr);
+    if (query_pass) {
+      // Over row blocks of every head, each block reading a packed copy of its head's k (Slab::hold)
+      // unless it reads few of its rows (in_place). Tried and dropped (bfloat16 backward, random 1 %,
+      // H = 8, as above): k read in place through its row stride (the pass about 1.5x slower, backward
+      // 32.7 -> 35.2 ms), all heads of a row at once from the caller's layout, where a key's rows of
+      // all heads are adjacent (31.0 -> 32.9 ms), the query pass of a head right after its key pass,
+      // while ad is in cache (29.7 / 29.7 ms), and ad by key-pass position (written in runs) read
+      // through the inverse of perm_t (30.3 -> 31.1 ms, the inverse built per call).
+      struct QScratch {
+        Slab<S> k;
+      };
+      const int64_t* cp = cv.data_ptr<int64_t>();
+      const int64_t qblocks = std::min(n_q, 4 * int64_t(at::get_num_threads()));
+      const int64_t qruns = same_head_blocks(H, qblocks);
+      for_head_blocks<QScratch>(ptr, n_q, H, qblocks, [&](QScratch& sc, int64_t h, int64_t, int64_t r0, int64_t r1) {
+        if (in_place((ptr[r1] - ptr[r0]) * qruns, n_k))
+          sc.k.view(k, h);
+        else
+          sc.k.hold(k, h);
+        query_rows<S>(r0, r1, ptr, cp, ad.data_ptr<T>() + h * E, sc.k.rows, sc.k.stride, dk, head<S>(dq, h),
+                      dq.stride(0));
+      });
+    }
   });
   if (extra.defined()) dq.add_(extra.sum(0));
   if (sums.defined())  // in the float32 path's order: block 0 plus the sum of the others
@@ -2692,7 +2785,8 @@ TORCH_LIBRARY(tgattn_fused, m) {
   m.def("backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? weights, "
         "Tensor? grad_weights, Tensor? bias, Tensor rowptr, Tensor colptr, Tensor row_t, Tensor? perm_t, float scale, "
         "float dropout_p, int seed, bool grad_bias, float softcap=0.0, Tensor? sinks=None, Tensor? edge_q=None, "
-        "Tensor? edge_features=None, Tensor? edge_sums=None, Tensor? grad_sums=None, Tensor? edge_perm=None) -> Tensor[]");
+        "Tensor? edge_features=None, Tensor? edge_sums=None, Tensor? grad_sums=None, Tensor? edge_perm=None, "
+        "Tensor? col=None) -> Tensor[]");
   m.def("transpose_rows(Tensor rowptr, Tensor col, int n_k, bool with_perm, bool narrow) -> Tensor[]");
   // No tensor argument to dispatch on and never traced: a catch-all kernel.
   m.def("dropout_keep(int heads, int edges, float dropout_p, int seed) -> Tensor", &dropout_keep);

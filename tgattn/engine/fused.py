@@ -121,7 +121,10 @@ class FusedAttention(torch.autograd.Function):
             return (*grads, *unused)
         if grad_out is None:  # only the returned weights or the value sums got a gradient
             grad_out = torch.zeros_like(out)
-        with_perm = bias is not None or ctx.p > 0 or grad_weights is not None or features is not None
+        # The kernel may sum dq in a pass over query rows (float16 / bfloat16 always, otherwise with
+        # more than one key block, which needs H < 8; see query_pass in fused.cpp): it needs perm_t and col.
+        query_pass = q.dtype in (torch.float16, torch.bfloat16) or q.shape[1] < 8
+        with_perm = bias is not None or ctx.p > 0 or grad_weights is not None or features is not None or query_pass
         colptr, row_t, perm_t = backward_pattern(s, with_perm)
         sinks_grad = sinks is not None and needs[4]
         grads = torch.ops.tgattn_fused.backward(
@@ -129,6 +132,7 @@ class FusedAttention(torch.autograd.Function):
             ctx.scale, ctx.p, ctx.seed, needs[3], 0.0 if ctx.softcap is None else ctx.softcap,
             sinks if sinks_grad else None, edge_q, features, edge_sums,
             None if grad_sums is None else grad_sums.contiguous(), s.perm if features is not None else None,
+            s.src if query_pass else None,
         )
         grad_q, grad_k, grad_v, d_scores = grads[:4]
         grad_bias = grad_edge_q = grad_features = None

@@ -141,7 +141,7 @@ def register_fake_kernels() -> None:
     @torch.library.register_fake("tgattn_fused::backward")
     def _(grad_out, q, k, v, out, lse, weights, grad_weights, bias, rowptr, colptr, row_t, perm_t, scale, dropout_p,
           seed, grad_bias, softcap=0.0, sinks=None, edge_q=None, edge_features=None, edge_sums=None, grad_sums=None,
-          edge_perm=None):
+          edge_perm=None, col=None):
         ds = q.new_empty(q.shape[1], row_t.shape[0] if grad_bias else 0, dtype=compute_dtype(q.dtype))
         grads = [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds]
         if sinks is not None:
