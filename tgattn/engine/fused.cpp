@@ -1288,7 +1288,7 @@ struct HeadGrad {
 // edges visited slot by slot, as attend_rows8 does for query rows. A key past its last edge
 // repeats it with weight 0 (its dq row gets 0 * k, which the dispatcher keeps finite; with a
 // query pass, g.ad, only a key's own edges are written).
-template <typename S, typename I, bool LOGITS, bool EDGE>
+template <typename S, typename I, bool LOGITS, bool EDGE, bool AD>
 void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t,
                const HeadGrad<S>& g, float scale, const Dropout& drop, int64_t h, const Logits<float>& lg) {
   typedef int32_t ivec_t __attribute__((vector_size(32)));
@@ -1366,7 +1366,7 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
         if (t < deg[r]) g.ds[edge[r]] = ds[r];
     a[t] = LOGITS && lg.cap ? ds * (1.0f - th * th) * scale : ds * scale;
     p[t] = pt * fv;
-    if (g.ad)
+    if constexpr (AD)
       for (int r = 0; r < m; ++r)
         if (t < deg[r]) g.ad[edge[r]] = a[t][r];
   }
@@ -1378,11 +1378,12 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
     for (int64_t t = 0; t < most; ++t) {
       const int64_t i = rows[t][r];
       ac[t] = a[t][r], pc[t] = p[t][r];
-      qr[t] = g.q + i * g.qs, gr[t] = g.go + i * g.gs, dq[t] = g.dq ? g.dq + i * g.dqs : nullptr;
+      qr[t] = g.q + i * g.qs, gr[t] = g.go + i * g.gs;
+      if constexpr (!AD) dq[t] = g.dq + i * g.dqs;
     }
     accumulate_pointers(g.dkey + j * g.dks, ac, qr, most, g.dk);
     accumulate_pointers(g.dval + j * g.dvs, pc, gr, most, g.dv);
-    if (g.dq) scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
+    if constexpr (!AD) scatter(Pointers<float>{dq}, ac, kr[r], most, g.dk);
     if constexpr (EDGE) {  // key r's edges are positions first[r] .. first[r] + deg[r] - 1
       if (g.as) std::copy(ac, ac + deg[r], g.as + first[r]);
       if (g.pw) std::copy(pc, pc + deg[r], g.pw + first[r]);
@@ -1407,7 +1408,9 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
 // rounded once at the end, not after each group.
 constexpr int64_t GROUP = 16;
 
-template <typename S, typename I, bool EDGE, typename T = compute_t<S>>
+// AD: the query pass's variant (g.ad written, g.dq null), instantiated apart: with the choice a
+// branch on g.ad, float32's key pass with the scatter ran 1.04-1.18x slower (random / top-k 1 %).
+template <typename S, typename I, bool EDGE, bool AD, typename T = compute_t<S>>
 void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>& g,
               T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums,
               const Logits<T>& lg) {
@@ -1419,9 +1422,9 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
       const int64_t m = std::min<int64_t>(8, c1 - j);
       if (!g.gw && short_group(colptr, j, m)) {
         if (lg.cap)  // a sink changes nothing here: it is in the lse
-          key_pass8<S, I, true, EDGE>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
+          key_pass8<S, I, true, EDGE, AD>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         else
-          key_pass8<S, I, false, EDGE>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
+          key_pass8<S, I, false, EDGE, AD>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         j += m - 1;
         continue;
       }
@@ -1519,7 +1522,7 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
         accumulate(g.dkey + j * g.dks, ag, Rows<const T, I>{g.q, rows, g.qs}, m, g.dk, g0 == 0);
         accumulate(g.dval + j * g.dvs, pg, Rows<const T, I>{g.go, rows, g.gs}, m, g.dv, g0 == 0);
       }
-      if (g.ad)
+      if constexpr (AD)
         for (int64_t r = 0; r < m; ++r) g.ad[edge(ce.position(g0 + r))] = ag[r];
       else
         scatter(Rows<T, I>{g.dq, rows, g.dqs}, ag, kj, m, g.dk);
@@ -1970,7 +1973,13 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   at::Tensor as = qe.defined() ? per_edge() : at::Tensor();
   at::Tensor pw = gsum.defined() ? per_edge() : at::Tensor();
   at::Tensor delta = cache.empty({H, n_q}, ct);
-  at::Tensor ad = query_pass ? per_edge() : at::Tensor();  // the query pass's coefficients, by edge
+  // The query pass's coefficients by edge: with one key block per head, a head's query pass runs in the
+  // task of its key pass, right after it, from that thread's [E] (no [H, E] buffer: 4 bytes per edge and
+  // head more than the old path held, which also pushed the buffer cache to give back float32's blocks
+  // between float32 and bfloat16 calls in one process: 2050 page faults per float32 backward, 1.2x slower);
+  // with several key blocks a head's query pass waits for all of them: [H, E], after every key pass.
+  const bool fuse_q = query_pass && blocks == 1;
+  at::Tensor ad = query_pass && !fuse_q ? per_edge() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_backward", [&] {
     using S = scalar_t;
     using T = compute_t<S>;
@@ -1986,10 +1995,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     const auto run = [&](const auto* rt, const auto* pt) {
       using I = std::remove_const_t<std::remove_pointer_t<decltype(rt)>>;
       struct Scratch {
-        Slab<S> q, go;
+        Slab<S> q, go, k;
         Slab<T> dq;
         Entries<T, I> ce;
-        std::vector<T> a, sums;
+        std::vector<T> a, sums, ad;
       };
       for_head_blocks<Scratch>(bounds, tptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
         if (query_pass) {  // no dq here: the key pass writes ad
@@ -2003,14 +2012,28 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                         gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
                         sc.go.stride, bias_heads, dk, dv, nullptr, head<S>(dkt, h), head<S>(dvt, h),
                         grad_bias ? ds.data_ptr<T>() + h * E : nullptr, 0, dkt.stride(0), dvt.stride(0)};
-          g.ad = ad.data_ptr<T>() + h * E;
+          if (fuse_q) {
+            if (int64_t(sc.ad.size()) < E) sc.ad.resize(E);
+            if (b.defined()) std::fill(sc.ad.begin(), sc.ad.begin() + E, T(0));  // -inf-biased edges are skipped
+            g.ad = sc.ad.data();
+          } else {
+            g.ad = ad.data_ptr<T>() + h * E;
+          }
           if (edge) {
             g.feat = {feat.data_ptr<S>(), fperm, F}, g.ers = H * F;
             if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F, g.as = as.data_ptr<T>() + h * E;
             if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
           }
-          (edge ? key_pass<S, I, true> : key_pass<S, I, false>)(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h,
-                                                               sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
+          (edge ? key_pass<S, I, true, true> : key_pass<S, I, false, true>)(
+              c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
+          if (fuse_q) {  // the whole head's keys are done: its dq (see the query pass below)
+            if (in_place(E, n_k))
+              sc.k.view(k, h);
+            else
+              sc.k.hold(k, h);
+            query_rows<S>(0, n_q, ptr, cv.data_ptr<int64_t>(), g.ad, sc.k.rows, sc.k.stride, dk, head<S>(dq, h),
+                          dq.stride(0));
+          }
           return;
         }
         // Where this block's dq of head h goes: T sums (dq itself for block 0 of float / double
@@ -2047,8 +2070,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
           if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F, g.as = as.data_ptr<T>() + h * E;
           if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
         }
-        (edge ? key_pass<S, I, true> : key_pass<S, I, false>)(c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h,
-                                                             sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
+        (edge ? key_pass<S, I, true, false> : key_pass<S, I, false, false>)(
+            c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
         if (in_place_dq) return;
         if (rounded) {
           for (int64_t i = 0; i < n_q; ++i) {
@@ -2067,14 +2090,15 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
       run(row_t.data_ptr<int32_t>(), perm.defined() ? perm.data_ptr<int32_t>() : nullptr);
     else
       run(row_t.data_ptr<int64_t>(), perm.defined() ? perm.data_ptr<int64_t>() : nullptr);
-    if (query_pass) {
+    if (query_pass && !fuse_q) {
       // Over row blocks of every head, each block reading a packed copy of its head's k (Slab::hold)
       // unless it reads few of its rows (in_place). Tried and dropped (bfloat16 backward, random 1 %,
       // H = 8, as above): k read in place through its row stride (the pass about 1.5x slower, backward
       // 32.7 -> 35.2 ms), all heads of a row at once from the caller's layout, where a key's rows of
-      // all heads are adjacent (31.0 -> 32.9 ms), the query pass of a head right after its key pass,
-      // while ad is in cache (29.7 / 29.7 ms), and ad by key-pass position (written in runs) read
-      // through the inverse of perm_t (30.3 -> 31.1 ms, the inverse built per call).
+      // all heads are adjacent (31.0 -> 32.9 ms), and ad by key-pass position (written in runs) read
+      // through the inverse of perm_t (key pass 28.1 -> 25.2 ms, query pass 3.5 -> 8.3 ms: 4-byte
+      // reads all over ad cost more than the writes saved). Run right after each head's key pass
+      // instead (fuse_q, one key block), the pass took the same time (29.7 / 29.7 ms).
       struct QScratch {
         Slab<S> k;
       };
