@@ -1408,8 +1408,9 @@ void key_pass8(int64_t j0, int64_t m, int64_t c1, RowPtr colptr, const I* row_t,
 // rounded once at the end, not after each group.
 constexpr int64_t GROUP = 16;
 
-// AD: the query pass's variant (g.ad written, g.dq null), instantiated apart: with the choice a
-// branch on g.ad, float32's key pass with the scatter ran 1.04-1.18x slower (random / top-k 1 %).
+// AD: the query pass's variant (g.ad written, g.dq null; float16 / bfloat16), instantiated apart: with
+// the choice a branch on g.ad, float32's key pass with the scatter ran 1.04-1.18x slower (random /
+// top-k 1 %).
 template <typename S, typename I, bool EDGE, bool AD, typename T = compute_t<S>>
 void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>& g,
               T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums,
@@ -1924,21 +1925,22 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
               "lse [H, n_q] (float32 for float16 / bfloat16 q)");
   const int64_t blocks = std::min(key_blocks(H, E, n_q), std::max<int64_t>(n_k, 1));
   const RowPtr ptr = row_ptr(rowptr), tptr = row_ptr(colptr);
-  // dq by a query pass (query_rows): the key pass writes each edge's scale ds_e ([H, E] floats, by
-  // edge through perm_t) and each query row then sums its dq in registers from its keys' rows, instead
-  // of the key pass adding into float dq rows (a read-modify-write of 4 bytes per number; each key
-  // block but the first into a dq of its own, cleared and summed at the end; float16 / bfloat16 then
-  // rounded into dq). Backward op alone, n = 4096, d = 64, 1 thread, min of 25-30 interleaved rounds,
-  // old -> query pass: H = 8 (one key block) bfloat16 32.1 -> 31.0 ms (random 1 %), 31.7 -> 30.0
-  // (top-k 1 %), 63.1 -> 58.0 (window 64), float16 34.8 -> 33.3, 34.8 -> 33.0, 69.7 -> 65.1; float32
-  // 42.9 -> 46.3, 40.2 -> 40.8, 72.8 -> 70.5, float64 (random) 96.2 -> 99.9: reading a float32 k row
-  // per edge costs what its dq row's update did. With more key blocks float32 gains too: random 1 %
-  // H = 4 20.7 -> 20.8 (window 64 37.5 -> 35.3; float64 76.2 -> 77.2), H = 2 10.9 -> 9.3, H = 1
-  // 5.0 -> 4.4 (bfloat16 16.9 -> 14.0, 9.5 -> 7.0, 4.6 -> 3.5). Hence: float16 / bfloat16 always,
-  // float32 / float64 with more than one key block. Every dq row is summed whole, in one thread, in
-  // the order of its edges: deterministic, whatever the thread count.
+  // dq by a query pass (query_rows), float16 / bfloat16: the key pass writes each edge's scale ds_e
+  // (floats, by edge through perm_t) and each query row then sums its dq in registers from its keys'
+  // rows, written once in the input dtype, instead of the key pass adding into float dq rows (a
+  // read-modify-write of 4 bytes per number; each key block but the first into a dq of its own,
+  // cleared and summed at the end; then rounded into dq). Backward op alone, n = 4096, d = 64, 1
+  // thread, min of 20 interleaved rounds, 2fe6989's kernel (loaded under another name in the same
+  // process) -> this one, H = 8: bfloat16 31.5 -> 28.5 ms (random 1 %), 32.3 -> 29.8 (top-k 1 %),
+  // 64.5 -> 60.9 (window 64), float16 35.1 -> 32.9, 34.9 -> 33.7, 70.2 -> 67.2; random 1 %, H = 4
+  // bfloat16 17.6 -> 15.1, H = 2 9.7 -> 7.7 (float32 at H = 8, the same code in both, 38.3 -> 38.6).
+  // float32 keeps the scatter: with the query pass (same build, col given or not) random 1 % H = 4
+  // 20.8 -> 23.3 ms, H = 2 11.0 -> 12.0, H = 1 5.5 -> 5.5, window 64 H = 4 38.4 -> 40.1, H = 8 slower
+  // too: a float32 k row read per edge costs what its dq row's update did. float64 too (H = 4 45.2 ->
+  // 44.9, H = 2 24.5 -> 23.6, H = 1 12.5 -> 10.1: not taken up). Every dq row is summed whole, in one
+  // thread, in the order of its edges: deterministic, whatever the thread count.
   const at::Tensor cv = optional_tensor(col);
-  const bool query_pass = cv.defined() && perm.defined() && (compute_type(q) != q.scalar_type() || blocks > 1);
+  const bool query_pass = cv.defined() && perm.defined() && compute_type(q) != q.scalar_type();
   if (query_pass) {
     TORCH_CHECK(cv.scalar_type() == at::kLong && cv.size(0) == E, "tgattn fused: col must be int64 [E]");
     check_structure(rowptr, cv, n_q, n_k, "rowptr / col");
@@ -2001,7 +2003,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
         std::vector<T> a, sums, ad;
       };
       for_head_blocks<Scratch>(bounds, tptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
-        if (query_pass) {  // no dq here: the key pass writes ad
+        if constexpr (is_half_v<S>) if (query_pass) {  // no dq here: the key pass writes ad
           if (direct(blk))
             sc.q.view(q, h), sc.go.view(go, h);
           else
@@ -2090,7 +2092,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
       run(row_t.data_ptr<int32_t>(), perm.defined() ? perm.data_ptr<int32_t>() : nullptr);
     else
       run(row_t.data_ptr<int64_t>(), perm.defined() ? perm.data_ptr<int64_t>() : nullptr);
-    if (query_pass && !fuse_q) {
+    if constexpr (is_half_v<S>) if (query_pass && !fuse_q) {
       // Over row blocks of every head, each block reading a packed copy of its head's k (Slab::hold)
       // unless it reads few of its rows (in_place). Tried and dropped (bfloat16 backward, random 1 %,
       // H = 8, as above): k read in place through its row stride (the pass about 1.5x slower, backward

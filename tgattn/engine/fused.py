@@ -121,9 +121,9 @@ class FusedAttention(torch.autograd.Function):
             return (*grads, *unused)
         if grad_out is None:  # only the returned weights or the value sums got a gradient
             grad_out = torch.zeros_like(out)
-        # The kernel may sum dq in a pass over query rows (float16 / bfloat16 always, otherwise with
-        # more than one key block, which needs H < 8; see query_pass in fused.cpp): it needs perm_t and col.
-        query_pass = q.dtype in (torch.float16, torch.bfloat16) or q.shape[1] < 8
+        # float16 / bfloat16: the kernel sums dq in a pass over query rows (see query_pass in fused.cpp),
+        # which needs perm_t and col.
+        query_pass = q.dtype in (torch.float16, torch.bfloat16)
         with_perm = bias is not None or ctx.p > 0 or grad_weights is not None or features is not None or query_pass
         colptr, row_t, perm_t = backward_pattern(s, with_perm)
         sinks_grad = sinks is not None and needs[4]
