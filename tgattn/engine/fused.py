@@ -4,8 +4,10 @@ The kernel (``fused.cpp``) computes scores, softmax and aggregation for a block 
 in one pass, reading the caller's ``[N, H, d]`` tensors in place, and skips the
 dot products of edges whose bias is ``-inf``. As in FlashAttention-2 (Dao, 2023), the forward
 saves the log-sum-exp per query and head and the backward recomputes the weights from it,
-walking each key's edges once for ``dq``, ``dk`` and ``dv`` together: no ``[E, H, d]`` tensor
-in either direction and no ``[E, H]`` tensor kept between them unless the weights are returned.
+walking each key's edges once for ``dq``, ``dk`` and ``dv`` together (float16 / bfloat16: ``dk``
+and ``dv``, then ``dq`` over query rows from the score gradients the key pass wrote per edge): no
+``[E, H, d]`` tensor in either direction and no ``[E, H]`` tensor kept between them unless the
+weights are returned.
 A double backward (``create_graph=True``) recomputes the gradients on the textbook per-edge
 path, which is twice differentiable. The kernels check the CSR structure they are given (one
 pass over the indices), so a malformed structure raises instead of reading out of bounds.
