@@ -1994,6 +1994,22 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                 gsum.defined() && esums.defined() ? esums.data_ptr<T>() + h * F : nullptr, F, H * F);
     });
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
+    // Head h's HeadGrad over the q and dO rows the slabs hold, its dq rows at dqh, dqs apart (none for
+    // the query pass), with the edge terms' rows where there are some.
+    const auto head_grad = [&](const Slab<S>& sq, const Slab<S>& sgo, int64_t h, T* dqh, int64_t dqs) {
+      HeadGrad<S> g{sq.rows, head<S>(k, h), head<S>(v, h), sgo.rows, lse.data_ptr<T>() + h * n_q,
+                    delta.data_ptr<T>() + h * n_q,
+                    b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
+                    gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sq.stride, k.stride(0), v.stride(0),
+                    sgo.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
+                    grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
+      if (edge) {
+        g.feat = {feat.data_ptr<S>(), fperm, F}, g.ers = H * F;
+        if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F, g.as = as.data_ptr<T>() + h * E;
+        if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
+      }
+      return g;
+    };
     const auto run = [&](const auto* rt, const auto* pt) {
       using I = std::remove_const_t<std::remove_pointer_t<decltype(rt)>>;
       struct Scratch {
@@ -2008,23 +2024,13 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
             sc.q.view(q, h), sc.go.view(go, h);
           else
             sc.q.hold(q, h), sc.go.hold(go, h);
-          HeadGrad<S> g{sc.q.rows, head<S>(k, h), head<S>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
-                        delta.data_ptr<T>() + h * n_q,
-                        b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
-                        gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
-                        sc.go.stride, bias_heads, dk, dv, nullptr, head<S>(dkt, h), head<S>(dvt, h),
-                        grad_bias ? ds.data_ptr<T>() + h * E : nullptr, 0, dkt.stride(0), dvt.stride(0)};
+          HeadGrad<S> g = head_grad(sc.q, sc.go, h, nullptr, 0);
           if (fuse_q) {
             if (int64_t(sc.ad.size()) < E) sc.ad.resize(E);
             if (b.defined()) std::fill(sc.ad.begin(), sc.ad.begin() + E, T(0));  // -inf-biased edges are skipped
             g.ad = sc.ad.data();
           } else {
             g.ad = ad.data_ptr<T>() + h * E;
-          }
-          if (edge) {
-            g.feat = {feat.data_ptr<S>(), fperm, F}, g.ers = H * F;
-            if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F, g.as = as.data_ptr<T>() + h * E;
-            if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
           }
           (edge ? key_pass<S, I, true, true> : key_pass<S, I, false, true>)(
               c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
@@ -2061,17 +2067,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
           sc.q.hold(q, h), sc.go.hold(go, h);
           dqh = sc.dq.zeros(n_q, dk), dqs = dk;  // this block's dq of head h, packed
         }
-        HeadGrad<S> g{sc.q.rows, head<S>(k, h), head<S>(v, h), sc.go.rows, lse.data_ptr<T>() + h * n_q,
-                      delta.data_ptr<T>() + h * n_q,
-                      b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr,
-                      gw.defined() ? gw.data_ptr<S>() + h * E : nullptr, sc.q.stride, k.stride(0), v.stride(0),
-                      sc.go.stride, bias_heads, dk, dv, dqh, head<S>(dkt, h), head<S>(dvt, h),
-                      grad_bias ? ds.data_ptr<T>() + h * E : nullptr, dqs, dkt.stride(0), dvt.stride(0)};
-        if (edge) {
-          g.feat = {feat.data_ptr<S>(), fperm, F}, g.ers = H * F;
-          if (qe.defined()) g.qe = qe.data_ptr<T>() + h * F, g.as = as.data_ptr<T>() + h * E;
-          if (gsum.defined()) g.gsum = gsum.data_ptr<T>() + h * F, g.pw = pw.data_ptr<T>() + h * E;
-        }
+        const HeadGrad<S> g = head_grad(sc.q, sc.go, h, dqh, dqs);
         (edge ? key_pass<S, I, true, false> : key_pass<S, I, false, false>)(
             c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
         if (in_place_dq) return;
