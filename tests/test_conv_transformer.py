@@ -242,6 +242,29 @@ def test_beta_gate_one_pass_equals_its_ops_twice_differentiable(dtype):
         assert torch.autograd.gradgradcheck(beta_mix, small)
 
 
+def test_beta_gate_gradients_do_not_depend_on_the_thread_count():
+    """The weight gradient is summed per block of rows and the blocks added in one order: one thread and
+    two give the same bits (several blocks, so that two threads split them)."""
+    from tgattn.engine.native import available
+    from tgattn.nn._gate import beta_mix
+
+    if not available():
+        pytest.skip("the fused extension is not built")
+    g = torch.Generator().manual_seed(1)
+    out, root = (torch.randn(1500, 16, generator=g).requires_grad_() for _ in range(2))
+    w = torch.randn(1, 48, generator=g).requires_grad_()
+    grad = torch.randn(1500, 16, generator=g)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(torch.autograd.grad(beta_mix(out, root, w), (out, root, w), grad))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 def test_explainer_edge_mask_scales_the_edge_values_too():
     """PyG's explain path multiplies the whole message a_ij (v_j + W_E e_ij) by the mask: so do
     the fast path (edge_scale on both value terms) and the message path, gradients included."""

@@ -132,6 +132,26 @@ def test_same_edges_in_one_pass_equals_the_gathered_comparison(layout, monkeypat
             assert not analysis.same_edges(changed, s) and not gathered(changed)
 
 
+@pytest.mark.skipif(not fused.available(), reason="fused kernel not compiled")
+def test_same_edges_split_over_threads_finds_a_change_in_any_block():
+    """The one-pass check split into blocks over two threads: the same edges pass, a change in the
+    first or the last block of a large unsorted set is found."""
+    from tgattn.engine import analysis
+
+    ei = torch.randint(0, 500, (2, 300_000), generator=torch.Generator().manual_seed(6))
+    s = analysis.analyse(ei, 500, 500)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert analysis.same_edges(ei, s)
+        for pos in (10, 299_990):
+            changed = ei.clone()
+            changed[1, int(s.perm[pos])] = (changed[1, int(s.perm[pos])] + 1) % 500
+            assert not analysis.same_edges(changed, s)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_structure_of_validates_before_caching():
     ei = builders.window(10, 1)
     ei[0, 3] = 10**9
