@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .fused import backward_pattern, textbook
-from .native import available
+from .native import takes
 from .recompute import recompute_grads
 
 # What a caller passes: the vectors [E, H, d], or (features [E, F], weight [H * d, F]).
@@ -125,13 +125,7 @@ def _native(*tensors: Optional[Tensor]) -> bool:
     They do each map's work once, where the block-diagonal product (:func:`_blocks`) does it H times over: on
     a molecule batch (3,040 queries, H = 4, C = 16, F = 4, one thread) 25-38 us a map against 80-98 us a product.
     """
-    given = [t for t in tensors if t is not None]
-    dtype = given[0].dtype
-    if torch.compiler.is_compiling() or dtype not in (torch.float32, torch.float64):
-        return False
-    if not all(t.device.type == "cpu" and t.dtype == dtype for t in given):
-        return False
-    return available()
+    return takes(*tensors)
 
 
 class _HeadMap(torch.autograd.Function):

@@ -1028,12 +1028,16 @@ struct Dropout {
     if (p > 0) threshold = uint64_t(std::ceil(p * 0x1.0p53)), kept = 1.0 / (1.0 - p);
   }
   bool on() const { return p > 0; }
-  bool keep(int64_t h, int64_t e) const {
-    uint64_t x = seed ^ (uint64_t(h) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(e) * 0xD1B54A32D192ED03ull);
+  // The hash of edge e (or of a vector of edges, lane by lane: U uint64_t or a GCC vector of them).
+  template <typename U>
+  U hash(int64_t h, U e) const {
+    U x = (seed ^ (uint64_t(h) * 0x9E3779B97F4A7C15ull)) ^ (e * 0xD1B54A32D192ED03ull);
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    return (x >> 11) >= threshold;  // uniform in [0, 2^53) from the top 53 bits
+    return x ^ (x >> 31);
+  }
+  bool keep(int64_t h, int64_t e) const {
+    return (hash(h, uint64_t(e)) >> 11) >= threshold;  // uniform in [0, 2^53) from the top 53 bits
   }
   // The factor on a kept weight: 1 / (1 - p), 0 for a dropped one. A product, not a branch:
   // a branch on a coin flip misses about every other time (a third of the molecule forward).
@@ -1049,10 +1053,7 @@ struct Dropout {
     typedef int32_t i32x8 __attribute__((vector_size(32)));
     u64x8 x;
     for (int r = 0; r < 8; ++r) x[r] = uint64_t(e[r]);
-    x = (seed ^ (uint64_t(h) * 0x9E3779B97F4A7C15ull)) ^ (x * 0xD1B54A32D192ED03ull);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
+    x = hash(h, x);
     const i32x8 kept8 = __builtin_convertvector((x >> 11) >= threshold, i32x8);  // -1 where kept
     const vec_t<float> f = vec_t<float>{} + float(kept);
     return kept8 ? f : vec_t<float>{};
@@ -1987,11 +1988,12 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     using T = compute_t<S>;
     const Dropout drop{dropout_p, uint64_t(seed)};
     struct None {};
+    const bool value_delta = gsum.defined() && esums.defined();  // out without the value term: delta adds it
     for_head_blocks<None>(ptr, n_q, H, 4 * at::get_num_threads(), [&](None&, int64_t h, int64_t, int64_t r0, int64_t r1) {
       deltas<S>(r0, r1, head<S>(go, h), go.stride(0), head<S>(o, h), o.stride(0), dv, ptr,
                 w.defined() ? w.data_ptr<S>() + h * E : nullptr, gw.defined() ? gw.data_ptr<S>() + h * E : nullptr,
-                delta.data_ptr<T>() + h * n_q, gsum.defined() && esums.defined() ? gsum.data_ptr<T>() + h * F : nullptr,
-                gsum.defined() && esums.defined() ? esums.data_ptr<T>() + h * F : nullptr, F, H * F);
+                delta.data_ptr<T>() + h * n_q, value_delta ? gsum.data_ptr<T>() + h * F : nullptr,
+                value_delta ? esums.data_ptr<T>() + h * F : nullptr, F, H * F);
     });
     const int64_t bias_heads = b.defined() ? b.size(1) : 0;
     // Head h's HeadGrad over the q and dO rows the slabs hold, its dq rows at dqh, dqs apart (none for
@@ -2697,12 +2699,8 @@ constexpr int64_t GATE_ROWS = 256;  // rows per task; the weight gradient sums b
 
 template <typename T>
 inline T row_dot(const T* x, const T* y, int64_t W) {
-  constexpr int64_t L = Vec<T>::L;
-  vec_t<T> acc{};
-  int64_t c = 0;
-  for (; c + L <= W; c += L) acc = madd(load(x + c), load(y + c), acc);
-  T sum = hsum<T>(acc);
-  for (; c < W; ++c) sum = madd(x[c], y[c], sum);
+  T sum;
+  dots(x, Pointers<const T>{&y}, 1, W, &sum);
   return sum;
 }
 

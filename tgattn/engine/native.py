@@ -85,6 +85,22 @@ def cache_limit_from_env(raw: Optional[str]) -> Optional[int]:
     return int(value * 1024**power)
 
 
+def takes(*tensors: Optional[Tensor]) -> bool:
+    """Whether the extension's float ops (the per-head maps, the ``beta`` gate) take these tensors:
+    float32 / float64 CPU tensors of one dtype (``None`` skipped), outside ``torch.compile``, with the
+    extension built.
+
+    Example:
+        >>> takes(torch.zeros(2), None) == available(), takes(torch.zeros(2, dtype=torch.bfloat16))
+        (True, False)
+    """
+    given = [t for t in tensors if t is not None]
+    dtype = given[0].dtype
+    if torch.compiler.is_compiling() or dtype not in (torch.float32, torch.float64):
+        return False
+    return all(t.device.type == "cpu" and t.dtype == dtype for t in given) and available()
+
+
 def cache_info() -> dict:
     """The fused kernels' cache of freed buffers: ``held`` (bytes of free blocks kept), ``live``
     (bytes of its blocks in use), ``peak`` (the most ever in use at once, which bounds

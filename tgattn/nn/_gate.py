@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine.native import available
+from ..engine.native import takes
 
 
 def beta_mix(out: Tensor, root: Tensor, weight: Tensor) -> Tensor:
@@ -22,23 +22,22 @@ def beta_mix(out: Tensor, root: Tensor, weight: Tensor) -> Tensor:
         >>> torch.allclose(beta_mix(out, root, w), gate * root + (1 - gate) * out, atol=1e-6)
         True
     """
-    if _native(out, root, weight):
+    if takes(out, root, weight):
         return _BetaGate.apply(out.contiguous(), root.contiguous(), weight.reshape(-1))
     return _mix(out, root, weight.reshape(-1))
 
 
-def _native(*tensors: Tensor) -> bool:
-    dtype = tensors[0].dtype
-    if torch.compiler.is_compiling() or dtype not in (torch.float32, torch.float64):
-        return False
-    return all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and available()
+def _gate(out: Tensor, root: Tensor, w: Tensor):
+    """``(s [N, 1], a, b)``: the gate ``sigmoid(a^T o + b^T r)`` with ``w^T [o, r, o - r] = a^T o + b^T r``,
+    ``a = w_out + w_diff``, ``b = w_root - w_diff``: two products, no ``[N, 3 W]`` copy."""
+    w_out, w_root, w_diff = w.view(3, -1)  # [W] each
+    a, b = w_out + w_diff, w_root - w_diff
+    return torch.addmv(root @ b, out, a).sigmoid().unsqueeze(-1), a, b
 
 
 def _mix(out: Tensor, root: Tensor, w: Tensor) -> Tensor:
-    """The gate in PyTorch ops: ``w^T [o, r, o - r] = (w_1 + w_3)^T o + (w_2 - w_3)^T r``, two products."""
-    w_out, w_root, w_diff = w.view(3, -1)  # [W] each
-    gate = torch.addmv(root @ (w_root - w_diff), out, w_out + w_diff).unsqueeze(-1).sigmoid()  # [N, 1]
-    return torch.lerp(out, root, gate)  # gate * root + (1 - gate) * out
+    """The gate in PyTorch ops."""
+    return torch.lerp(out, root, _gate(out, root, w)[0])  # gate * root + (1 - gate) * out
 
 
 class _BetaGate(torch.autograd.Function):
@@ -61,9 +60,7 @@ def _mix_grads(grad: Tensor, out: Tensor, root: Tensor, w: Tensor):
     ``dz_i = s_i (1 - s_i) <grad_i, root_i - out_i>``, ``d_out_i = (1 - s_i) grad_i + dz_i a``,
     ``d_root_i = s_i grad_i + dz_i b``, ``d_w = [da, db, da - db]`` with ``da = sum_i dz_i out_i``,
     ``db = sum_i dz_i root_i`` (``a = w_out + w_diff``, ``b = w_root - w_diff``)."""
-    w_out, w_root, w_diff = w.view(3, -1)
-    a, b = w_out + w_diff, w_root - w_diff
-    s = torch.addmv(root @ b, out, a).sigmoid().unsqueeze(-1)  # [N, 1]
+    s, a, b = _gate(out, root, w)  # [N, 1]
     dz = s * (1 - s) * (grad * (root - out)).sum(-1, keepdim=True)  # [N, 1]
     da, db = out.T @ dz.squeeze(-1), root.T @ dz.squeeze(-1)
     return (1 - s) * grad + dz * a, s * grad + dz * b, torch.cat([da, db, da - db])
