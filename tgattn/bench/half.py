@@ -8,7 +8,13 @@ n = ``--n`` (4096), H = ``--heads`` (8), d = ``--dim`` (64), one thread, this ti
 (:class:`tgattn.engine.fused.ReadsOnly`, the benchmark's ``floor`` peer: the rows the kernel
 reads, from the caller's ``[N, H, d]`` layout, and nothing computed) in float32 and each half
 dtype, forward (no gradient) and forward + backward, all interleaved in each round; times are
-the thread's CPU time, minimum over ``--rounds``.
+the thread's CPU time, minimum over ``--rounds``. Forward only, a third peer, ``compute``: the
+same kernel with each row's edges moved to keys ``0 .. degree - 1`` (the same rows, degrees,
+heads and d), whose rows then stay in L1: what the kernel spends apart from fetching rows, its
+arithmetic and bookkeeping. The float32 kernel hides most of that under its reads (its time is
+about its floor's); in bfloat16 the reads take half as long and the arithmetic, float32 in every
+dtype apart from the dot products and sums, no less, so the column shows the part that does not
+shrink with the dtype.
 
 The targets (issue 33): bfloat16 / float32 <= 0.6x forward and <= 0.7x forward + backward on
 random 1 % and top-k 1 %, <= 0.9x on window 64. The summary gives, per pattern and mode, each
@@ -34,7 +40,8 @@ from .report import SINGLE_REPEAT_NOTE, verdict, write_csv
 PATTERNS = ("window64", "random0.01", "topk0.01")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODES = ("fwd", "fwd+bwd")
-PEERS = ("fused", "floor")
+PEERS = ("fused", "floor", "compute")
+PEER_MODES = {"fused": MODES, "floor": MODES, "compute": ("fwd",)}
 FIELDS = ("pattern", "n", "edges", "heads", "dim", "dtype", "peer", "mode", "cpu_ms", "rounds", "note")
 
 
@@ -57,6 +64,7 @@ def _calls(pattern: str, n: int, heads: int, dim: int, dtypes: Sequence[str]):
 
     edge_index = patterns()[pattern].make(n)
     s = structure_of(edge_index, n, n)
+    local = in_first_keys(s)
     g = torch.Generator().manual_seed(0)
     base = [torch.randn(n, heads, dim, generator=g) for _ in range(4)]
     calls: Dict[Tuple[str, str, str], Callable[[int], None]] = {}
@@ -67,13 +75,27 @@ def _calls(pattern: str, n: int, heads: int, dim: int, dtypes: Sequence[str]):
         attend = {
             "fused": lambda q=q, k=k, v=v: graph_attention(q, k, v, edge_index, backend="fused"),
             "floor": lambda q=q, k=k, v=v, rows=rows: fused.ReadsOnly.apply(q, k, v, rows, s),
+            "compute": lambda q=q, k=k, v=v: graph_attention(q, k, v, local, backend="fused"),
         }
         for peer, fn in attend.items():
-            for mode in MODES:
+            for mode in PEER_MODES[peer]:
                 calls[(name, peer, mode)] = lambda r, fn=fn, b=mode != "fwd", leaves=leaves, grad=grad: run_once(
                     fn, b, leaves, grad
                 )
     return calls, edge_index.shape[1]
+
+
+def in_first_keys(s) -> torch.Tensor:
+    """The edges of structure ``s`` with each row's keys replaced by ``0 .. degree - 1`` (the
+    ``compute`` peer): every row keeps its degree, and the rows it reads stay in L1.
+
+    Example:
+        >>> from tgattn.engine import structure_of
+        >>> in_first_keys(structure_of(torch.tensor([[5, 7, 2], [0, 0, 3]]), 4, 8)).tolist()
+        [[0, 1, 0], [0, 0, 3]]
+    """
+    rows = torch.repeat_interleave(torch.arange(s.n_q), s.rowptr.diff().long())
+    return torch.stack([torch.arange(rows.numel()) - s.rowptr.long()[rows], rows])
 
 
 def measure(pattern: str, n: int, heads: int, dim: int, rounds: int, dtypes: Sequence[str]) -> List[dict]:
@@ -88,7 +110,8 @@ def measure(pattern: str, n: int, heads: int, dim: int, rounds: int, dtypes: Seq
 
 
 def summary(rows: List[dict], verdicts: bool = True) -> str:
-    """Per pattern and mode: each dtype's kernel and floor times, ratios to float32, bfloat16's target.
+    """Per pattern and mode: each dtype's kernel, floor and (forward) compute times, ratios to
+    float32, bfloat16's target.
 
     Example:
         >>> rows = [dict(pattern="random0.01", n=64, edges=40, heads=1, dim=8, dtype=dt, peer=p, mode="fwd",
@@ -114,6 +137,11 @@ def summary(rows: List[dict], verdicts: bool = True) -> str:
                     if dt != "float32" and ref_floor:
                         text += f" {floor / ref_floor:.2f}x"
                     text += f" | kernel / floor {ms / floor:.2f}"
+                compute, ref_compute = idx.get((pattern, dt, "compute", mode)), idx.get((pattern, "float32", "compute", mode))
+                if compute:
+                    text += f" | compute {compute:.3f} ms"
+                    if dt != "float32" and ref_compute:
+                        text += f" {compute / ref_compute:.2f}x"
                 if dt == "bfloat16" and ref:
                     goal = target(pattern, mode)
                     text += f"  target <= {goal:g} {verdict(ms / ref, lambda x: x <= goal, verdicts)}"
