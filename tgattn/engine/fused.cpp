@@ -484,6 +484,13 @@ inline vec_t<float> dot16(vec_t<float> acc, const c10::BFloat16* a, const c10::B
 #define TGATTN_BF16_DOT 0
 #endif
 
+// Weighted sums of float32 and bfloat16 rows in 512-bit registers (accumulate_chunk).
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define TGATTN_WIDE_SUMS 1
+#else
+#define TGATTN_WIDE_SUMS 0
+#endif
+
 // Which conversions this build compiled: the benchmark and the docs say which path ran.
 std::string half_paths() {
   std::string paths = "float16: ";
@@ -497,6 +504,9 @@ std::string half_paths() {
   paths += "dot products AVX512-BF16 (vdpbf16ps), sums widened by shifts";
 #else
   paths += "widened by shifts";
+#endif
+#if TGATTN_WIDE_SUMS
+  paths += ", 32 numbers a 512-bit register";
 #endif
   return paths;
 }
@@ -561,8 +571,7 @@ inline void dots(const S* x, const Rs& rows, int64_t n, int64_t d, T* out) {
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define TGATTN_WIDE_SUMS 1
+#if TGATTN_WIDE_SUMS
 // y[0 : 16] as one 512-bit register and back (y float, or float16 / bfloat16 widened and rounded as
 // 8-lane vectors are).
 template <typename Y>
@@ -575,8 +584,6 @@ inline void store16(Y* y, __m512 v) {
   store(y, vec_t<float>(_mm512_castps512_ps256(v)));
   store(y + 8, vec_t<float>(_mm512_extractf32x8_ps(v, 1)));
 }
-#else
-#define TGATTN_WIDE_SUMS 0
 #endif
 
 // y[0 : NV * L] += sum_r coef[r] * rows[r][offset : offset + NV * L], y held in registers
