@@ -11,9 +11,10 @@ dtype, forward (no gradient) and forward + backward, all interleaved in each rou
 the thread's CPU time, minimum over ``--rounds``. Forward only, a third peer, ``compute``: the
 same kernel with each row's edges moved to keys ``0 .. degree - 1`` (the same rows, degrees,
 heads and d), whose rows then stay in L1: what the kernel spends apart from fetching rows, its
-arithmetic and bookkeeping. The float32 kernel hides most of that under its reads; in bfloat16
-the reads take half as long and the arithmetic, float32 in every dtype apart from the dot
-products and sums, no less, so the column shows the part that does not shrink with the dtype.
+arithmetic and bookkeeping. The float32 kernel hides about half of that under its reads; in
+bfloat16 the reads take half as long while the arithmetic, float32 in every dtype apart from the
+dot products (the value sums keep float32 weights), shrinks by a sixth, so the column shows the
+part that does not shrink with the dtype.
 
 The targets (issue 33): bfloat16 / float32 <= 0.6x forward and <= 0.7x forward + backward on
 random 1 % and top-k 1 %, <= 0.9x on window 64. The summary gives, per pattern and mode, each
