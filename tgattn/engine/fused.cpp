@@ -264,6 +264,7 @@ __attribute__((always_inline)) inline T exp_shifted(T* x, int64_t n, T shift) {
     }
     if (r < n) {  // the tail through the vector exp too: short rows and columns are common
 #if defined(__AVX512VL__)
+      // lanes past n hold shift - 100 (as the copy's padding: arguments <= 0), neither stored nor summed
       const __mmask8 live = __mmask8((1u << (n - r)) - 1);
       const vec_t<float> e = exp_nonpositive(_mm256_mask_loadu_ps(vec_t<float>{} + (shift - 100.0f), live, x + r) - shift);
       _mm256_mask_storeu_ps(x + r, live, e);
