@@ -26,6 +26,7 @@ CASES = {
     "window": (lambda: builders.window(100, 9), 100),
     "random_with_empty_rows": (_random_with_empty_rows, 100),
     "bigbird": (lambda: builders.bigbird(90, 4, 2, 2, generator=torch.Generator().manual_seed(0)), 90),
+    "every_tile_full": (lambda: builders.block_local(96, 32), 96),  # no partial tile: no bitmask words of its own
 }
 
 
@@ -65,7 +66,7 @@ def test_block_mask_is_compact():
     assert stored < n * n / 10
 
 
-@pytest.mark.parametrize("case", ["packed_full", "random_with_empty_rows"])
+@pytest.mark.parametrize("case", ["packed_full", "random_with_empty_rows", "every_tile_full"])
 def test_eager_output_equals_the_oracle(case):
     make, n = CASES[case]
     ei = make()

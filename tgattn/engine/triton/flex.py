@@ -78,7 +78,8 @@ def block_mask(s: Structure, block: int = BLOCK):
     on_partial = partial[tile_of_edge]  # [E]
     qi, kj = s.dst[on_partial] % block, s.src[on_partial] % block
     word = (part_id[tile_of_edge[on_partial]] * block + qi) * words_per_row + kj // 32
-    words = torch.zeros(int(partial.sum()) * block * words_per_row, dtype=torch.long, device=dev)
+    # at least one tile of words: the mask_mod reads tile max(t, 0) even where no tile is partial
+    words = torch.zeros(max(int(partial.sum()), 1) * block * words_per_row, dtype=torch.long, device=dev)
     words.index_add_(0, word, torch.ones_like(word) << (kj % 32))  # unique edges: one bit each
     words = _int32_bits(words).view(-1, block, words_per_row)
 
