@@ -27,24 +27,26 @@ class Pattern:
     dense: Optional[str] = None
 
 
-def _random(n: int, p: float, seed: int = 0) -> Tensor:
-    """Each pair independently with probability p (rows drawn in chunks to bound memory)."""
-    g = torch.Generator().manual_seed(seed)
+def _random(n: int, p: float, seed: int = 0, device=None) -> Tensor:
+    """Each pair independently with probability p (rows drawn in chunks to bound memory), drawn
+    on ``device`` (a GPU draws another set than the CPU for the same seed, in milliseconds)."""
+    g = torch.Generator(device or "cpu").manual_seed(seed)
     parts, step = [], max(1, (1 << 24) // max(n, 1))
     for r0 in range(0, n, step):
-        i, j = (torch.rand(min(step, n - r0), n, generator=g) < p).nonzero(as_tuple=True)
+        i, j = (torch.rand(min(step, n - r0), n, generator=g, device=g.device) < p).nonzero(as_tuple=True)
         parts.append(torch.stack([j, i + r0]))
     return torch.cat(parts, dim=1)
 
 
-def _topk(n: int, k: int, seed: int = 0) -> Tensor:
-    """Each query keeps its k best keys under random low-rank scores (the top-k shape)."""
-    g = torch.Generator().manual_seed(seed)
-    a, b = torch.randn(n, 16, generator=g), torch.randn(n, 16, generator=g)
+def _topk(n: int, k: int, seed: int = 0, device=None) -> Tensor:
+    """Each query keeps its k best keys under random low-rank scores (the top-k shape), drawn
+    and ranked on ``device``."""
+    g = torch.Generator(device or "cpu").manual_seed(seed)
+    a, b = torch.randn(n, 16, generator=g, device=g.device), torch.randn(n, 16, generator=g, device=g.device)
     parts, step = [], max(1, (1 << 24) // max(n, 1))
     for r0 in range(0, n, step):
         idx = (a[r0 : r0 + step] @ b.T).topk(min(k, n), dim=1).indices.sort(dim=1).values  # [rows, k]
-        rows = torch.arange(r0, r0 + idx.shape[0]).unsqueeze(1).expand_as(idx)
+        rows = torch.arange(r0, r0 + idx.shape[0], device=g.device).unsqueeze(1).expand_as(idx)
         parts.append(torch.stack([idx.reshape(-1), rows.reshape(-1)]))
     return torch.cat(parts, dim=1)
 

@@ -5,6 +5,8 @@ callable that runs the forward pass (``None`` when the peer cannot run this case
 
 * ``tgattn``: :func:`tgattn.functional.graph_attention`, ``backend="auto"``;
 * ``triton``: the same function, ``backend="triton"`` (the Triton kernels, CUDA only);
+* ``tc``: the same function, ``backend="tc"`` (tiles on tensor cores and the gathered remainder,
+  CUDA only; unavailable where the checkout has no such backend);
 * ``gather``: the same function, ``backend="gather"`` (the textbook per-edge path);
 * ``transformerconv``: PyG ``TransformerConv(root_weight=False)`` with identity
   projections, so that only its attention core runs (keys double as values);
@@ -35,9 +37,9 @@ from .. import builders
 from ..functional import graph_attention
 from .patterns import Pattern
 
-PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor", "triton", "gatconv", "flex_csr")
-CPU_PEERS = PEERS[:7]  # the default on CPU (triton needs CUDA)
-GPU_PEERS = ("tgattn", "triton", "sdpa_mask", "sdpa", "flex", "flex_csr", "transformerconv", "gatconv")
+PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor", "triton", "gatconv", "flex_csr", "tc")
+CPU_PEERS = PEERS[:7]  # the default on CPU (triton and tc need CUDA)
+GPU_PEERS = ("tgattn", "tc", "triton", "sdpa_mask", "sdpa", "flex", "flex_csr", "transformerconv", "gatconv")
 FLEX = ("flex", "flex_csr")
 FORWARD_ONLY_CPU = FLEX  # FlexAttention has no backward on CPU
 # On CPU, flex refuses the probe's dispatch mode and floor allocates nothing of note (CUDA reads the allocator).
@@ -52,8 +54,37 @@ def tgattn(q, k, v, ei, pattern: Pattern) -> Callable:
     return lambda: graph_attention(q, k, v, ei)
 
 
+def require_backend(backend: str, q: Tensor) -> None:
+    """Nothing when ``graph_attention(q, ..., backend=backend)`` can run Triton's kernels on inputs
+    like ``q`` here; else a ``ValueError`` saying why.
+
+    Example:
+        >>> require_backend("no such", torch.zeros(2, 1, 4))
+        Traceback (most recent call last):
+        ...
+        ValueError: graph_attention has no backend 'no such' in this checkout
+    """
+    from ..engine.triton import available, usable
+    from ..functional import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"graph_attention has no backend {backend!r} in this checkout")
+    if not available():
+        raise ValueError("triton is not installed (or TGATTN_NO_TRITON is set)")
+    if not usable(q, named=True):
+        raise ValueError("Triton's kernels run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 set "
+                         f"before triton is imported (got {q.device.type} {q.dtype})")
+
+
 def triton(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
     return (lambda: graph_attention(q, k, v, ei, backend="triton")) if q.is_cuda else None
+
+
+def tc(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    if not q.is_cuda:
+        return None
+    require_backend("tc", q)
+    return lambda: graph_attention(q, k, v, ei, backend="tc")
 
 
 def gather(q, k, v, ei, pattern: Pattern) -> Callable:
