@@ -24,20 +24,50 @@ Example::
     python -m tgattn.bench.gpu                           # on a CUDA machine
     python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
     python -m tgattn.bench.gpu --dtype bfloat16 --patterns window64 random0.01  # the targets' dtype
+
+The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issue 50's targets
+and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes on an H100
+or H200 with the start). Every case of :mod:`tgattn.bench.gpu_cases` (sliding windows 64 and 256,
+causal, packed documents, block-local, BigBird at 16k-128k tokens; random and top-k 1 % at 16k
+and 64k; indexer top-k on grouped-query heads; GNN-sized sets), forward and forward + backward:
+the share of edges on tensor cores (``plan_tiles``), the ``tc`` path's time beside the cost
+model's prediction and roofline (``tile_cost.predict``), and its ratio to every peer of
+:mod:`tgattn.bench.gpu_peers` (compiled FlexAttention with its own ``mask_mod`` and with the edge
+set's BlockMask, each with and without its mask creation; SDPA with a boolean mask; dense SDPA
+without one; the gather path), then the molecule training step against GATConv, with a new
+edge set each step and with CUDA graphs over a fixed batch (:mod:`tgattn.bench.gpu_steps`). It
+writes ``suite_attention.csv``, ``suite_cases.csv``, ``suite_steps.csv`` and ``suite.png`` under
+``--out`` and prints the summary and the targets; what did not run says why in its row. A time
+guard skips, with a note, what the budget left cannot hold. ``--dry-run`` runs it on the CPU
+(tgattn's Triton paths through Triton's interpreter), ``--cases`` picks cases, ``--flex-static``
+compiles Flex per size.
+
+The recipe on the device machine (the ``run`` verb; ``data/gpu/README.md`` says more). Nothing
+needs to travel: the machine's image has torch, triton, torch_geometric, networkx, scipy, tqdm
+and matplotlib (no carry, no wheels). One call, ``timeout_s`` 540, kind left out::
+
+    set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/suite.log;
+    PYTHONUNBUFFERED=1 TGATTN_NO_FUSED=1 python3 -m tgattn.bench.gpu --suite --no-progress --out $OUT 2>&1 | tee -a $OUT/suite.log
+
+The four files and the log come back under the reply's ``files_at``; commit them to ``data/gpu``
+named by the card (``h100_suite_*``). That leaves about 4 of the session's 15 minutes on the warm
+machine for a rerun of some cases: ``--cases ... --budget-s 180`` with ``timeout_s`` 240.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 
+from .gpu_cases import SIZES as SUITE_SIZES
 from .gpu_packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
-from .measure import interleaved
+from .gpu_steps import train_steps
 from .report import FIELDS, SINGLE_REPEAT_NOTE, _index, _ratio, verdict
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
@@ -46,6 +76,9 @@ DRY_RUN_N = 128  # every pattern's size in a dry run (documents of 16-64 tokens)
 CSV_FIELDS = FIELDS + ("device", "dtype")
 PATTERNS = ("window64", "random0.01", "topk0.01", "packed_causal", "packed_full")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SUITE_CASES = tuple(SUITE_SIZES)
+BUDGET_S = 450.0  # the suite's default budget: done within 8 minutes of an H100 or H200 with the start and the plot
+STEPS_RESERVE_S = 100.0  # of the budget, kept for the molecule steps after the attention cases
 
 
 def check_device(device: str) -> torch.device:
@@ -66,31 +99,9 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
-def _steps(nets: Dict[str, torch.nn.Module], batches: Sequence[tuple], device, repeats: int) -> Dict[str, float]:
-    """Minimum ms of one optimizer step of each net, the nets in turn on ``batches[r]`` in round
-    ``r`` (:func:`~tgattn.bench.measure.interleaved`: round 0 warms up; the GPU synchronised
-    before the clocks start and before they stop)."""
-    opts = {model: torch.optim.Adam(net.parameters(), lr=0.005) for model, net in nets.items()}
-
-    def step(model: str):
-        def run(r: int) -> None:
-            x, edge_index, y, mask = batches[r]
-            opts[model].zero_grad()
-            F.cross_entropy(nets[model](x, edge_index)[mask], y[mask]).backward()
-            opts[model].step()
-
-        return run
-
-    for net in nets.values():
-        net.train()
-    sync = (lambda: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda" else None
-    wall, _, _ = interleaved({model: step(model) for model in nets}, repeats, sync=sync)
-    return {model: seconds * 1e3 for model, seconds in wall.items()}
-
-
 def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molecules"), graphs: int = 128) -> List[dict]:
     """One training step per (workload, model): Cora (GAT protocol) and batches of ``graphs``
-    molecules, the models interleaved step by step (:func:`_steps`).
+    molecules, the models interleaved step by step (:func:`~tgattn.bench.gpu_steps.train_steps`).
 
     Molecule batches bring a new edge set every step (each is analysed on its first and only
     use); Cora's edge set is analysed once. The ``cora`` workload needs ``cora``, the data set
@@ -105,13 +116,13 @@ def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molec
             raise ValueError("the cora workload needs cora=load_planetoid('Cora')")
         data = prepare(cora).to(device)
         nets = {model: build_model(model, data, "Cora").to(device) for model in GNN_MODELS}
-        ms = _steps(nets, [(data.x, data.edge_index, data.y, data.train_mask)] * (repeats + 1), device, repeats)
+        ms = train_steps(nets, [(data.x, data.edge_index, data.y, data.train_mask)] * (repeats + 1), device, repeats)
         rows += [dict(workload="cora", model=model, nodes=data.num_nodes, edges=data.num_edges, ms=ms[model])
                  for model in GNN_MODELS]
     if "molecules" in workloads:
         nets = {model: Net(MODELS[model], 64, 16, hidden=16, heads=4).to(device) for model in GNN_MODELS}
         batches = [(x.to(device), ei.to(device), y.to(device), slice(None)) for x, ei, y in molecule_batches(repeats + 1, graphs=graphs)]
-        ms = _steps(nets, batches, device, repeats)
+        ms = train_steps(nets, batches, device, repeats)
         rows += [dict(workload="molecules", model=model, nodes=batches[0][0].shape[0], edges=batches[0][1].shape[1],
                       ms=ms[model]) for model in GNN_MODELS]
     return rows
@@ -160,7 +171,9 @@ def device_name(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
-    from .._cli import missing_plot_extra, out_help, positive_int, run, runs_dir
+    from .._cli import missing_plot_extra, out_help, positive_float, positive_int, run, runs_dir
+
+    start = time.perf_counter()
 
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,12 +183,22 @@ def main(argv=None) -> int:
     parser.add_argument("--no-gnn", action="store_true", help="skip the GNN training steps")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per measurement (minimum is kept)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
-                        help="dtype of q, k, v in the sweep, every peer alike (default: float32)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                        help="dtype of q, k, v in the sweep, every peer alike (default: float32; --suite: bfloat16)")
     parser.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS), metavar="PATTERN",
                         help=f"patterns to run, among {', '.join(PATTERNS)} (default: all)")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
+    suite = parser.add_argument_group("the GPU suite (--suite)")
+    suite.add_argument("--suite", action="store_true", help="run the suite instead of the sweep (see the recipe above)")
+    suite.add_argument("--cases", nargs="+", choices=SUITE_CASES, default=list(SUITE_CASES), metavar="CASE",
+                       help=f"cases to run, among {', '.join(SUITE_CASES)} (default: all)".replace("%", "%%"))
+    suite.add_argument("--budget-s", type=positive_float, default=BUDGET_S,
+                       help=f"seconds the suite may take, from the command's start (default: {BUDGET_S:g})")
+    suite.add_argument("--flex-static", action="store_true",
+                       help="compile FlexAttention for each size (default: once per mask_mod, dynamic shapes)")
     args = parser.parse_args(argv)
+    if args.suite and args.dry_run and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # tgattn's Triton paths run on the CPU through the interpreter
     try:
         device = check_device("cpu" if args.dry_run else "cuda")
     except ValueError as err:
@@ -186,7 +209,8 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
-    return run(parser, lambda args: _bench(args, device), args)
+    args.start = start
+    return run(parser, lambda args: (_suite if args.suite else _bench)(args, device), args)
 
 
 def _bench(args: argparse.Namespace, device: torch.device) -> int:
@@ -209,16 +233,17 @@ def _bench(args: argparse.Namespace, device: torch.device) -> int:
                                                               **{n: [16384, 65536] for n in wanted if n in packed}}
     peers = [p for p in GPU_PEERS if not ((args.no_flex or args.dry_run) and p in ("flex", "flex_csr"))]
     repeats = 1 if args.dry_run else args.repeats
+    dtype = args.dtype or "float32"
     rows = sweep(chosen, sizes, peers, repeats=repeats, progress=not args.no_progress, device=str(device),
-                 dtype=DTYPES[args.dtype])
+                 dtype=DTYPES[dtype])
     bf16 = varlen_rows(chosen, sizes, device, repeats=repeats)
     for row in rows:
-        row["device"], row["dtype"] = where, args.dtype
+        row["device"], row["dtype"] = where, dtype
     for row in bf16:
         row["device"], row["dtype"] = where, "bfloat16"  # the varlen kernel runs half precision only
     write_csv(rows + bf16, args.out / "gpu_attention.csv", fields=CSV_FIELDS)
-    plot(rows + bf16, args.out / "gpu_attention.png", device=where, dtype=args.dtype)
-    print(f"torch {torch.__version__}, {where}; H=8, d=64, {args.dtype} (bf16 where named); "
+    plot(rows + bf16, args.out / "gpu_attention.png", device=where, dtype=dtype)
+    print(f"torch {torch.__version__}, {where}; H=8, d=64, {dtype} (bf16 where named); "
           "ratio = peer time / tgattn time")
     print(ratio_table(rows, peers))
     print()
@@ -235,6 +260,51 @@ def _bench(args: argparse.Namespace, device: torch.device) -> int:
         print("dry run: the target lines below show the report works, not GPU numbers")
     print(gpu_targets(rows, gnn, verdicts=repeats > 1))
     print(f"\nwrote {args.out / 'gpu_attention.csv'}, {args.out / 'gpu_attention.png'}" + (f", {args.out / 'gpu_gnn.csv'}" if gnn else ""))
+    return 0
+
+
+def _suite(args: argparse.Namespace, device: torch.device) -> int:
+    """The GPU suite (``--suite``): attention cases, then the molecule steps, CSVs and a plot."""
+    from .gpu_cases import suite_cases
+    from .gpu_peers import FLEX_PEERS, SUITE_PEERS
+    from .gpu_steps import STEP_FIELDS, molecule_steps
+    from .gpu_suite import Clock, attention_suite
+    from .gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, plot_rows, steps_table, suite_targets, summary
+    from .report import plot, write_csv
+
+    clock, where, dtype = Clock(args.budget_s, start=args.start), device_name(device), args.dtype or "bfloat16"
+    peers = [p for p in SUITE_PEERS if not (args.no_flex and p in FLEX_PEERS)]
+    repeats = 0 if args.dry_run else args.repeats
+    rows, cases = attention_suite(suite_cases(args.cases, dry_run=args.dry_run), peers, device=device, dtype=DTYPES[dtype],
+                                  device_name=where, repeats=repeats, clock=clock,
+                                  reserve=0.0 if args.no_gnn else STEPS_RESERVE_S, static_flex=args.flex_static,
+                                  progress=not args.no_progress)
+    written = [args.out / "suite_attention.csv", args.out / "suite_cases.csv"]
+    write_csv(rows, written[0], ATTENTION_FIELDS)
+    write_csv(cases, written[1], CASE_FIELDS)
+    drawn = plot_rows(rows, cases)
+    if drawn:  # none where the budget skipped every case
+        written.append(args.out / "suite.png")
+        plot(drawn, written[-1], device=where, dtype=dtype)
+    steps = [] if args.no_gnn else molecule_steps(device, clock, graphs=4 if args.dry_run else 128,
+                                                  rounds=1 if args.dry_run else 20)
+    for row in steps:
+        row["device"] = where
+    if steps:
+        written.append(args.out / "suite_steps.csv")
+        write_csv(steps, written[-1], STEP_FIELDS)
+    print(f"torch {torch.__version__}, {where}; {dtype}; {time.perf_counter() - args.start:.0f} s of a {args.budget_s:g} s "
+          "budget; ratio = peer time / tc time (> 1: the tensor-core path is faster), +mask: each side's setup for a "
+          "new edge set added")
+    print(summary(cases))
+    if steps:
+        print()
+        print(steps_table(steps))
+    print()
+    if args.dry_run:
+        print("dry run: the target lines below show the report works, not GPU numbers")
+    print(suite_targets(cases, steps, verdicts=repeats > 1))
+    print(f"\nwrote {', '.join(map(str, written))}")
     return 0
 
 

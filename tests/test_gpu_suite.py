@@ -1,0 +1,251 @@
+"""``python -m tgattn.bench.gpu --suite``: the GPU suite's code on the CPU (its dry run), its peers
+against the dense oracle, its time guard, its tile-plan columns (through stand-ins of the planner
+and the cost model with the contract's names, until they land) and its summary and targets."""
+import csv
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from tgattn import builders
+from tgattn.bench import gpu_peers, gpu_suite
+from tgattn.bench.gpu import main
+from tgattn.bench.gpu_cases import SIZES, Case, case, suite_cases
+from tgattn.bench.gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, case_rows, suite_targets
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("torch_geometric")
+
+
+def _read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_dry_run_writes_every_case_peer_and_mode_with_a_time_or_a_reason(tmp_path, capsys):
+    cases = ["window64", "block_local", "indexer_gqa", "molecules"]
+    assert main(["--suite", "--dry-run", "--no-gnn", "--no-progress", "--out", str(tmp_path), "--cases", *cases]) == 0
+    rows, per_case = _read(tmp_path / "suite_attention.csv"), _read(tmp_path / "suite_cases.csv")
+    assert (tmp_path / "suite.png").stat().st_size > 0 and not (tmp_path / "suite_steps.csv").exists()
+    assert tuple(rows[0]) == ATTENTION_FIELDS and tuple(per_case[0]) == CASE_FIELDS
+    assert [(r["pattern"], r["peer"], r["mode"]) for r in rows] == [
+        (c, p, m) for c in cases for p in gpu_peers.SUITE_PEERS for m in ("fwd", "fwd+bwd")]
+    assert [(r["pattern"], r["mode"]) for r in per_case] == [(c, m) for c in cases for m in ("fwd", "fwd+bwd")]
+    assert all(r["ms"] or r["note"] for r in rows)  # what did not run says why
+    ran = {(r["pattern"], r["peer"], r["mode"]) for r in rows if r["ms"]}
+    for c in cases:  # SDPA everywhere, both modes; Flex on the edge set forward (a CPU has no Flex backward)
+        assert {(c, p, m) for p in ("sdpa_mask", "sdpa_dense") for m in ("fwd", "fwd+bwd")} | {(c, "flex_edges", "fwd")} <= ran
+    assert {("window64", "flex", "fwd"), ("block_local", "flex", "fwd")} <= ran
+    # the gather path through Triton's interpreter: the first case and the grouped-query one
+    assert {(c, "triton", m) for c in ("window64", "indexer_gqa") for m in ("fwd", "fwd+bwd")} <= ran
+    note = {(r["pattern"], r["peer"], r["mode"]): r["note"] for r in rows}
+    assert note[("block_local", "triton", "fwd")].startswith("skipped: dry run")
+    assert note[("indexer_gqa", "flex", "fwd")].startswith("not available: no simple mask_mod")
+    assert "calls of 1 heads" in note[("indexer_gqa", "triton", "fwd")] or "one call" in note[("indexer_gqa", "triton", "fwd")]
+    assert {r["kv_heads"] for r in rows if r["pattern"] == "indexer_gqa"} == {"1"}
+    # until the tensor-core branch lands, its peer and plan say why they are missing
+    for r in rows:
+        if r["peer"] == "tc" and not r["ms"]:
+            assert r["note"].startswith(("not available", "skipped: dry run"))
+    assert all(r["tc_share"] or r["plan_note"] for r in per_case)
+    assert {r["device"] for r in rows + per_case} == {rows[0]["device"]} and "dry run" in rows[0]["device"]
+    out = capsys.readouterr().out
+    assert "dry run" in out and "window64 n=64 fwd+bwd: Flex kernel / tc >= 1" in out
+
+
+def test_dry_run_past_its_budget_skips_every_case_with_a_note(tmp_path):
+    assert main(["--suite", "--dry-run", "--no-progress", "--out", str(tmp_path), "--cases", "window64", "random1%",
+                 "--budget-s", "0.001"]) == 0
+    rows, steps = _read(tmp_path / "suite_attention.csv"), _read(tmp_path / "suite_steps.csv")
+    assert rows and all(r["note"].startswith("skipped: time budget") and not r["ms"] for r in rows)
+    assert {r["pattern"] for r in rows} == {"window64", "random1%"}
+    assert steps and all(not r["ms"] and r["note"] for r in steps)
+    assert {r["note"].split(" (")[0] for r in steps if r["variant"] == "new_edges"} == {"skipped: time budget"}
+
+
+def test_help_names_the_suite_and_its_cases(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "--suite" in out and "random1%" in out and "timeout_s" in out
+
+
+def test_suite_order_runs_every_case_once_before_any_twice():
+    names = [(c.name, c.n) for c in suite_cases()]
+    assert [name for name, _ in names[: len(SIZES)]] == list(SIZES) and len(set(names)) == len(names)
+    assert len(names) == sum(map(len, SIZES.values()))
+    assert max(n for _, n in names) == 1 << 17 and ("causal", 32768) in names
+
+
+def test_cases_are_the_sets_their_flex_mask_mods_state():
+    for name in ("window64", "window256", "causal", "documents", "block_local"):
+        c = case(name, 600)
+        ei = c.make(torch.device("cpu"))
+        qi, kj = torch.meshgrid(torch.arange(600), torch.arange(600), indexing="ij")
+        assert torch.equal(c.mask_mod(torch.device("cpu"))(0, 0, qi, kj), builders.to_mask(ei, 600, 600)), name
+    assert case("causal", 64).causal and not case("window64", 64).causal
+    gqa = case("indexer_gqa", 64, dry_run=True)
+    ei = gqa.make(torch.device("cpu"))
+    assert gqa.groups == 4 and bool((ei[0] <= ei[1]).all())  # causal top-k
+    assert int(torch.bincount(ei[1], minlength=64).max()) == 16  # the dry run's 16 keys a query
+
+
+def _gqa_inputs(dtype=torch.float64):
+    ei = builders.window(16, 3)  # no empty row: SDPA's boolean mask would give NaN there
+    c = Case("g", "indexer", 16, lambda device: ei, heads=4, kv_heads=2, dim=8)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(16, 4, 8, generator=g, dtype=dtype)
+    k, v = (torch.randn(16, 2, 8, generator=g, dtype=dtype) for _ in range(2))
+    mask = builders.to_mask(ei, 16, 16)
+    # the oracle: query head h reads key head h // 2 (SDPA's enable_gqa), each head attended densely under the mask
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = torch.einsum("ihd,jhd->hij", q, kk) / 8**0.5
+    ref = torch.einsum("hij,jhd->ihd", scores.masked_fill(~mask, float("-inf")).softmax(-1), vv)
+    return c, ei, q, k, v, ref
+
+
+def _as_nhd(out):
+    return out[0].transpose(0, 1) if out.dim() == 4 else out
+
+
+@pytest.mark.parametrize("peer", ["sdpa_mask", "flex_edges", "triton"])
+def test_grouped_query_peers_equal_the_dense_oracle(peer):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from tgattn.engine.triton.attention import interpreter_ready
+
+    c, ei, q, k, v, ref = _gqa_inputs()
+    if peer == "triton" and not interpreter_ready():
+        pytest.skip("Triton's interpreter is not on (TRITON_INTERPRET=1 before triton is imported)")
+    x = gpu_peers.Inputs(c, ei, ei, q, k, v, flex_attention)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager Flex: "called without torch.compile"
+        out = _as_nhd(gpu_peers.build(peer, x).call())
+    assert out.shape == ref.shape and (out - ref).abs().max() <= 1e-10
+
+
+def test_a_backend_this_checkout_lacks_is_not_available_with_the_reason():
+    c, ei, q, k, v, _ = _gqa_inputs()
+    x = gpu_peers.Inputs(c, ei, ei, q, k, v, None)
+    from tgattn.functional import BACKENDS
+
+    if "tc" in BACKENDS:
+        pytest.skip("this checkout has the tc backend")
+    with pytest.raises(gpu_peers.NotAvailable, match="no backend 'tc'"):
+        gpu_peers.build("tc", x)
+
+
+def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
+    """plan_tiles / choose_blocks / predict stand-ins (tile counts from a recount, a fixed
+    prediction: the forward's, or the backward's alone): the case rows carry their share, counts
+    and milliseconds, forward + backward the sum of both predictions."""
+    seen = {}
+
+    class Plan:
+        def __init__(self, ptr, col, nq, nk, block_m, block_n):
+            self.block_m, self.block_n = block_m, block_n
+            rows = torch.repeat_interleave(torch.arange(nq), ptr.diff())
+            tiles = torch.unique((rows // block_m) * nk + col // block_n, return_counts=True)[1]
+            self.num_edges, self.n_full = col.numel(), int((tiles == block_m * block_n).sum())
+            self.n_partial, self.tc_edges = int((tiles < block_m * block_n).sum()), int(tiles[tiles == block_m * block_n].sum())
+
+        @property
+        def tc_share(self):
+            return self.tc_edges / self.num_edges
+
+    def plan_tiles(ptr, col, num_queries, num_keys, *, block_m, block_n, min_fill=None):
+        seen["blocks"], seen["min_fill"] = (block_m, block_n), min_fill
+        return Plan(ptr, col, num_queries, num_keys, block_m, block_n)
+
+    def predict(plan, *, heads, head_dim, dtype, backward=False, card="h100"):
+        seen.setdefault("calls", []).append((heads, head_dim, dtype, backward, card))
+        return {"tiles_s": 1e-3, "gather_s": 2e-3, "total_s": 3e-3 * (1 + backward), "roofline_s": 1e-3}
+
+    monkeypatch.setitem(sys.modules, "tgattn.engine.triton.tile_plan",
+                        types.SimpleNamespace(plan_tiles=plan_tiles, choose_blocks=lambda dtype, d: (16, 16)))
+    monkeypatch.setitem(sys.modules, "tgattn.engine.triton.tile_cost", types.SimpleNamespace(predict=predict))
+    c = case("block_local", 512)  # blocks of 256: every 16 x 16 tile full
+    plan = gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h200")
+    assert plan.note == "" and seen["blocks"] == (16, 16) and seen["min_fill"] is None  # no break-even: the default
+    assert plan.columns["tc_share"] == 1.0 and plan.columns["n_partial"] == 0 and plan.columns["n_full"] == 2 * 16 * 16
+    assert seen["calls"] == [(8, 64, torch.bfloat16, False, "h200"), (8, 64, torch.bfloat16, True, "h200")]
+    rows = [dict(peer="tc", mode="fwd+bwd", ms=18.0)]
+    fwd, both = case_rows(dict(pattern="block_local", n=512), plan.columns, plan.predicted, plan.note, rows)
+    assert fwd["pred_ms"] == pytest.approx(3.0) and both["pred_ms"] == pytest.approx(9.0)
+    assert both["pred_tiles_ms"] == pytest.approx(2.0) and both["roofline_ms"] == pytest.approx(2.0)
+    assert both["tc_over_pred"] == pytest.approx(2.0) and both["tc_over_roofline"] == pytest.approx(9.0)
+    # grouped-query heads packed into the tiles' rows: a quarter of the rows a tile, a quarter of the heads
+    seen.clear()
+    gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h100", group=4)
+    assert seen["blocks"] == (4, 16) and {call[0] for call in seen["calls"]} == {2}
+
+
+def test_without_a_planner_the_case_says_so():
+    if "tgattn.engine.triton.tile_plan" in sys.modules or _exists("tgattn.engine.triton.tile_plan"):
+        pytest.skip("this checkout has the planner")
+    c = case("window64", 256)
+    plan = gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h100")
+    assert plan.note.startswith("tile plan not available") and plan.columns == {} and plan.predicted == {}
+
+
+def _exists(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_ratios_divide_by_the_tc_row_of_the_same_mode_with_and_without_setup():
+    rows = [dict(peer="tc", mode="fwd", ms=2.0, setup_ms=1.0), dict(peer="flex", mode="fwd", ms=4.0, setup_ms=5.0),
+            dict(peer="flex", mode="fwd+bwd", ms=8.0, setup_ms=5.0), dict(peer="triton", mode="fwd", ms=None, setup_ms=None)]
+    gpu_suite._ratios(rows)
+    assert rows[1]["ratio"] == 2.0 and rows[1]["ratio_setup"] == 3.0 and rows[0]["ratio"] == 1.0
+    assert "ratio" not in rows[2] and "ratio" not in rows[3]  # no tc time in that mode; no time of its own
+
+
+def test_the_guard_skips_a_slow_call_and_what_the_budget_cannot_hold():
+    small, big = case("window64", 1024), case("window64", 65536)
+    est = gpu_suite.Estimates()
+    est.record(small, 100_000, "triton", "fwd", ms=200.0, first_s=0.3)
+    clock = gpu_suite.Clock(1000.0)
+    assert gpu_suite._skip(est, clock, 0.0, big, 100_000 * 64, "triton", "fwd", 3, True).startswith("skipped: one call")
+    assert gpu_suite._skip(est, clock, 0.0, small, 100_000, "triton", "fwd", 3, True) == ""
+    # a Flex compile not seen yet costs FLEX_COMPILE_S: more than 30 s left of the budget are needed
+    assert gpu_suite._skip(est, gpu_suite.Clock(30.0), 0.0, small, 100_000, "flex", "fwd+bwd", 3, True).startswith(
+        "skipped: time budget")
+    assert gpu_suite._skip(est, gpu_suite.Clock(30.0), 0.0, small, 100_000, "flex", "fwd+bwd", 3, False) == ""
+
+
+def test_targets_judge_each_family_by_its_own_peer():
+    cases = [
+        dict(pattern="random1%", family="scattered", n=16384, mode="fwd", triton=1.5, sdpa_dense=0.9),
+        dict(pattern="indexer_gqa", family="indexer", n=16384, mode="fwd+bwd", triton=2.5),
+        dict(pattern="graph16", family="gnn", n=131072, mode="fwd", triton=1 / 1.02),
+        dict(pattern="molecules", family="gnn", n=98000, mode="fwd+bwd", triton=None),
+    ]
+    steps = [dict(variant="new_edges", model="tgattn", vs_gat=0.65), dict(variant="cuda_graph", model="tgattn", vs_gat=0.55)]
+    lines = {line[:70].strip(): line[70:].split() for line in suite_targets(cases, steps).splitlines()}
+    assert lines["random1% n=16384 fwd: min(gather, dense SDPA) / tc >= 1"] == ["0.90x", "NOT", "met"]
+    assert lines["indexer_gqa n=16384 fwd+bwd: gather / tc >= 2"] == ["2.50x", "met"]
+    assert lines["graph16 n=131072 fwd: tc / gather <= 1.05"] == ["1.02x", "met"]
+    assert lines["molecules n=98000 fwd+bwd: tc / gather <= 1.05"] == ["n/a"]
+    assert lines["molecules, new edge set each step: tgattn / GATConv <= 0.7"] == ["0.65x", "met"]
+    assert lines["molecules, fixed batch, torch.cuda.graph: tgattn / GATConv <= 0.5"] == ["0.55x", "NOT", "met"]
+    assert lines["molecules, prepared each step: tgattn / GATConv <= 0.7"] == ["n/a"]
+
+
+@pytest.mark.slow
+def test_molecule_steps_on_a_cpu_run_eagerly_and_say_why_the_rest_did_not():
+    from tgattn.bench.gpu_steps import molecule_steps
+
+    rows = molecule_steps("cpu", gpu_suite.Clock(600.0), graphs=4, rounds=1)
+    got = {(r["variant"], r["model"]): r for r in rows}
+    assert set(got) == {(v, m) for v in ("new_edges", "fixed_eager", "cuda_graph", "compiled") for m in ("gat", "tgattn")} | {
+        ("new_edges", "tgattn_prepared")}
+    assert got[("new_edges", "gat")]["vs_gat"] == 1.0 and got[("new_edges", "tgattn")]["ms"] > 0
+    assert got[("cuda_graph", "gat")]["note"] == "not available: CUDA graphs need a GPU"
+    assert got[("compiled", "gat")]["ms"] > 0 and "eager" in got[("compiled", "gat")]["note"]
+    assert all(r["ms"] or r["note"] for r in rows)
+    assert {r["graphs"] for r in rows} == {4}
