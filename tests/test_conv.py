@@ -250,20 +250,20 @@ def test_self_loops_in_one_pass_equal_pyg_remove_then_add(dtype, monkeypatch):
     and without edges; a node id out of range is named as without the extension."""
     from torch_geometric.utils import remove_self_loops
 
-    from tgattn.nn import conv as conv_module
+    from tgattn.engine import edgeset, native
 
     ei = torch.cat([random_graph(9, 9, 30, seed=2), torch.tensor([[3, 8], [3, 8]])], dim=1)
     for edges in (ei, ei[:, ei[0] != ei[1]], ei[:, :0]):
-        looped, _ = conv_module._self_loops(edges.to(dtype), None, 9)
+        looped = edgeset.self_looped(edges.to(dtype), 9).edge_index
         assert looped.dtype == torch.int64
         assert torch.equal(looped, add_self_loops(remove_self_loops(edges)[0], num_nodes=9)[0])
     bad = ei.clone()
     bad[1, 4] = 9
     with pytest.raises(ValueError, match="query/target node 9"):
-        conv_module._self_loops(bad.to(dtype), None, 9)
-    monkeypatch.setattr(conv_module, "available", lambda: False)  # the PyTorch-ops path names it alike
+        edgeset.self_looped(bad.to(dtype), 9)
+    monkeypatch.setattr(native, "available", lambda: False)  # the PyTorch-ops path names it alike
     with pytest.raises(ValueError, match="query/target node 9"):
-        conv_module._self_loops(bad.to(dtype), None, 9)
+        edgeset.self_looped(bad.to(dtype), 9)
 
 
 def sampled_graph(n_src, n_dst, attended, seed=0, one_edge=True):
@@ -357,16 +357,16 @@ def test_rows_split_only_where_most_rows_have_at_most_one_edge(monkeypatch):
 def test_self_looped_edges_are_made_again_when_the_input_changes_in_place(own_loop):
     """The cached self-looped set is checked against its own first E columns where the input has no
     loops of its own (no copy of the input kept), against a copy where it has."""
-    from tgattn.engine.derived import DERIVED
+    from tgattn.engine import CACHE
 
     x = torch.randn(8, 4, dtype=torch.float64)
     ei = torch.tensor([[0, 1, 2, 3, 5] + [7] * own_loop, [1, 2, 3, 4, 6] + [7] * own_loop])
     conv = GraphAttentionConv(4, 3, 2, add_self_loops=True).double()
     first = conv(x, ei)
-    copy, looped, _ = DERIVED.lookup(ei, ("self_loops", 8), lambda *_: True)
+    copy, looped, _ = CACHE.lookup(ei, ("self_loops", 8), lambda *_: True)
     assert (copy is None) != own_loop
     conv(x, ei)
-    assert DERIVED.lookup(ei, ("self_loops", 8), lambda *_: True)[1] is looped  # made once
+    assert CACHE.lookup(ei, ("self_loops", 8), lambda *_: True)[1] is looped  # made once
     ei[1, 0] = 5  # changed in place: 0 -> 5 instead of 0 -> 1
     torch.testing.assert_close(conv(x, ei), conv(x, ei.clone()), **TOL)
     assert not torch.allclose(conv(x, ei), first)

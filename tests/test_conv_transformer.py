@@ -218,7 +218,7 @@ def test_beta_gate_one_pass_equals_its_ops_twice_differentiable(dtype):
     of a vector (a scalar tail), non-contiguous rows, more rows than a block of the weight gradient's
     sums; and it is twice differentiable (gradgradcheck, float64)."""
     from tgattn.engine.native import available
-    from tgattn.nn._gate import _mix, beta_mix
+    from tgattn.engine.gate import _mix, beta_mix
 
     if not available():
         pytest.skip("the fused extension is not built")
@@ -246,7 +246,7 @@ def test_beta_gate_gradients_do_not_depend_on_the_thread_count():
     """The weight gradient is summed per block of rows and the blocks added in one order: one thread and
     two give the same bits (several blocks, so that two threads split them)."""
     from tgattn.engine.native import available
-    from tgattn.nn._gate import beta_mix
+    from tgattn.engine.gate import beta_mix
 
     if not available():
         pytest.skip("the fused extension is not built")

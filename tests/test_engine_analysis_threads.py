@@ -1,6 +1,6 @@
-"""The analysis and derived-edge caches under threads: several threads on fresh and shared edge
-sets, with a cache of one or two entries (every store evicts), get the dense oracle's results
-and raise nothing.
+"""The analysis cache and the prepared sets' derived data under threads: several threads on fresh
+and shared edge sets, with a cache of one or two entries (every store evicts), get the dense
+oracle's results and raise nothing, and what a prepared set derives is made once.
 
 Threads switch every microsecond, and a tracer hands the interpreter lock to another thread at
 every bytecode of the caches' own code, so that threads meet inside the caches' bookkeeping:
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tgattn import builders
-from tgattn.engine import analysis, derived
+from tgattn.engine import analysis, edgeset
 from tgattn.functional import graph_attention
 from tgattn.verify import random_edges
 
@@ -37,7 +37,8 @@ def _code_of(*classes) -> set:
     return seen
 
 
-CACHE_CODE = _code_of(analysis.TensorKeyed, type(analysis.CACHE), derived.DerivedEdges)
+CACHE_CODE = _code_of(analysis.TensorKeyed, type(analysis.CACHE), analysis.Structure, edgeset.EdgeSet) | {
+    edgeset.self_looped.__code__, edgeset._holds_input.__code__}
 
 
 def _yield_at_each_opcode(frame, event, arg):
@@ -99,7 +100,7 @@ def test_graph_attention_in_threads_on_fresh_and_shared_edge_sets(monkeypatch, c
                 got = graph_attention(q, k, v, edge_index)
                 want = want_shared if edge_index is shared else oracle(q, k, v, edge_index)
                 errors.append(max_err(got, want))
-            s = analysis.structure_of(fresh, n, n)
+            s = edgeset.structure_of(fresh, n, n)
             assert s.num_edges == fresh.shape[1] and torch.equal(s.src, fresh[0]) and torch.equal(s.dst, fresh[1])
 
     raised = _in_threads(work)
@@ -107,16 +108,38 @@ def test_graph_attention_in_threads_on_fresh_and_shared_edge_sets(monkeypatch, c
     assert len(errors) == THREADS * ROUNDS * 2 and max(errors) <= TOL[torch.float64]
 
 
-def test_derived_edges_in_threads():
-    cache = derived.DerivedEdges(capacity=1)
+def test_self_looped_sets_in_threads(monkeypatch):
+    """Fresh and shared tensors through the cache's self-looped entries, with one entry (every store
+    evicts): each thread gets the right looped set."""
+    monkeypatch.setattr(analysis.CACHE, "capacity", 1)
     shared = builders.window(10, 1)
     seen = []
 
     def work(t):
         for r in range(ROUNDS * 2):
             for edge_index in (random_edges(10, 10, 0.3, seed=1000 * t + r), shared):
-                flipped = cache.get(edge_index, "flip", lambda: edge_index.flip(0))
-                seen.append(torch.equal(flipped, edge_index.flip(0)))
+                looped = edgeset.self_looped(edge_index, 10).edge_index
+                want = torch.cat([edge_index[:, edge_index[0] != edge_index[1]], torch.arange(10).expand(2, -1)], 1)
+                seen.append(torch.equal(looped, want))
 
     assert _in_threads(work) == []
     assert len(seen) == THREADS * ROUNDS * 4 and all(seen)
+
+
+def test_a_prepared_set_derives_once_in_threads():
+    """Threads asking a shared prepared set for the same derived data at once: made once, one object."""
+    es = edgeset.prepare(builders.window(10, 1), 10, 10)
+    made, probes, looped = [], [], []
+
+    def make():
+        made.append(1)
+        time.sleep(1e-3)  # the others arrive meanwhile
+        return object()
+
+    def work(t):
+        for _ in range(ROUNDS):
+            probes.append(es.derived("probe", make))
+            looped.append(edgeset.self_looped(es, 10))
+
+    assert _in_threads(work) == []
+    assert made == [1] and len({id(p) for p in probes}) == 1 and len({id(s) for s in looped}) == 1

@@ -10,7 +10,8 @@ Triton kernels for CPU tensors (Triton's interpreter stands in for the GPU), the
 What the interpreter itself does while it runs a kernel is the GPU's work and is not counted.
 
 The first call on an edge set validates and analyses it and may sync; later calls must not,
-forward and backward.
+forward and backward. A prepared set (:func:`tgattn.prepare`) was validated and analysed where it
+was prepared: no call on it syncs or allocates by data-dependent sizes, the first one included.
 """
 import sys
 from contextlib import contextmanager
@@ -19,9 +20,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import tgattn
 from tgattn import builders, engine
 from tgattn.engine import analysis
-from tgattn.engine.derived import DerivedEdges
+from tgattn.engine import edgeset
 from tgattn.functional import graph_attention
 
 from engine_helpers import inputs, max_err, oracle
@@ -198,15 +200,14 @@ def test_device_stamp_follows_the_version_counter(cpu_as_cuda):
         assert analysis.device_stamp(torch.arange(3)) is None  # no counter: compared by contents
 
 
-def test_derived_edges_on_a_device_are_checked_by_stamp(cpu_as_cuda, monkeypatch):
-    cache = DerivedEdges()
+def test_self_looped_sets_on_a_device_are_checked_by_stamp(cpu_as_cuda):
     ei = torch.tensor([[0, 1], [1, 0]])
-    made = cache.get(ei, "flip", lambda: ei.flip(0))
+    made = edgeset.self_looped(ei, 2)
     with recording() as rec:
-        assert cache.get(ei, "flip", lambda: ei.flip(0)) is made
+        assert edgeset.self_looped(ei, 2) is made
     assert rec.syncs == []
     ei[0, 0] = 1
-    assert cache.get(ei, "flip", lambda: ei.flip(0)).tolist() == [[1, 0], [1, 1]]
+    assert edgeset.self_looped(ei, 2).edge_index.tolist() == [[1, 0, 1], [0, 0, 1]]  # (1, 1) is a loop now
 
 
 def test_layers_second_step_makes_no_host_sync(cpu_as_cuda):
@@ -222,4 +223,44 @@ def test_layers_second_step_makes_no_host_sync(cpu_as_cuda):
         with recording() as rec:
             layer(x, ei).square().sum().backward()
         assert rec.syncs == []
-    assert engine.CACHE.misses == 2  # the edge set and its self-looped twin, each analysed once
+    assert engine.CACHE.misses == 1  # the edge set, analysed once (its self-looped twin: made once, below)
+    assert engine.CACHE.lookup(ei, ("self_loops", 24), lambda *_: True) is not None
+
+
+@pytest.mark.parametrize("options", [dict(), dict(dropout_p=0.2)], ids=["plain", "dropout"])
+def test_first_call_on_a_prepared_set_makes_no_host_sync(cpu_as_cuda, options):
+    """Prepared outside the step (validation and analysis sync there, once), the step itself reads
+    nothing back and makes nothing of a data-dependent size, from its first call, forward and backward."""
+    ei = _edges()
+    es = tgattn.prepare(ei, 24, 24)
+    q, k, v, grad_out = inputs(24, 24, heads=2, dk=8)
+    bias = torch.randn(ei.shape[1], 2, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        with recording() as rec:
+            out, grads = _step(q, k, v, es, bias, grad_out, **options)
+        assert rec.syncs == []
+    assert engine.CACHE.misses == 0  # no lookup either
+    if not options:
+        ref = oracle(q, k, v, ei, bias)
+        assert max_err(out, ref) <= 1e-10
+        for g, r in zip(grads, torch.autograd.grad(ref, (q, k, v, bias), grad_out)):
+            assert max_err(g, r) <= 1e-10
+
+
+def test_layers_on_a_prepared_set_make_no_host_sync(cpu_as_cuda):
+    """``GraphAttention`` and ``GraphAttentionConv`` (self-loops added) over a prepared set: the looped
+    set is derived once, on the first step; every later step syncs nothing."""
+    from tgattn import GraphAttention, GraphAttentionConv
+
+    torch.manual_seed(0)
+    es = tgattn.prepare(builders.window(24, 2, causal=True), 24, 24)
+    x = torch.randn(24, 16, requires_grad=True)
+    for layer in (GraphAttention(16, 2), GraphAttentionConv(16, 8, heads=2, add_self_loops=True)):
+        with recording() as first:
+            layer(x, es).square().sum().backward()
+        if isinstance(layer, GraphAttention):
+            assert first.syncs == []
+        with recording() as rec:
+            layer(x, es).square().sum().backward()
+        assert rec.syncs == []
+    assert engine.CACHE.misses == 0

@@ -21,7 +21,7 @@ PACKAGE = REPO / "tgattn"
 LAYERS = [
     ("helpers", ["tgattn._lazy", "tgattn._cli"]),  # import nothing of tgattn; every room uses them
     ("engine", ["tgattn.engine"]),
-    ("functional", ["tgattn.functional"]),
+    ("functional", ["tgattn.functional", "tgattn.edgeset"]),  # edgeset: the prepared set's public face
     ("builders", ["tgattn.builders"]),
     ("nn", ["tgattn.nn", "tgattn.data", "tgattn.datasets"]),
     ("applications", ["tgattn.models", "tgattn.lm", "tgattn.hf", "tgattn.distributed", "tgattn.analysis",
@@ -218,6 +218,32 @@ def test_nothing_imports_upward():
 def test_no_benchmark_imports_another():
     modules, edges = graph()
     assert bench_problems(modules, edges) == []
+
+
+def engine_imports_of_layers(modules, edges):
+    """``file:line imports file`` for each import of the engine by a module of ``tgattn.nn``: the layers
+    reach the engine through :mod:`tgattn.functional` and the prepared-set API (:mod:`tgattn.edgeset`)."""
+    return [f"{rel(modules[a])}:{line} imports {rel(modules[b])}" for a, targets in edges.items()
+            if a == "tgattn.nn" or a.startswith("tgattn.nn.")
+            for b, line in sorted(set(targets)) if b == "tgattn.engine" or b.startswith("tgattn.engine.")]
+
+
+def test_no_layer_imports_the_engine():
+    modules, edges = graph()
+    assert engine_imports_of_layers(modules, edges) == []
+
+
+def test_a_layer_importing_the_engine_is_named(tmp_path, monkeypatch):
+    import test_layering
+
+    fake = tmp_path / "tgattn"
+    _write(fake, {
+        "__init__.py": "", "functional.py": "", "engine/__init__.py": "", "engine/native.py": "",
+        "nn/__init__.py": "", "nn/conv.py": "from .. import functional\ndef f():\n    from ..engine.native import x\n",
+    })
+    monkeypatch.setattr(test_layering, "REPO", tmp_path)
+    modules, edges = graph(fake)
+    assert engine_imports_of_layers(modules, edges) == ["tgattn/nn/conv.py:3 imports tgattn/engine/native.py"]
 
 
 def _write(root: Path, files):

@@ -16,6 +16,7 @@ from ._lazy import lazy_exports
 __version__ = "0.1.0"
 __all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional"]
 __all__ += ["ExphormerConv", "GPSConv", "nn"]
+__all__ += ["EdgeSet", "prepare"]
 __all__ += ["__version__"]
 
 __getattr__, __dir__ = lazy_exports(
@@ -29,5 +30,7 @@ __getattr__, __dir__ = lazy_exports(
         "nn": "nn",  # graph-transformer layers (GPS, Exphormer) and structural biases
         "GPSConv": "nn",
         "ExphormerConv": "nn",
+        "EdgeSet": "edgeset",  # an edge set validated and analysed once (plan once, run many)
+        "prepare": "edgeset",
     },
 )

@@ -18,6 +18,8 @@ from . import engine
 from .engine import edge_terms
 from .engine.edge_terms import EdgeTerm
 from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks, check_softcap, eager_graph_attention
+from .engine.edgeset import EdgeSet
+from .engine.gate import beta_mix  # noqa: F401  (public: GraphAttentionConv's beta gate)
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index, check_ranges  # noqa: F401  (check_edge_index: public, builders use it)
 
@@ -28,7 +30,7 @@ def graph_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    edge_index: Tensor,
+    edge_index: Union[Tensor, EdgeSet],
     *,
     bias: Optional[Tensor] = None,
     scale: Optional[float] = None,
@@ -75,16 +77,19 @@ def graph_attention(
       about ``eps32 * |s|`` on each weight (1e-3 at scores near 1e4).
     * Double backward (``create_graph=True``) is exact on every backend: the gradients are
       recomputed on the textbook edge-wise path.
-    * The analysis of ``edge_index`` is cached per tensor and checked against its contents on
-      every call, so an edge set modified in place is never served a stale result (on a GPU
-      against its version counter instead, which sees every in-place write made through
-      PyTorch: :func:`tgattn.engine.analysis.device_stamp`).
+    * ``edge_index`` may be prepared once (:func:`tgattn.prepare`, an :class:`~tgattn.EdgeSet`):
+      then the call neither checks nor analyses it, and on a GPU reads nothing back from it. A
+      plain tensor is validated and analysed on its first call and the analysis cached per
+      tensor, checked against its contents on every call, so an edge set modified in place is
+      never served a stale result (on a GPU against its version counter instead, which sees
+      every in-place write made through PyTorch: :func:`tgattn.engine.analysis.device_stamp`).
 
     Args:
         q: queries ``[Nq, H, dk]``.
         k: keys ``[Nk, H, dk]``.
         v: values ``[Nk, H, dv]``.
-        edge_index: ``LongTensor[2, E]``; row 0 = key j, row 1 = query i.
+        edge_index: ``LongTensor[2, E]``; row 0 = key j, row 1 = query i; or an
+            :class:`~tgattn.EdgeSet` prepared for ``Nq`` queries and ``Nk`` keys.
         bias: additive edge scores ``[E]`` (shared by heads) or ``[E, H]``, of ``q``'s dtype
             or float32 (the rule of :func:`~torch.nn.functional.scaled_dot_product_attention`
             for a float ``attn_mask``; another dtype is a ``ValueError``). It is added in the
@@ -181,6 +186,8 @@ def _attention(
     if torch.compiler.is_compiling():
         from .engine.custom_op import compiled_graph_attention
 
+        if isinstance(edge_index, EdgeSet):  # the op takes tensors: its edges, found again in the engine's cache
+            edge_index = edge_index.edge_index
         return compiled_graph_attention(
             q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, softcap, sinks
         )
@@ -203,9 +210,15 @@ def attention_with_edge_terms(
     """
     check_qkv(q, k, v)
     compiling = torch.compiler.is_compiling()
-    # Under torch.compile the op validates the edges; reading them here would break the graph. The node ids
-    # are checked where the edges are first read: by structure_of on the kernel's path, else below.
-    ei = edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0], ranges=False)
+    prepared = isinstance(edge_index, EdgeSet) and not compiling
+    if prepared:
+        es, ei = edge_index.check_sizes(q.shape[0], k.shape[0]), edge_index.edge_index
+    elif isinstance(edge_index, EdgeSet):  # the op takes tensors (see _attention)
+        es, ei = None, edge_index.edge_index
+    else:
+        # Under torch.compile the op validates the edges; reading them here would break the graph. The node ids
+        # are checked where the edges are first read: by structure_of on the kernel's path, else below.
+        es, ei = None, edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0], ranges=False)
     num_edges, heads = ei.shape[1], q.shape[1]
     work = engine.dispatch.compute_dtype(q.dtype)  # half precision: the terms in float32, as the kernels
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -222,7 +235,7 @@ def attention_with_edge_terms(
             bias = check_bias(bias, num_edges, q)
         if sinks is not None:
             sinks = check_sinks(sinks, q)
-        s = engine.structure_of(ei, q.shape[0], k.shape[0])
+        s = es.structure if prepared else engine.structure_of(ei, q.shape[0], k.shape[0])
         maps = tuple(t.weight for t in (key, value) if t is not None)
         if engine.dispatch.edge_terms_on_fused(
             s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
@@ -245,9 +258,10 @@ def attention_with_edge_terms(
                 blocks = key_blocks if shared else edge_terms.per_head(value, work)
                 out = edge_terms.project(summed, blocks, out.to(work)).to(q.dtype)
             return out, weights
-    if not compiling and features is None:  # (structure_of has checked them where features are given)
+    if not (compiling or prepared) and features is None:  # (structure_of has checked them where features are given)
         check_ranges(ei, k.shape[0], q.shape[0])
     dst = ei[1].long()
+    ei = es if prepared else ei  # the engine takes the prepared set as it is
     if key is not None:
         if shared and key.weight is not None and not key.factored():
             key = edge_terms.Term(key.vectors(), None)  # one [E, H, d] for both terms (TransformerConv's W_E e_ij)

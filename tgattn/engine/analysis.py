@@ -1,11 +1,13 @@
 """Cheap, cached analysis of an edge set: ordering, duplicates, CSR rows and dense structure.
 
-Every check is an O(E) vectorized pass (a sort only when the edges come unsorted), and the
-result is cached per ``edge_index`` tensor (keyed on its identity), so an edge set shared by
-the layers of a model is analysed once. A hit is checked so that an edge set changed in
-place is not served a stale analysis: on the CPU by comparing contents, on a GPU by the
-tensor's version counter and address (:func:`device_stamp`), since reading its contents back
-would make the host wait for the device on every call.
+Every check is an O(E) vectorized pass (a sort only when the edges come unsorted). A prepared
+edge set (:func:`tgattn.engine.edgeset.prepare`) holds its analysis; a plain ``edge_index`` has
+its analysis kept in :data:`CACHE`, keyed on the tensor's identity
+(:func:`tgattn.engine.edgeset.structure_of`), so an edge set shared by the layers of a model is
+analysed once. A hit is checked so that an edge set changed in place is not served a stale
+analysis: on the CPU by comparing contents, on a GPU by the tensor's version counter and
+address (:func:`device_stamp`), since reading its contents back would make the host wait for
+the device on every call.
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import torch
 from torch import Tensor
 
 from . import native
-from .validate import check_edge_index, check_ranges
 
 # Structure kinds the dense (SDPA) backend can run exactly.
 DENSE_KINDS = ("full", "causal", "packed_full", "packed_causal")
@@ -55,7 +56,21 @@ class Structure:
     kind: str = "general"
     lengths: Optional[Tuple[int, ...]] = None
     intervals: bool = False
-    extras: Dict[object, object] = field(default_factory=dict)  # per-structure caches (tiles, transpose)
+    extras: Dict[object, object] = field(default_factory=dict)  # derived data (tiles, transpose): see memo
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+
+    def memo(self, key: Hashable, make: Callable[[], object]):
+        """``extras[key]``, made by ``make()`` on first use, once even when threads ask at the same time
+        (reentrant: ``make`` may ask for another key). The place for data derived from the edges alone
+        (what :meth:`tgattn.engine.edgeset.EdgeSet.derived` hands out)."""
+        try:
+            return self.extras[key]
+        except KeyError:
+            pass
+        with self.lock:
+            if key not in self.extras:
+                self.extras[key] = make()
+            return self.extras[key]
 
     @property
     def density(self) -> float:
@@ -360,40 +375,3 @@ class _Cache(TensorKeyed):
 
 
 CACHE = _Cache()
-
-
-def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
-    """The cached :class:`Structure` of ``edge_index``, validated and analysed on first use.
-
-    A hit is checked against the tensor's current contents (:func:`same_edges`), so an edge
-    set changed in place, by any route, is validated and analysed again; on a GPU against its
-    :func:`device_stamp` instead (no host sync: an in-place write through PyTorch is seen,
-    one through DLPack or ``.data`` is not).
-
-    Raises:
-        ValueError: when ``edge_index`` is malformed or refers to nodes outside ``n_k`` / ``n_q``.
-
-    Example:
-        >>> from tgattn import builders
-        >>> ei = builders.full(8)
-        >>> structure_of(ei, 8, 8) is structure_of(ei, 8, 8)
-        True
-    """
-    s = CACHE.get(edge_index, n_q, n_k)
-    if s is not None:
-        return s
-    checked = check_edge_index(edge_index, n_k, n_q, ranges=False)
-    # The extension's sort checks every node id in its first pass: no pass of our own (a
-    # never-seen edge set pays one pass fewer; a bad id is named by check_ranges all the same).
-    by_extension = counting_sort(checked, n_q, n_k)
-    if not by_extension:
-        check_ranges(checked, n_k, n_q)
-    try:
-        with torch.no_grad():
-            s = analyse(checked, n_q, n_k)
-    except RuntimeError:
-        if by_extension:
-            check_ranges(checked, n_k, n_q)  # raises, naming the node
-        raise
-    CACHE.put(edge_index, n_q, n_k, s)
-    return s

@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 
 from . import recompute
-from .analysis import on_host, structure_of
+from .analysis import on_host
 from .dispatch import compute_dtype, run
+from .edgeset import EdgeSet, structure_of
 from .validate import check_edge_index
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -90,15 +91,21 @@ def eager_graph_attention(
     q, k, v, edge_index, bias, edge_scale, scale, dropout_p, return_weights, backend, generator=None, *,
     softcap=None, sinks=None,
 ):
-    """:func:`tgattn.functional.graph_attention` outside ``torch.compile``: checks, cached analysis, engine.
+    """:func:`tgattn.functional.graph_attention` outside ``torch.compile``: checks, analysis, engine.
 
+    ``edge_index``: a prepared :class:`~tgattn.engine.edgeset.EdgeSet` (its node counts checked, its
+    edges not again), or a tensor, prepared through the engine's cache (validated on a miss only).
     Returns ``(out, weights or None)``; ``generator`` draws the dropout mask of the ``csr``
     backend and of ``gather``.
     """
     check_qkv(q, k, v)
-    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        check_edge_index(edge_index, k.shape[0], q.shape[0])  # raises, naming what is wrong
-    num_edges = edge_index.shape[1]
+    prepared = isinstance(edge_index, EdgeSet)
+    if prepared:
+        num_edges = edge_index.check_sizes(q.shape[0], k.shape[0]).num_edges
+    else:
+        if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            check_edge_index(edge_index, k.shape[0], q.shape[0])  # raises, naming what is wrong
+        num_edges = edge_index.shape[1]
     if bias is not None:
         bias = check_bias(bias, num_edges, q)
     if edge_scale is not None:
@@ -110,7 +117,7 @@ def eager_graph_attention(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "gather" or num_edges == 0:
-        ei = check_edge_index(edge_index, k.shape[0], q.shape[0])
+        ei = edge_index.edge_index if prepared else check_edge_index(edge_index, k.shape[0], q.shape[0])
         work = compute_dtype(q.dtype)
         cast = (lambda t: t) if work == q.dtype else (lambda t: None if t is None else t.to(work))  # noqa: E731
         mult = edge_scale
@@ -121,7 +128,7 @@ def eager_graph_attention(
             cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult), softcap, cast(sinks)
         )
         return out.to(q.dtype), weights.to(q.dtype) if return_weights else None
-    s = structure_of(edge_index, q.shape[0], k.shape[0])
+    s = edge_index.structure if prepared else structure_of(edge_index, q.shape[0], k.shape[0])
     return run(
         q, k, v, s, bias, scale, dropout_p, return_weights, backend, edge_scale=edge_scale, generator=generator,
         softcap=softcap, sinks=sinks,

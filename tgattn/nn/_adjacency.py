@@ -17,14 +17,17 @@ from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index, to_torch_sparse_tensor
 
+from ..edgeset import EdgeSet
+
 Size = Tuple[Optional[int], Optional[int]]
 
 
-def read(adj, edge_attr: Optional[Tensor], size: Optional[Size], values: bool) -> Tuple[Tensor, Optional[Tensor], Size]:
-    """``(edge_index [2, E], edge_attr, (num_sources, num_targets))`` of any PyG adjacency.
+def read(adj, edge_attr: Optional[Tensor], size: Optional[Size], values: bool):
+    """``(edge_index [2, E] or EdgeSet, edge_attr, (num_sources, num_targets))`` of any PyG adjacency.
 
     Args:
-        adj: ``edge_index [2, E]``, ``EdgeIndex``, or a sparse ``adj_t`` ``[num_targets, num_sources]``.
+        adj: ``edge_index [2, E]``, a prepared :class:`~tgattn.EdgeSet` (returned as it is), ``EdgeIndex``,
+            or a sparse ``adj_t`` ``[num_targets, num_sources]``.
         edge_attr: edge features given beside ``adj`` (in its edge order), or None.
         size: ``(num_sources, num_targets)`` given by the caller (entries may be None).
         values: take a sparse adjacency's values as ``edge_attr`` when none is given (PyG's rule:
@@ -42,6 +45,8 @@ def read(adj, edge_attr: Optional[Tensor], size: Optional[Size], values: bool) -
         (row, col), value = to_edge_index(adj)
         adj, known = torch.stack([col, row]), (adj.size(1), adj.size(0))
         edge_attr = value if edge_attr is None and values and value.dim() > 1 else edge_attr
+    elif isinstance(adj, EdgeSet):
+        known = (adj.num_keys, adj.num_queries)
     elif isinstance(adj, EdgeIndex):
         adj, known = adj.as_tensor(), (adj.num_rows, adj.num_cols)  # rows = sources there
     if size is None:

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
 from .. import functional
+from ..edgeset import EdgeSet, checked_edges, edge_tensor, num_edges
 from .explain import explain_edge_scale
 
 PairTensor = Tuple[Tensor, Tensor]
@@ -110,7 +111,7 @@ class GraphAttention(MessagePassing):
     def forward(
         self,
         x: Union[Tensor, PairTensor],
-        edge_index: Tensor,
+        edge_index: Union[Tensor, EdgeSet],
         edge_bias: Optional[Tensor] = None,
         return_attention_weights: bool = False,
         *,
@@ -120,7 +121,8 @@ class GraphAttention(MessagePassing):
 
         Args:
             x: node features ``[N, D]``, or ``(x_kv, x_q)`` for cross attention.
-            edge_index: ``[2, E]``, row 0 = key j, row 1 = query i.
+            edge_index: ``[2, E]``, row 0 = key j, row 1 = query i; or an :class:`~tgattn.EdgeSet`
+                (:func:`tgattn.prepare`: checked and analysed once, for every layer and call).
             edge_bias: additive score per edge ``[E]`` or ``[E, H]``.
             return_attention_weights: also return ``(edge_index, alpha [E, H])``.
             backend: ``"message_passing"`` runs PyG's ``propagate`` (the readable
@@ -135,16 +137,16 @@ class GraphAttention(MessagePassing):
             # Ask for weights only when returned: the fast backends then never build them.
             result = functional.graph_attention(
                 q, k, v, edge_index, bias=edge_bias, dropout_p=p, return_weights=return_attention_weights,
-                backend=backend, edge_scale=explain_edge_scale(self, edge_index.shape[1]) if self._explain else None,
+                backend=backend, edge_scale=explain_edge_scale(self, num_edges(edge_index)) if self._explain else None,
             )
             out, alpha = result if return_attention_weights else (result, None)
         out = self.out_proj(out.reshape(-1, self.embed_dim))  # [Nq, D]
         if return_attention_weights:
-            return out, (edge_index, alpha)
+            return out, (edge_tensor(edge_index), alpha)
         return out
 
     def _propagate(self, q, k, v, edge_index, edge_bias, p):
-        edge_index = functional.check_edge_index(edge_index, k.shape[0], q.shape[0])
+        edge_index = checked_edges(edge_index, q.shape[0], k.shape[0])
         if edge_bias is not None and edge_bias.dim() == 1:
             edge_bias = edge_bias.unsqueeze(-1)
         size = (k.shape[0], q.shape[0])

@@ -13,12 +13,8 @@ from torch_geometric.utils import add_self_loops as add_loops
 from torch_geometric.utils import remove_self_loops
 
 from .. import functional
-from ..engine.analysis import device_stamp, structure_of
-from ..engine.derived import DERIVED
-from ..engine.native import available
-from ..engine.validate import check_ranges
+from ..edgeset import EdgeSet, as_edge_set, checked_edges, edge_tensor, num_edges, prepare, self_looped
 from . import _adjacency, _checkpoint
-from ._gate import beta_mix
 from .explain import explain_edge_scale
 
 OptPairTensor = Tuple[Tensor, Optional[Tensor]]
@@ -64,7 +60,9 @@ class GraphAttentionConv(MessagePassing):
     source = key/value node j, ``edge_index[1]`` = target = query node i. A node without
     incoming edges gets attention output 0 (plus the root term).
 
-    **PyG's roads.** The graph may come as ``edge_index``, ``EdgeIndex`` or a transposed sparse
+    **PyG's roads.** The graph may come as ``edge_index``, a prepared :class:`~tgattn.EdgeSet`
+    (:func:`tgattn.prepare`: checked and analysed once for every layer and step that uses it; its
+    self-looped set and split of rows are made once and kept in it), ``EdgeIndex`` or a transposed sparse
     adjacency ``adj_t`` (``torch.sparse`` COO / CSR / CSC, ``torch_sparse.SparseTensor``;
     ``adj_t[i, j]`` = edge j -> i). ``(x_j, None)`` means no target features: the queries are
     those of all-zero features (:math:`q_i = b_Q`, so scores depend on the source only, as in
@@ -216,7 +214,8 @@ class GraphAttentionConv(MessagePassing):
 
         Args:
             x: node features ``[N, F]``, or ``(x_j, x_i)`` for a bipartite graph (``x_i`` may be None).
-            edge_index: ``[2, E]``, an ``EdgeIndex``, or a sparse ``adj_t [Nq, Nk]`` (see the class).
+            edge_index: ``[2, E]``, an :class:`~tgattn.EdgeSet`, an ``EdgeIndex``, or a sparse
+                ``adj_t [Nq, Nk]`` (see the class).
             edge_attr: edge features ``[E, edge_dim]`` (or ``[E]`` when it is 1), in the edge
                 order of ``edge_index``; for a sparse ``adj_t`` its values serve when omitted.
             return_attention_weights: also return the weights (see Shapes).
@@ -240,10 +239,9 @@ class GraphAttentionConv(MessagePassing):
             )
         if edge_bias is not None and self.add_self_loops:
             raise ValueError("edge_bias needs add_self_loops=False (it must match the edges passed in)")
-        own = False  # whether edge_index is the conv's own cached self-looped set
         if self.add_self_loops:
-            edge_index, edge_attr, own = self._with_self_loops(edge_index, edge_attr, *size)
-        edge_attr = self._check_edge_attr(edge_attr, edge_index.shape[1])  # [E, F] or None
+            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr, *size)
+        edge_attr = self._check_edge_attr(edge_attr, num_edges(edge_index))  # [E, F] or None
         bias = self._score_bias(edge_attr, edge_bias)  # [E, H], [E] or None
         p = self.dropout if self.training else 0.0
         messages = backend == "message_passing" or self._wants_messages()
@@ -252,7 +250,7 @@ class GraphAttentionConv(MessagePassing):
         # a query and the attention (see _attended_rows).
         plain = not (messages or return_attention_weights or self._explain or p > 0 or bias is not None
                      or self.lin_edge is not None)
-        rows = _attended_rows(edge_index, *size, own) if plain else None
+        rows = _attended_rows(edge_index, *size) if plain else None
         q, k, v, root = self._project(x_j, x_i, size[1], None if rows is None else rows.queries)
         # q [Nq or R, H, C], k [Nk, H, C], v [Nk, H, C], root term [Nq, H*C or C] or None
         if messages:
@@ -263,7 +261,7 @@ class GraphAttentionConv(MessagePassing):
         else:
             # An explainer's edge mask scales the weights (added self-loops: factor 1, as in PyG).
             loops = size[1] if self.add_self_loops else 0
-            mask = explain_edge_scale(self, edge_index.shape[1], loops) if self._explain else None  # [E]
+            mask = explain_edge_scale(self, num_edges(edge_index), loops) if self._explain else None  # [E]
             # The edge term as (features, weight): the core applies W_E itself, without [E, H, C] when it can.
             term = None if self.lin_edge is None else (edge_attr, self.lin_edge.weight)
             # Weights only when asked: they keep the engine off dense SDPA.
@@ -274,7 +272,7 @@ class GraphAttentionConv(MessagePassing):
             out, alpha = out if return_attention_weights else (out, None)
         out = self._with_root(out.reshape(-1, H * C) if self.concat or H == 1 else out.mean(dim=1), root)
         if return_attention_weights:
-            return out, _adjacency.write(adj, edge_index, alpha, size)
+            return out, _adjacency.write(adj, edge_tensor(edge_index), alpha, size)
         return out
 
     def _with_root(self, out: Tensor, root: Optional[Tensor]) -> Tensor:
@@ -286,7 +284,7 @@ class GraphAttentionConv(MessagePassing):
         if _hooked(self.lin_beta):
             gate = self.lin_beta(torch.cat([out, root, out - root], dim=-1)).sigmoid()  # [Nq, 1]
             return torch.lerp(out, root, gate)  # gate * root + (1 - gate) * out
-        return beta_mix(out, root, self.lin_beta.weight)
+        return functional.beta_mix(out, root, self.lin_beta.weight)
 
     def _project(self, x_j: Tensor, x_i: Optional[Tensor], num_queries: int, query_rows: Optional[Tensor] = None):
         """``(q [Nq or R, H, C], k [Nk, H, C], v [Nk, H, C], root term [Nq, H*C or C] or None)``.
@@ -343,9 +341,9 @@ class GraphAttentionConv(MessagePassing):
             raise ValueError(
                 f"add_self_loops=True needs as many source as target nodes (got {num_keys} and {num_queries})"
             )
-        if edge_attr is None and isinstance(edge_index, Tensor) and not torch.compiler.is_compiling():
-            return _shared_self_loops(edge_index, num_queries), None, True
-        return (*_self_loops(edge_index, edge_attr, num_queries), False)
+        if edge_attr is None and not torch.compiler.is_compiling():  # made once per edge set, prepared
+            return self_looped(edge_index, num_queries), None
+        return _self_loops(edge_tensor(edge_index), edge_attr, num_queries)
 
     # The message-passing path: PyG's edge_updater + propagate, readable, and what hooks see.
 
@@ -359,7 +357,7 @@ class GraphAttentionConv(MessagePassing):
         return getattr(self.explain_message, "__func__", None) is not MessagePassing.explain_message
 
     def _propagate(self, q, k, v, edge_index, bias, edge_vectors, p, size):
-        edge_index = functional.check_edge_index(edge_index, *size)
+        edge_index = checked_edges(edge_index, size[1], size[0])
         alpha = self.edge_updater(
             edge_index, q=(None, q), k=(k, None), bias=bias, edge_vectors=edge_vectors, size=size
         )  # [E, H]
@@ -389,25 +387,11 @@ class GraphAttentionConv(MessagePassing):
 
 def _self_loops(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
     """The edges without their self-loops, then one loop per node (features: the mean of the
-    node's incoming edge features, as in ``GATConv``); PyG's ``remove_self_loops`` and
-    ``add_self_loops`` in fewer steps when there are no edge features."""
-    native = (edge_attr is None and edge_index.device.type == "cpu" and available()
-              and not torch.compiler.is_compiling())
-    edge_index = functional.check_edge_index(edge_index, num_nodes, num_nodes, ranges=not native)
-    if native:  # one pass (a boolean mask over the edges took 100-270 us a molecule batch)
-        try:
-            return torch.ops.tgattn_fused.self_loops(edge_index, num_nodes), None
-        except RuntimeError:
-            check_ranges(edge_index, num_nodes, num_nodes)  # names the bad node id
-            raise
-    if edge_attr is not None:
-        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-        return add_loops(edge_index, edge_attr, fill_value="mean", num_nodes=num_nodes)
-    keep = edge_index[0] != edge_index[1]  # [E]
-    if not bool(keep.all()):
-        edge_index = edge_index[:, keep]
-    loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
-    return torch.cat([edge_index, loops], dim=1), None
+    node's incoming edge features, as in ``GATConv``): a new edge set each call, for edge features
+    (which change with the set) and under ``torch.compile``; otherwise :func:`tgattn.edgeset.self_looped`."""
+    edge_index = functional.check_edge_index(edge_index, num_nodes, num_nodes)
+    edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+    return add_loops(edge_index, edge_attr, fill_value="mean", num_nodes=num_nodes)
 
 
 # The rows split off only where E < this many edges per target row: the split saves the work of
@@ -418,12 +402,12 @@ _SPLIT_EDGES_PER_ROW = 4
 
 class _AttendedRows(NamedTuple):
     """The target rows of an edge set by their edge count: ``queries [R]`` with two edges or more,
-    attended over ``edge_index [2, E']`` (their edges, targets numbered 0 .. R - 1 in the order
-    of ``queries``); every other row outputs ``v[source]`` of its one edge, or 0 without edges:
-    ``source [Nq]`` (any key for the attended rows), ``empty [Z]`` the rows without edges."""
+    attended over ``edges`` (an :class:`~tgattn.EdgeSet` of their edges, targets numbered 0 .. R - 1
+    in the order of ``queries``); every other row outputs ``v[source]`` of its one edge, or 0 without
+    edges: ``source [Nq]`` (any key for the attended rows), ``empty [Z]`` the rows without edges."""
 
     queries: Tensor
-    edge_index: Tensor
+    edges: EdgeSet
     source: Tensor
     empty: Tensor
 
@@ -431,16 +415,15 @@ class _AttendedRows(NamedTuple):
         """``out [Nq, H, C]`` from the attended rows' queries ``q [R, H, C]`` and all keys and values."""
         out = v.index_select(0, self.source)  # [Nq, H, C]: a one-edge row's weight is exactly 1
         if len(self.queries):
-            attended = functional.graph_attention(q, k, v, self.edge_index, backend=backend)  # [R, H, C]
+            attended = functional.graph_attention(q, k, v, self.edges, backend=backend)  # [R, H, C]
             out = out.index_copy(0, self.queries, attended)
         return out.index_fill(0, self.empty, 0.0) if len(self.empty) else out
 
 
-def _attended_rows(edge_index: Tensor, num_keys: int, num_queries: int, own: bool) -> Optional[_AttendedRows]:
-    """The split of ``edge_index``'s target rows (:class:`_AttendedRows`), where at least half of
-    them have at most one edge; else None. Made once per edge set: for the conv's own self-looped
-    set (``own``, checked through its input by :func:`_shared_self_loops`) kept beside it, for an
-    edge set as given kept with its analysis (whose cache checks it).
+def _attended_rows(edges, num_keys: int, num_queries: int) -> Optional[_AttendedRows]:
+    """The split of the target rows of ``edges`` (a tensor or an :class:`~tgattn.EdgeSet`;
+    :class:`_AttendedRows`), where at least half of them have at most one edge; else None. Made once
+    per edge set and kept in it (a tensor's: in the set the cache prepares for it).
 
     A row with one edge has softmax weight exactly 1 on it, so it outputs the edge's value and its
     query gets no gradient; a row without edges outputs 0. In a NeighborLoader batch most rows are
@@ -448,63 +431,28 @@ def _attended_rows(edge_index: Tensor, num_keys: int, num_queries: int, own: boo
     rows alone are projected and only those rows reach the attention kernel, whose per-row work is
     the rest of the saving.
     """
-    if torch.compiler.is_compiling() or not 0 < edge_index.shape[1] < _SPLIT_EDGES_PER_ROW * num_queries:
+    if torch.compiler.is_compiling() or not 0 < num_edges(edges) < _SPLIT_EDGES_PER_ROW * num_queries:
         return None
-    if not own:
-        extras = structure_of(edge_index, num_queries, num_keys).extras  # validates; cached per edge set
-        if "conv_rows" not in extras:
-            extras["conv_rows"] = _split_rows(edge_index, num_queries)
-        return extras["conv_rows"]
-    key = ("attended_rows", num_queries)
-    found = DERIVED.lookup(edge_index, key, lambda *_: True)  # the looped set is the conv's, never written
-    if found is None:
-        found = (_split_rows(edge_index, num_queries),)
-        DERIVED.store(edge_index, key, found)
-    return found[0]
+    es = as_edge_set(edges, num_queries, num_keys)  # a tensor: validated here, on its first call
+    return es.derived("conv_rows", lambda: _split_rows(es))
 
 
-def _split_rows(edge_index: Tensor, num_queries: int) -> Optional[_AttendedRows]:
-    """:class:`_AttendedRows` of a validated edge set, or None where more than half of its rows
-    have two edges or more. O(E + Nq), on the edges as they come: for the conv's own self-looped
-    set the whole edge set is then never analysed, only the attended rows' edges."""
-    src, dst = edge_index.long()  # int32 edges as given come in as they are
-    deg = torch.bincount(dst, minlength=num_queries)  # [Nq] edges per row
+def _split_rows(es: EdgeSet) -> Optional[_AttendedRows]:
+    """:class:`_AttendedRows` of a prepared edge set, or None where more than half of its rows have
+    two edges or more. O(E + Nq), from its sorted edges and row pointer."""
+    s = es.structure
+    src, dst = s.src.long(), s.dst.long()
+    deg = s.rowptr.diff()  # [Nq] edges per row
     many = deg >= 2
-    if 2 * int(many.sum()) > num_queries:
+    if 2 * int(many.sum()) > es.num_queries:
         return None
     queries = many.nonzero().flatten()  # [R]
     rank = torch.cumsum(many, 0) - 1  # [Nq] position of an attended row among them
     keep = many[dst]  # [E] the edges of the attended rows
-    source = torch.zeros(num_queries, dtype=torch.long, device=dst.device)
+    source = torch.zeros(es.num_queries, dtype=torch.long, device=dst.device)
     source[dst[~keep]] = src[~keep]  # a one-edge row's one edge
-    return _AttendedRows(queries, torch.stack([src[keep], rank[dst[keep]]]), source, (deg == 0).nonzero().flatten())
-
-
-def _shared_self_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
-    """:func:`_self_loops` of ``edge_index``, made once per input tensor (``DERIVED``), so that the
-    layers of a model share one looped edge set and its analysis.
-
-    A hit is served only while the input still holds the edges it held (on the CPU by contents).
-    Where the input has no self-loops of its own, the looped set begins with it, and the input is
-    compared with that beginning, not with a copy of its own: the copy (DERIVED's default) costs
-    16 bytes an edge for the whole run, 1 GB at ogbn-products' 61.9M edges.
-    """
-    key = ("self_loops", num_nodes)
-    found = DERIVED.lookup(edge_index, key, _holds_input)
-    if found is not None:
-        return found[1]
-    looped = _self_loops(edge_index, None, num_nodes)[0]
-    appended = looped.shape[1] == edge_index.shape[1] + num_nodes  # no loop of its own removed
-    copy = None if appended or device_stamp(edge_index) is not None else edge_index.detach().clone()
-    DERIVED.store(edge_index, key, (copy, looped, edge_index.shape[1]))
-    return looped
-
-
-def _holds_input(edge_index: Tensor, entry) -> bool:
-    """Whether ``edge_index`` still holds the edges its looped set was made from."""
-    copy, looped, num_edges = entry
-    held = looped[:, :num_edges] if copy is None else copy
-    return edge_index.shape == held.shape and torch.equal(held, edge_index)
+    attended = prepare(torch.stack([src[keep], rank[dst[keep]]]), len(queries), es.num_keys)
+    return _AttendedRows(queries, attended, source, (deg == 0).nonzero().flatten())
 
 
 def _linears(x: Tensor, lins: List[Linear]) -> List[Tensor]:

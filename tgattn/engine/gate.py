@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine.native import takes
+from .native import takes
 
 
 def beta_mix(out: Tensor, root: Tensor, weight: Tensor) -> Tensor:

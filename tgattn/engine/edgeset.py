@@ -1,0 +1,258 @@
+"""A prepared edge set: validated once, analysed once, then handed to every call that attends along it.
+
+:func:`prepare` validates an ``edge_index`` and analyses it (:func:`~tgattn.engine.analysis.analyse`:
+sort order, row pointer, duplicates, structure kind) and returns an immutable :class:`EdgeSet`; the
+engine runs on it without checking or looking anything up again. What is derived from it later
+(transposed lists, tiles, the conv's split of rows, a self-looped set, the tile plan of the
+tensor-core engine) is made on first use and kept in it (:meth:`EdgeSet.derived`).
+
+A plain ``edge_index`` tensor is prepared on the fly by :func:`edge_set_of`, through the one cache
+of the engine (:data:`~tgattn.engine.analysis.CACHE`: small, bounded, thread-safe, every hit
+checked against the tensor's contents, or its version counter on a GPU): a convenience for
+callers that do not prepare, never the place where correctness is decided.
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import native
+from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp
+from .validate import check_edge_index, check_ranges
+
+
+class EdgeSet:
+    """An analysed edge set (:func:`prepare`): immutable, accepted wherever ``edge_index`` is.
+
+    It holds no reference to the tensor it was prepared from (a later in-place write there does not
+    reach it): the edges in the caller's order are rebuilt from its sorted form when asked for
+    (:attr:`edge_index`). Tensors it hands out must not be written to.
+
+    Example:
+        >>> from tgattn import builders
+        >>> es = prepare(builders.causal(4), 4, 4)
+        >>> es
+        EdgeSet(num_queries=4, num_keys=4, num_edges=10, kind='causal')
+        >>> es.num_edges = 3
+        Traceback (most recent call last):
+        ...
+        AttributeError: EdgeSet is immutable (cannot set 'num_edges')
+    """
+
+    __slots__ = ("_structure",)
+
+    def __init__(self, structure: Structure):
+        object.__setattr__(self, "_structure", structure)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"EdgeSet is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"EdgeSet is immutable (cannot delete {name!r})")
+
+    def __reduce__(self):  # pickled (DataLoader workers, torch.save) as what it is prepared from
+        return prepare, (self.edge_index, self.num_queries, self.num_keys)
+
+    @property
+    def structure(self) -> Structure:
+        """The engine's analysis (sorted edges ``src`` / ``dst``, ``perm``, ``rowptr``, ``kind`` ...)."""
+        return self._structure
+
+    @property
+    def num_queries(self) -> int:
+        return self._structure.n_q
+
+    @property
+    def num_keys(self) -> int:
+        return self._structure.n_k
+
+    @property
+    def num_edges(self) -> int:
+        return self._structure.num_edges
+
+    @property
+    def kind(self) -> str:
+        """``"full"``, ``"causal"``, ``"packed_full"``, ``"packed_causal"`` or ``"general"``."""
+        return self._structure.kind
+
+    @property
+    def duplicates(self) -> bool:
+        return self._structure.duplicates
+
+    @property
+    def device(self) -> torch.device:
+        return self._structure.src.device
+
+    @property
+    def edge_index(self) -> Tensor:
+        """``LongTensor[2, E]`` in the order the edges were given (made once, on first use).
+
+        Example:
+            >>> ei = torch.tensor([[1, 0, 2], [2, 2, 0]])
+            >>> torch.equal(prepare(ei, 3, 3).edge_index, ei)
+            True
+        """
+        return self.derived("edge_index", self._given_order)
+
+    def _given_order(self) -> Tensor:
+        s = self._structure
+        edges = torch.stack([s.src.long(), s.dst.long()])  # [2, E] sorted
+        return edges if s.perm is None else torch.empty_like(edges).index_copy_(1, s.perm, edges)
+
+    def derived(self, key: Hashable, make: Callable[[], object]):
+        """``make()``, made once per edge set and ``key``, then kept: the place for data derived from
+        the edges alone (a transposed list, a tile plan per dtype and block size, the conv's split of
+        rows). Thread-safe: concurrent first calls make it once. ``key`` must name everything the
+        value depends on besides the edges (a dtype, block sizes); the device is the set's own.
+
+        Example:
+            >>> es = prepare(torch.tensor([[0, 1], [1, 0]]), 2, 2)
+            >>> degrees = es.derived("in_degree", lambda: torch.bincount(es.structure.dst, minlength=2))
+            >>> degrees.tolist(), es.derived("in_degree", lambda: None) is degrees
+            ([1, 1], True)
+        """
+        return self._structure.memo(key, make)
+
+    def check_sizes(self, num_queries: int, num_keys: int) -> "EdgeSet":
+        """``self``, after checking that it was prepared for these node counts (no pass over the edges).
+
+        Raises:
+            ValueError: naming both counts.
+        """
+        s = self._structure
+        if (s.n_q, s.n_k) != (num_queries, num_keys):
+            raise ValueError(f"the edge set was prepared for {s.n_q} query and {s.n_k} key nodes, "
+                             f"but the call has {num_queries} queries and {num_keys} keys")
+        return self
+
+    def __repr__(self) -> str:
+        return (f"EdgeSet(num_queries={self.num_queries}, num_keys={self.num_keys}, num_edges={self.num_edges}, "
+                f"kind={self.kind!r})")
+
+
+def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
+    """The :class:`~tgattn.engine.analysis.Structure` of a never-seen ``edge_index``, validated: the one
+    place edges are checked. The extension's counting sort checks every node id in its first pass, so
+    the ranges are checked by a pass of their own only where it does not run.
+
+    Raises:
+        TypeError, ValueError: naming the bad type, shape, dtype or node id.
+    """
+    checked = check_edge_index(edge_index, num_keys, num_queries, ranges=False)
+    by_extension = counting_sort(checked, num_queries, num_keys)
+    if not by_extension:
+        check_ranges(checked, num_keys, num_queries)
+    try:
+        with torch.no_grad():
+            return analyse(checked, num_queries, num_keys)
+    except RuntimeError:
+        if by_extension:
+            check_ranges(checked, num_keys, num_queries)  # raises, naming the node
+        raise
+
+
+def prepare(edge_index: Tensor, num_queries: int, num_keys: int) -> EdgeSet:
+    """Validate and analyse ``edge_index`` (``[2, E]``, row 0 = key j, row 1 = query i) once.
+
+    Uncached: the caller keeps the :class:`EdgeSet`. Edges already sorted by (query, key) are not
+    sorted again (``structure.perm`` is None).
+
+    Example:
+        >>> prepare(torch.tensor([[0, 0, 1], [0, 1, 1]]), 2, 2).kind
+        'causal'
+    """
+    return EdgeSet(analysed(edge_index, num_queries, num_keys))
+
+
+def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
+    """The cached :class:`~tgattn.engine.analysis.Structure` of a plain ``edge_index``, validated and
+    analysed (:func:`analysed`) on first use.
+
+    A hit is checked against the tensor's current contents
+    (:func:`~tgattn.engine.analysis.same_edges`), so an edge set changed in place, by any route, is
+    validated and analysed again; on a GPU against its :func:`~tgattn.engine.analysis.device_stamp`
+    instead (no host sync: an in-place write through PyTorch is seen, one through DLPack or ``.data``
+    is not).
+
+    Raises:
+        ValueError: when ``edge_index`` is malformed or refers to nodes outside ``n_k`` / ``n_q``.
+
+    Example:
+        >>> from tgattn import builders
+        >>> ei = builders.full(8)
+        >>> structure_of(ei, 8, 8) is structure_of(ei, 8, 8)
+        True
+    """
+    s = CACHE.get(edge_index, n_q, n_k)
+    if s is None:
+        s = analysed(edge_index, n_q, n_k)
+        CACHE.put(edge_index, n_q, n_k, s)
+    return s
+
+
+def edge_set_of(edges, num_queries: int, num_keys: int) -> EdgeSet:
+    """``edges`` as an :class:`EdgeSet`: a prepared one as it is (its sizes checked), a tensor prepared
+    on the fly through the engine's cache (:func:`~tgattn.engine.analysis.structure_of`).
+
+    Example:
+        >>> ei = torch.tensor([[0, 1], [1, 0]])
+        >>> edge_set_of(ei, 2, 2).structure is edge_set_of(ei, 2, 2).structure  # cached per tensor
+        True
+    """
+    if isinstance(edges, EdgeSet):
+        return edges.check_sizes(num_queries, num_keys)
+    return EdgeSet(structure_of(edges, num_queries, num_keys))
+
+
+def self_looped(edges, num_nodes: int) -> EdgeSet:
+    """``edges`` without their self-loops, then one loop ``(i, i)`` per node, prepared: made once per
+    prepared set (:meth:`EdgeSet.derived`), or once per tensor through the engine's cache, whose hit is
+    checked against the tensor's contents (on a GPU its version counter), so that the layers of a
+    model share one looped set and its analysis.
+
+    Example:
+        >>> self_looped(torch.tensor([[0, 1, 1], [1, 0, 1]]), 2).edge_index.tolist()
+        [[0, 1, 0, 1], [1, 0, 0, 1]]
+    """
+    if isinstance(edges, EdgeSet):
+        edges.check_sizes(num_nodes, num_nodes)
+        return edges.derived(("self_loops", num_nodes), lambda: prepare(_with_loops(edges.edge_index, num_nodes),
+                                                                          num_nodes, num_nodes))
+    key = ("self_loops", num_nodes)
+    found = CACHE.lookup(edges, key, _holds_input)
+    if found is not None:
+        return found[1]
+    looped = _with_loops(check_edge_index(edges, num_nodes, num_nodes, ranges=False), num_nodes)
+    made = prepare(looped, num_nodes, num_nodes)
+    # Where the input had no loop of its own, the looped set begins with it: a hit compares the input
+    # with that beginning, not with a copy of its own (16 bytes an edge, 1 GB at ogbn-products).
+    appended = looped.shape[1] == edges.shape[1] + num_nodes
+    copy = None if appended or device_stamp(edges) is not None else edges.detach().clone()
+    CACHE.store(edges, key, (copy, made, edges.shape[1]))
+    return made
+
+
+def _holds_input(edge_index: Tensor, entry: Tuple[Optional[Tensor], EdgeSet, int]) -> bool:
+    """Whether ``edge_index`` still holds the edges its looped set was made from."""
+    copy, looped, num_edges = entry
+    held = looped.edge_index[:, :num_edges] if copy is None else copy
+    return edge_index.shape == held.shape and torch.equal(held, edge_index)
+
+
+def _with_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """``[2, E']``: the edges without their self-loops, then ``(i, i)`` for every node. One pass of
+    the extension on the CPU (which checks the node ids; :func:`prepare` names a bad one)."""
+    edge_index = edge_index.long()
+    if edge_index.device.type == "cpu" and native.available():
+        try:
+            return torch.ops.tgattn_fused.self_loops(edge_index, num_nodes)
+        except RuntimeError:
+            check_ranges(edge_index, num_nodes, num_nodes)  # names the bad node id
+            raise
+    keep = edge_index[0] != edge_index[1]  # [E]
+    if not bool(keep.all()):
+        edge_index = edge_index[:, keep]
+    loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
+    return torch.cat([edge_index, loops], dim=1)
