@@ -68,6 +68,6 @@ def graph_attention(
     if q.shape[0] != plan.num_queries:
         raise ValueError(f"q has {q.shape[0]} rows, but rank {plan.rank} owns {plan.num_queries} queries")
     k_table, v_table = exchange_keys_values(k, v, plan)
-    return functional.graph_attention(q, k_table, v_table, plan.edge_index, bias=bias, scale=scale,
+    return functional.graph_attention(q, k_table, v_table, plan.edge_set, bias=bias, scale=scale,
                                       dropout_p=dropout_p, return_weights=return_weights, backend=backend,
                                       edge_key=edge_key, edge_value=edge_value)

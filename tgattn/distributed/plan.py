@@ -17,11 +17,13 @@ by hand) for analysis and tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ..edgeset import EdgeSet, edge_tensor, prepare
 from .partition import Partition
 
 
@@ -87,6 +89,13 @@ class HaloPlan:
     def num_keys(self) -> int:
         return self.keys.numel()
 
+    @cached_property
+    def edge_set(self) -> EdgeSet:
+        """``edge_index`` prepared (:func:`tgattn.prepare`) for the attention of every layer and step
+        along this plan: validated and analysed on first use, once (``edge_index`` is not to be
+        replaced afterwards)."""
+        return prepare(self.edge_index, self.num_queries, self.num_keys)
+
     @property
     def halo_rows(self) -> int:
         """Key rows received from other ranks per exchange (= rows of this rank's halo)."""
@@ -124,7 +133,8 @@ def _assemble(edge_index: Tensor, partition: Partition, rank: int, halo: Tensor,
                     send_counts.tolist(), recv_counts.tolist(), group)
 
 
-def _check_local(edge_index: Tensor, partition: Partition, rank: int) -> Tensor:
+def _check_local(edge_index, partition: Partition, rank: int) -> Tensor:
+    edge_index = edge_tensor(edge_index)
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError(f"edge_index must have shape [2, E] (got {list(edge_index.shape)})")
     edge_index = edge_index.long()
@@ -141,13 +151,13 @@ def _check_local(edge_index: Tensor, partition: Partition, rank: int) -> Tensor:
     return edge_index
 
 
-def make_plan(edge_index: Tensor, partition: Partition, *, group=None) -> HaloPlan:
+def make_plan(edge_index, partition: Partition, *, group=None) -> HaloPlan:
     """This rank's plan, built collectively: every rank of ``group`` calls it at the same time.
 
     Args:
         edge_index: the edges into this rank's queries, global ids ``[2, E_r]`` (e.g.
-            ``partition.local_edges(edge_index, rank)``), on the device the backend serves
-            (CPU for gloo, this rank's GPU for NCCL).
+            ``partition.local_edges(edge_index, rank)``), or an :class:`~tgattn.EdgeSet` of them,
+            on the device the backend serves (CPU for gloo, this rank's GPU for NCCL).
         partition: the same :class:`Partition` on every rank.
         group: the process group (default: the default group). Not needed for one rank.
 
@@ -183,7 +193,7 @@ def make_plan(edge_index: Tensor, partition: Partition, *, group=None) -> HaloPl
     return _assemble(edge_index, local, rank, halo, recv_counts, requested, send_counts, group)
 
 
-def make_plans(edge_index: Tensor, partition: Partition) -> List[HaloPlan]:
+def make_plans(edge_index, partition: Partition) -> List[HaloPlan]:
     """Every rank's plan, in one process (the request exchange done by hand, no process group).
 
     For analysis (halo sizes of a partition) and tests; equal to what :func:`make_plan`
@@ -195,7 +205,7 @@ def make_plans(edge_index: Tensor, partition: Partition) -> List[HaloPlan]:
         >>> [p.halo_rows for p in make_plans(builders.window(12, 2), contiguous(12, 3))]
         [2, 4, 2]
     """
-    world = partition.world_size
+    world, edge_index = partition.world_size, edge_tensor(edge_index)  # ``edge_index``: a tensor or an EdgeSet
     local = [_check_local(partition.local_edges(edge_index, r), partition, r) for r in range(world)]
     asked = [_requests(e, partition, r) for r, e in enumerate(local)]
     # pieces[w][r]: the global ids rank w asks rank r for

@@ -200,7 +200,7 @@ def attention_forward(
     for g in range(groups):
         group_bias = bias[:, g::groups] if bias is not None and bias.dim() == 2 else bias  # [E, Hkv]: heads h % G == g
         group_sinks = None if sinks is None else sinks[g::groups]  # [Hkv]
-        group_q, edge_index, used = q[:, :, g].contiguous(), mask.edge_index, None
+        group_q, edge_index, used = q[:, :, g].contiguous(), mask.edge_set, None
         if mask.topk is not None:
             edge_index, group_bias, used = best_keys(group_q, k, mask, group_bias, scaling, kwargs.get("softcap"))
         result = graph_attention(group_q, k, v, edge_index, bias=group_bias, scale=scaling,

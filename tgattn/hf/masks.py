@@ -15,12 +15,14 @@ slots get no edge (their output is 0), and no edge crosses two rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from ..builders._common import sort_unique
+from ..edgeset import EdgeSet, prepare
 from .patterns import choice_of, pattern_edges
 from .support import check_class, mask_request
 
@@ -54,6 +56,12 @@ class EdgeMask:
 
     def contiguous(self) -> "EdgeMask":
         return self
+
+    @cached_property
+    def edge_set(self) -> EdgeSet:
+        """``edge_index`` prepared (:func:`tgattn.prepare`) once for every layer of the forward: no
+        layer checks or looks up the edges again. Already sorted: no sort."""
+        return prepare(self.edge_index, self.batch_size * self.q_length, self.batch_size * self.kv_length)
 
     # A model that reworks its mask as a dense tensor (indexes it, adds it to a tensor, reads a
     # tensor attribute) cannot run on an edge set: refused with the model's name, not left to

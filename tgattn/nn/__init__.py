@@ -7,8 +7,10 @@ graph-transformer layers built on them.
 * :class:`GPSConv`, :class:`ExphormerConv`, :class:`VirtualNodes` and the structural attention
   biases (:class:`CentralityEncoding`, :class:`SpatialEncoding`).
 
-Layer "nn" of the package: it imports the builders, :mod:`tgattn.functional` and the engine,
-never the models, applications or benchmarks above it (docs/conventions.md, "Layering").
+Layer "nn" of the package: it imports the builders, :mod:`tgattn.functional` and the prepared-set
+API (:mod:`tgattn.edgeset`), never the engine beneath them, nor the models, applications or
+benchmarks above it (docs/conventions.md, "Layering"). Every layer takes a prepared
+:class:`~tgattn.EdgeSet` wherever it takes an ``edge_index``.
 """
 from .attention import GraphAttention
 from .conv import GraphAttentionConv

@@ -1,12 +1,13 @@
 """Exphormer on tgattn: GPS layers whose global attention runs over the Exphormer edge set."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from .. import builders
+from ..edgeset import EdgeSet
 from ..builders._common import check_count
 from .gps import GPSConv
 
@@ -113,7 +114,7 @@ class ExphormerConv(GPSConv):
         edge_index: Tensor,
         batch: Optional[Tensor] = None,
         *,
-        attn_edge_index: Tensor,
+        attn_edge_index: Union[Tensor, EdgeSet],
         attn_edge_kind: Tensor,
         **kwargs,
     ) -> Tensor:

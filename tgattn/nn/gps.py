@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +12,7 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.inits import reset
 
 from .. import builders
+from ..edgeset import EdgeSet
 from .attention import GraphAttention
 
 
@@ -140,14 +141,15 @@ class GPSConv(PyGGPSConv):
         edge_index: Tensor,
         batch: Optional[Tensor] = None,
         *,
-        attn_edge_index: Optional[Tensor] = None,
+        attn_edge_index: Optional[Union[Tensor, EdgeSet]] = None,
         attn_bias: Optional[Tensor] = None,
         **kwargs,
     ) -> Tensor:
         """One GPS layer; ``kwargs`` go to the local ``conv`` (e.g. ``edge_attr``).
 
-        Build ``attn_edge_index`` once per batch and pass it to every layer: the engine
-        analyses an edge set once per tensor (:func:`tgattn.engine.structure_of`).
+        Build ``attn_edge_index`` once per batch and pass it to every layer, best prepared
+        (:func:`tgattn.prepare`, an :class:`~tgattn.EdgeSet`): then no layer checks or looks up its
+        edges (a plain tensor is analysed once and found again in a cache, checked by contents).
         """
         hs = []
         if self.conv is not None:  # local MPNN
