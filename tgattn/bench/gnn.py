@@ -189,12 +189,12 @@ def _engine_calls(graphs, layers, fresh: bool, p: float = 0.6) -> Callable[[int]
     (projections, self-loops, the other layers of the network, Adam) is left out: this row is
     the least the step costs while the engine stays as it is.
     """
-    from ..nn.conv import _self_loops
+    from ..edgeset import self_looped
     from ..functional import graph_attention
 
     g = torch.Generator().manual_seed(0)
     inputs = [[torch.randn(n, h, c, generator=g).requires_grad_() for h, c in layers for _ in "qkv"] for n, _ in graphs]
-    looped = [_self_loops(edge_index, None, n)[0] for n, edge_index in graphs]
+    looped = [self_looped(edge_index, n).edge_index for n, edge_index in graphs]
 
     def run(r):
         edge_index = looped[r].clone() if fresh else looped[r]

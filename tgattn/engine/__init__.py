@@ -12,8 +12,9 @@ Backends (all exact, none holds an ``[E, H, d]`` tensor in forward or backward):
 * ``triton``: Triton kernels over the CSR rows (online softmax forward, FlashAttention-2
   style backward), for CUDA tensors; every option (:mod:`tgattn.engine.triton`).
 
-Edge sets are validated and analysed once: prepared (:func:`prepare`, an :class:`EdgeSet`), or a
-plain ``edge_index`` on the fly, cached per tensor (:func:`structure_of`); :func:`plan` names the
+Edge sets are validated and analysed once: prepared (:func:`tgattn.prepare`, an
+:class:`~tgattn.EdgeSet`, :mod:`tgattn.engine.edgeset`), or a plain ``edge_index`` on the fly,
+cached per tensor (:func:`structure_of`, :func:`edge_set_of`); :func:`plan` names the
 backend ``auto`` picks. The fused kernels keep freed output buffers for the next call
 (:func:`cache_info`, :func:`empty_cache`).
 
@@ -22,9 +23,9 @@ The lowest layer of the package: it imports nothing of tgattn above it. The cust
 (:mod:`tgattn.engine.eager`) share the checks of :func:`tgattn.functional.graph_attention`.
 """
 from .analysis import CACHE, Structure, analyse
-from .edgeset import EdgeSet, edge_set_of, prepare, structure_of
+from .edgeset import edge_set_of, structure_of
 from .dispatch import ENGINE_BACKENDS, plan, run
 from .fused import cache_info, empty_cache
 
-__all__ = ["CACHE", "ENGINE_BACKENDS", "EdgeSet", "Structure", "analyse", "cache_info", "edge_set_of", "empty_cache",
-           "plan", "prepare", "run", "structure_of"]
+__all__ = ["CACHE", "ENGINE_BACKENDS", "Structure", "analyse", "cache_info", "edge_set_of", "empty_cache", "plan", "run",
+           "structure_of"]

@@ -218,19 +218,27 @@ def self_looped(edges, num_nodes: int) -> EdgeSet:
     """
     if isinstance(edges, EdgeSet):
         edges.check_sizes(num_nodes, num_nodes)
-        return edges.derived(("self_loops", num_nodes), lambda: prepare(_with_loops(edges.edge_index, num_nodes),
-                                                                          num_nodes, num_nodes))
+        return edges.derived(("self_loops", num_nodes), lambda: _prepared_own(_with_loops(edges.edge_index, num_nodes),
+                                                                                num_nodes))
     key = ("self_loops", num_nodes)
     found = CACHE.lookup(edges, key, _holds_input)
     if found is not None:
         return found[1]
     looped = _with_loops(check_edge_index(edges, num_nodes, num_nodes, ranges=False), num_nodes)
-    made = prepare(looped, num_nodes, num_nodes)
+    made = _prepared_own(looped, num_nodes)
     # Where the input had no loop of its own, the looped set begins with it: a hit compares the input
     # with that beginning, not with a copy of its own (16 bytes an edge, 1 GB at ogbn-products).
     appended = looped.shape[1] == edges.shape[1] + num_nodes
     copy = None if appended or device_stamp(edges) is not None else edges.detach().clone()
     CACHE.store(edges, key, (copy, made, edges.shape[1]))
+    return made
+
+
+def _prepared_own(looped: Tensor, num_nodes: int) -> EdgeSet:
+    """:func:`prepare` of an edge set made here (no caller holds it): it serves as the set's
+    :attr:`~EdgeSet.edge_index` as it is, not rebuilt from the sorted edges."""
+    made = prepare(looped, num_nodes, num_nodes)
+    made.derived("edge_index", lambda: looped)
     return made
 
 
