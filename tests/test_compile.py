@@ -73,3 +73,15 @@ def test_the_custom_ops_are_kept_out_of_cuda_graphs():
 
     for op in (torch.ops.tgattn.graph_attention.default, torch.ops.tgattn.graph_attention_backward.default):
         assert torch.Tag.cudagraph_unsafe in op.tags
+
+
+@pytest.mark.slow
+def test_layers_compile_with_fullgraph_over_a_prepared_set():
+    """A prepared set goes into the compiled graph as its edges (the op takes tensors), with no graph break."""
+    import tgattn
+
+    torch.manual_seed(0)
+    x = torch.randn(30, 12, requires_grad=True)
+    es = tgattn.prepare(builders.from_mask(torch.rand(30, 30, generator=torch.Generator().manual_seed(2)) < 0.2), 30, 30)
+    for layer in (GraphAttention(12, 4), GraphAttentionConv(12, 4, heads=2)):
+        _compare(layer, torch.compile(layer, fullgraph=True), x, es)

@@ -27,8 +27,10 @@ class EdgeSet:
     """An analysed edge set (:func:`prepare`): immutable, accepted wherever ``edge_index`` is.
 
     It holds no reference to the tensor it was prepared from (a later in-place write there does not
-    reach it): the edges in the caller's order are rebuilt from its sorted form when asked for
-    (:attr:`edge_index`). Tensors it hands out must not be written to.
+    reach it): :func:`prepare` keeps a copy of the edges in the given order (:attr:`edge_index`, what a
+    compiled graph takes: made before, so that tracing reads it without a lock), and a set the cache
+    prepares for a plain tensor rebuilds them from its sorted form when asked. Tensors it hands out
+    must not be written to.
 
     Example:
         >>> from tgattn import builders
@@ -156,14 +158,18 @@ def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
 def prepare(edge_index: Tensor, num_queries: int, num_keys: int) -> EdgeSet:
     """Validate and analyse ``edge_index`` (``[2, E]``, row 0 = key j, row 1 = query i) once.
 
-    Uncached: the caller keeps the :class:`EdgeSet`. Edges already sorted by (query, key) are not
-    sorted again (``structure.perm`` is None).
+    Uncached: the caller keeps the :class:`EdgeSet`, which keeps a copy of the edges (the caller may
+    reuse its tensor). Edges already sorted by (query, key) are not sorted again (``structure.perm``
+    is None).
 
     Example:
         >>> prepare(torch.tensor([[0, 0, 1], [0, 1, 1]]), 2, 2).kind
         'causal'
     """
-    return EdgeSet(analysed(edge_index, num_queries, num_keys))
+    made = EdgeSet(analysed(edge_index, num_queries, num_keys))  # (validated: a tensor [2, E] of integers)
+    copy = edge_index.detach().to(torch.long, copy=True)
+    made.derived("edge_index", lambda: copy)
+    return made
 
 
 def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
@@ -236,8 +242,8 @@ def self_looped(edges, num_nodes: int) -> EdgeSet:
 
 def _prepared_own(looped: Tensor, num_nodes: int) -> EdgeSet:
     """:func:`prepare` of an edge set made here (no caller holds it): it serves as the set's
-    :attr:`~EdgeSet.edge_index` as it is, not rebuilt from the sorted edges."""
-    made = prepare(looped, num_nodes, num_nodes)
+    :attr:`~EdgeSet.edge_index` as it is, without a copy."""
+    made = EdgeSet(analysed(looped, num_nodes, num_nodes))
     made.derived("edge_index", lambda: looped)
     return made
 
