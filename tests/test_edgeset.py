@@ -279,6 +279,17 @@ def test_a_plain_edge_index_is_validated_once_per_tensor(monkeypatch, self_loops
     assert len(seen) == first
 
 
+def test_a_prepared_set_moves_once_per_device_and_is_checked_against_the_call():
+    es = tgattn.prepare(_shuffled_with_repeat(), 10, 10)
+    meta = es.to("meta")
+    assert es.to("cpu") is es and meta is es.to(torch.device("meta")) and meta.device.type == "meta"
+    assert (meta.num_edges, meta.kind, meta.structure.src.device.type) == (es.num_edges, es.kind, "meta")
+    assert meta.structure.lock is not es.structure.lock and meta.structure.extras == {}
+    q, k, v, _ = inputs(10, 10, heads=2, dk=4)
+    with pytest.raises(ValueError, match="the edge set is on meta, the queries on cpu"):
+        graph_attention(q, k, v, meta)
+
+
 def test_derived_data_is_kept_per_set_and_key():
     es = tgattn.prepare(builders.window(8, 1), 8, 8)
     made = []

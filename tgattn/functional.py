@@ -212,7 +212,7 @@ def attention_with_edge_terms(
     compiling = torch.compiler.is_compiling()
     prepared = isinstance(edge_index, EdgeSet) and not compiling
     if prepared:
-        es, ei = edge_index.check_sizes(q.shape[0], k.shape[0]), edge_index.edge_index
+        es, ei = edge_index.check_sizes(q.shape[0], k.shape[0], q.device), edge_index.edge_index
     elif isinstance(edge_index, EdgeSet):  # the op takes tensors (see _attention)
         es, ei = None, edge_index.edge_index
     else:

@@ -57,7 +57,7 @@ class Structure:
     lengths: Optional[Tuple[int, ...]] = None
     intervals: bool = False
     extras: Dict[object, object] = field(default_factory=dict)  # derived data (tiles, transpose): see memo
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
 
     def memo(self, key: Hashable, make: Callable[[], object]):
         """``extras[key]``, made by ``make()`` on first use, once even when threads ask at the same time

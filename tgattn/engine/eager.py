@@ -101,7 +101,7 @@ def eager_graph_attention(
     check_qkv(q, k, v)
     prepared = isinstance(edge_index, EdgeSet)
     if prepared:
-        num_edges = edge_index.check_sizes(q.shape[0], k.shape[0]).num_edges
+        num_edges = edge_index.check_sizes(q.shape[0], k.shape[0], q.device).num_edges
     else:
         if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             check_edge_index(edge_index, k.shape[0], q.shape[0])  # raises, naming what is wrong

@@ -13,7 +13,8 @@ callers that do not prepare, never the place where correctness is decided.
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Optional, Tuple
+import dataclasses
+from typing import Callable, Hashable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -117,21 +118,46 @@ class EdgeSet:
         """
         return self._structure.memo(key, make)
 
-    def check_sizes(self, num_queries: int, num_keys: int) -> "EdgeSet":
-        """``self``, after checking that it was prepared for these node counts (no pass over the edges).
+    def to(self, device: Union[str, torch.device]) -> "EdgeSet":
+        """This edge set on ``device``: ``self`` where it is already, else its analysis moved (made once
+        per device and kept, :meth:`derived`), so that a set prepared on the CPU (in a data loader's
+        worker) serves the GPU without being analysed again.
+
+        Example:
+            >>> es = prepare(torch.tensor([[0, 1], [1, 0]]), 2, 2)
+            >>> es.to("cpu") is es, es.to("meta").device.type, es.to("meta") is es.to("meta")
+            (True, 'meta', True)
+        """
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        return self.derived(("device", device), lambda: EdgeSet(_moved(self._structure, device)))
+
+    def check_sizes(self, num_queries: int, num_keys: int, device: Optional[torch.device] = None) -> "EdgeSet":
+        """``self``, after checking that it was prepared for these node counts (and, given one, that it
+        lies on ``device``): no pass over the edges.
 
         Raises:
-            ValueError: naming both counts.
+            ValueError: naming both counts, or both devices.
         """
         s = self._structure
         if (s.n_q, s.n_k) != (num_queries, num_keys):
             raise ValueError(f"the edge set was prepared for {s.n_q} query and {s.n_k} key nodes, "
                              f"but the call has {num_queries} queries and {num_keys} keys")
+        if device is not None and device != self.device:
+            raise ValueError(f"the edge set is on {self.device}, the queries on {device} (edge_set.to(device) moves it)")
         return self
 
     def __repr__(self) -> str:
         return (f"EdgeSet(num_queries={self.num_queries}, num_keys={self.num_keys}, num_edges={self.num_edges}, "
                 f"kind={self.kind!r})")
+
+
+def _moved(s: Structure, device: torch.device) -> Structure:
+    """``s`` with its tensors on ``device``; what is derived is made again there, on first use."""
+    tensors = {name: None if getattr(s, name) is None else getattr(s, name).to(device)
+               for name in ("perm", "src", "dst", "rowptr")}
+    return dataclasses.replace(s, **tensors, extras={})
 
 
 def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
