@@ -1,4 +1,5 @@
 import networkx as nx
+import numpy as np
 import pytest
 import torch
 
@@ -6,6 +7,7 @@ from analysis_cases import HAND, dense_residual, random_edges, random_stack
 from tgattn import builders
 from tgattn.analysis import attention_flow, layer_matrix, top_flow
 from tgattn.analysis.flow import flow_cone, flow_upper_bounds
+from tgattn.analysis.maxflow import Network
 
 
 def test_hand_example():
@@ -97,7 +99,7 @@ def test_cut_bounds_hold_and_prune():
     n = 24
     layers, _ = random_stack([builders.window(n, 2)] * 3, n, heads=2, seed=4)
     matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
-    graph, levels = flow_cone(matrices, 12)
+    levels = flow_cone(matrices, 12).levels
     assert levels[-1].tolist() == [12] and levels[0].tolist() == list(range(6, 19))  # |j - 12| <= 3 w
     bound = flow_upper_bounds(matrices, levels)
     flow = attention_flow(layers, 12)[levels[0]]
@@ -112,3 +114,46 @@ def test_cut_bounds_hold_and_prune():
 
     top_flow(layers, 12, 2, flow_func=counted)
     assert 2 <= len(calls) < len(levels[0])
+
+
+@pytest.mark.parametrize("depth", [3, 4])
+def test_compiled_flow_equals_networkx_max_flow_on_deeper_stacks(depth):
+    # SciPy's integer max-flow, refined to a certified gap of 1e-13, against networkx's float one
+    n = 14
+    layers, _ = random_stack([random_edges(n, 0.3, s) for s in range(depth)], n, heads=2, seed=depth)
+    for output in (0, 7, 13):
+        compiled = attention_flow(layers, output)
+        exact = attention_flow(layers, output, flow_func=nx.algorithms.flow.edmonds_karp)
+        torch.testing.assert_close(compiled, exact, atol=1e-12, rtol=0)
+        index, value = top_flow(layers, output, 4)
+        torch.testing.assert_close(value, exact[index], atol=1e-12, rtol=0)
+
+
+def test_two_layers_in_closed_form_equal_the_max_flow_solver():
+    n = 40
+    layers, _ = random_stack([builders.causal(n)] * 2, n, heads=2, seed=7)
+    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    cone = flow_cone(matrices, 31)
+    network = Network(cone.num_nodes, cone.src, cone.dst, cone.cap)
+    solved = torch.tensor([network.max_flow(r, cone.num_nodes - 1) for r in range(len(cone.levels[0]))])
+    torch.testing.assert_close(attention_flow(layers, 31)[cone.levels[0]], solved, atol=1e-12, rtol=0)
+
+
+def test_the_refined_integer_max_flow_equals_networkx_on_random_graphs():
+    # general graphs (cycles, long paths, capacities spread over 9 decades), not only layered cones
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for _ in range(60):
+        n = int(rng.integers(4, 25))
+        pairs = {}
+        for u, v in rng.integers(0, n, (4 * n, 2)).tolist():
+            if u != v and (v, u) not in pairs:
+                pairs[u, v] = float(rng.random() ** 9)
+        src, dst = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+        network = Network(n, src, dst, np.array(list(pairs.values())))
+        graph = nx.DiGraph()
+        graph.add_nodes_from(range(n))
+        graph.add_edges_from((u, v, {"capacity": c}) for (u, v), c in pairs.items())
+        for s, t in ((0, n - 1), (1, 2)):
+            worst = max(worst, abs(network.max_flow(s, t) - nx.maximum_flow_value(graph, s, t)))
+    assert worst <= 1e-12

@@ -1,15 +1,54 @@
 """Attention flow: maximum flow from each input token to an output token through the layers."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import networkx as nx
+import numpy as np
 import torch
+from scipy.sparse import csr_matrix
 from torch import Tensor
 from tqdm import tqdm
 
 from ..builders._common import check_count
+from .maxflow import Network
 from .weights import Head, Layer, as_layers, count_nodes, layer_matrix
+
+
+@dataclass(frozen=True)
+class Cone:
+    """The layered graph of the nodes that reach ``(L, output)``, as arrays.
+
+    ``levels[l]`` are the tokens of layer l in the cone, sorted (``levels[L] = [output]``,
+    ``levels[0]`` the inputs that reach it). Node ``(l, levels[l][p])`` has the id
+    ``offsets[l] + p``; edge e runs from ``src[e]`` (layer ``layer[e] - 1``) to ``dst[e]``
+    (layer ``layer[e]``) with capacity ``cap[e] > 0``.
+    """
+
+    levels: List[Tensor]
+    offsets: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    cap: np.ndarray
+    layer: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.cap)
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The cone as a ``DiGraph`` with nodes ``(layer, token)`` and edge attribute ``capacity``."""
+        names = [(layer, token) for layer, level in enumerate(self.levels) for token in level.tolist()]
+        graph = nx.DiGraph()
+        graph.add_nodes_from(names)
+        graph.add_edges_from((names[u], names[v], {"capacity": c})
+                             for u, v, c in zip(self.src.tolist(), self.dst.tolist(), self.cap.tolist()))
+        return graph
 
 
 def attention_flow(
@@ -30,28 +69,24 @@ def attention_flow(
     identity as in :func:`attention_rollout` when ``residual=True``). The flow of input j is
     the value of a maximum flow from ``(0, j)`` to ``(L, output)``.
 
-    How it is computed, and what can and cannot be shared:
+    How it is computed:
 
-    * Only the *cone* of the output is built: the nodes from which ``(L, output)`` can be
-      reached (walked backwards through the sparse layers). Every ``(0, j) -> (L, output)``
-      path lies in it, so the values are exact; inputs outside it get 0 without a flow.
-    * The cone and networkx's residual network are built **once per output** and reused
-      for all its inputs.
-    * One max-flow **per input** is still needed. Each input's value is its own min cut;
-      inputs compete for the same edges, so a single flow from a super-source joined to all
-      inputs gives only the *total* (at most the sum of the per-input values) and any split
-      of it into per-input shares is arbitrary, not each input's maximum flow. No exact
-      single-sink/all-sources shortcut exists for directed graphs in networkx (Gomory–Hu
-      trees need undirected graphs).
+    * Only the *cone* of the output is built (:func:`flow_cone`): the nodes from which
+      ``(L, output)`` can be reached, walked backwards through the sparse layers. Every
+      ``(0, j) -> (L, output)`` path lies in it, so the values are exact; inputs outside it
+      get 0 without a flow.
+    * One or two layers need no max-flow solver: with two, the paths from ``(0, j)`` are
+      ``(0, j) -> (1, m) -> (2, output)``, and paths through different m share no edge, so the
+      flow is :math:`\sum_m \min(\tilde A_1[m, j], \tilde A_2[o, m])`, summed for all inputs at once.
+    * Deeper stacks: one maximum flow per input on the cone, by SciPy's compiled solver with
+      integer capacities refined to a certified gap of 1e-13 (:class:`tgattn.analysis.maxflow.Network`).
+      Each input's value is its own min cut; inputs compete for the same edges, so one flow from a
+      super-source gives only the total, not each input's value.
 
     Cost: for ``window(n, w)`` and L layers, away from the sequence ends, the cone has
     :math:`V = (L + 1)(L w + 1)` nodes and :math:`E = (2w + 1)(L + w L (L - 1))` edges,
-    whatever n is, and one output needs ``2 L w + 1`` max-flows on it (Edmonds–Karp:
-    :math:`O(V E^2)` each; the default Boykov–Kolmogorov has no better worst-case bound but
-    is faster on these graphs). It is pure Python; measured here
-    (``python -m tgattn.bench.influence``, L = 4): w = 8, a cone of 1,700 edges, about 1 s
-    per output; w = 16, 6,500 edges, about 12 s; cones of 10^5 edges (w = 64) are impractical. Full or causal patterns make the cone the whole graph: there a few hundred
-    tokens is the limit. For a top-k question use :func:`top_flow`, which skips inputs.
+    whatever n is, and one output needs ``2 L w + 1`` max-flows on it. Full or causal patterns
+    make the cone the whole graph. For a top-k question use :func:`top_flow`, which skips inputs.
 
     Args:
         attention: ``(edge_index, alpha)`` per layer, first layer first.
@@ -59,10 +94,8 @@ def attention_flow(
         head: ``"mean"`` (default, as in the paper) or the index of one head.
         residual: mix each layer with the identity (default), else use raw attention.
         num_nodes: number of tokens (default: largest node id + 1).
-        flow_func: a networkx max-flow function (default:
-            :func:`networkx.algorithms.flow.boykov_kolmogorov`: 2.2x faster than networkx's
-            default ``preflow_push`` on a ``window(512, 8)`` cone here, and equal to it within
-            1e-15 on the tests' graphs; ``dinitz`` fails on float capacities).
+        flow_func: a networkx max-flow function (e.g. ``networkx.algorithms.flow.edmonds_karp``)
+            to solve every input with instead (pure Python: for comparisons, hundreds of times slower).
         progress: show a tqdm bar over the inputs.
 
     Returns:
@@ -81,14 +114,15 @@ def attention_flow(
         ACL 2020, https://arxiv.org/abs/2005.00928
     """
     n, output, matrices = _prepare(attention, output, head, residual, num_nodes)
-    graph, levels = flow_cone(matrices, output)
-    flow_func = flow_func or nx.algorithms.flow.boykov_kolmogorov
-    sink = (len(matrices), output)
+    cone = flow_cone(matrices, output)
     values = torch.zeros(n, dtype=torch.float64)
-    residual_network = None
-    for j in tqdm(levels[0].tolist(), disable=not progress, desc=f"flow into token {output}"):
-        residual_network = flow_func(graph, (0, j), sink, residual=residual_network, value_only=True)
-        values[j] = residual_network.graph["flow_value"]
+    inputs = cone.levels[0]
+    if flow_func is None and len(matrices) <= 2:
+        values[inputs] = torch.from_numpy(_shallow_flows(cone))
+        return values
+    solve = _solver(cone, flow_func)
+    for r in tqdm(range(len(inputs)), disable=not progress, desc=f"flow into token {output}"):
+        values[inputs[r]] = solve(r)
     return values
 
 
@@ -101,6 +135,7 @@ def top_flow(
     residual: bool = True,
     num_nodes: Optional[int] = None,
     flow_func: Optional[Callable] = None,
+    progress: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """The ``k`` inputs with the largest :func:`attention_flow` into ``output``, with fewer max-flows.
 
@@ -109,8 +144,8 @@ def top_flow(
     path crosses each layer once, so removing them separates j from the output; see
     :func:`flow_upper_bounds`). Inputs are then solved in decreasing order of bound, and the
     search stops once the next bound is below the k-th value found: the rest cannot enter
-    the top k. The result equals sorting :func:`attention_flow` (tolerance 1e-12); on a
-    ``window(512, 8)`` stack of 4 layers the top 8 needed 22 of the cone's 65 max-flows.
+    the top k. The result equals sorting :func:`attention_flow` (tolerance 1e-12). One or two
+    layers are computed for all inputs at once (see :func:`attention_flow`).
 
     Returns:
         ``(index [<=k], value [<=k])``, largest flow first (ties: smaller token first),
@@ -126,19 +161,20 @@ def top_flow(
     """
     k = check_count("k", k)
     _, output, matrices = _prepare(attention, output, head, residual, num_nodes)
-    graph, levels = flow_cone(matrices, output)
-    bound = flow_upper_bounds(matrices, levels)  # [inputs]
-    flow_func = flow_func or nx.algorithms.flow.boykov_kolmogorov
-    sink = (len(matrices), output)
+    cone = flow_cone(matrices, output)
+    inputs = cone.levels[0]
     found: List[Tuple[float, int]] = []  # (flow, token), best first, at most k
-    residual_network = None
-    for r in torch.sort(-bound, stable=True).indices.tolist():
-        if len(found) == k and (k == 0 or float(bound[r]) < found[-1][0] - 1e-12):
-            break
-        j = int(levels[0][r])
-        residual_network = flow_func(graph, (0, j), sink, residual=residual_network, value_only=True)
-        found = sorted(found + [(residual_network.graph["flow_value"], j)], key=lambda p: (-p[0], p[1]))[:k]
-    found = [(value, j) for value, j in found if value > 0]
+    if flow_func is None and len(matrices) <= 2:
+        found = list(zip(_shallow_flows(cone).tolist(), inputs.tolist()))
+    else:
+        bound = flow_upper_bounds(matrices, cone.levels)  # [inputs]
+        solve = _solver(cone, flow_func)
+        for r in tqdm(torch.sort(-bound, stable=True).indices.tolist(), disable=not progress,
+                      desc=f"top {k} flow into token {output}"):
+            if len(found) == k and (k == 0 or float(bound[r]) < found[-1][0] - 1e-12):
+                break
+            found = sorted(found + [(solve(r), int(inputs[r]))], key=lambda p: (-p[0], p[1]))[:k]
+    found = [(value, j) for value, j in sorted(found, key=lambda p: (-p[0], p[1]))[:k] if value > 0]
     index = torch.tensor([j for _, j in found], dtype=torch.long)
     return index, torch.tensor([value for value, _ in found], dtype=torch.float64)
 
@@ -151,13 +187,55 @@ def flow_upper_bounds(matrices: Sequence[Tensor], levels: Sequence[Tensor]) -> T
     ``(l-1, a)`` reachable from ``(0, j)`` and ``(l, b)`` in the cone. Returns
     ``float64 [len(levels[0])]``, the minimum over l, an upper bound of the max-flow.
     """
-    reach = torch.eye(len(levels[0]), dtype=torch.float64)  # [cone nodes of layer l, inputs]
-    bound = torch.full((len(levels[0]),), float("inf"), dtype=torch.float64)
+    inputs = len(levels[0])
+    reach = csr_matrix(np.eye(inputs, dtype=np.float64))  # [cone nodes of layer l, inputs], 1 = reached
+    bound = np.full(inputs, np.inf)
     for layer in range(1, len(matrices) + 1):
-        sub = matrices[layer - 1].index_select(0, levels[layer]).index_select(1, levels[layer - 1]).to_dense()
-        bound = torch.minimum(bound, sub.sum(0) @ reach)  # capacity leaving the reached nodes of layer l-1
-        reach = ((sub > 0).double() @ reach > 0).double()
-    return bound
+        sub = _block(matrices[layer - 1], levels[layer], levels[layer - 1])  # [levels[l], levels[l-1]]
+        bound = np.minimum(bound, np.asarray(reach.T @ np.asarray(sub.sum(0)).ravel()).ravel())
+        reach = (sub @ reach).astype(bool).astype(np.float64)
+    return torch.from_numpy(bound)
+
+
+def _block(matrix: Tensor, rows: Tensor, cols: Tensor) -> csr_matrix:
+    """``matrix[rows][:, cols]`` of a sparse torch matrix, as a SciPy CSR matrix."""
+    (i, j), value = matrix.indices().numpy(), matrix.values().numpy()
+    row_of = np.full(matrix.shape[0], -1)
+    row_of[rows.numpy()] = np.arange(len(rows))
+    col_of = np.full(matrix.shape[1], -1)
+    col_of[cols.numpy()] = np.arange(len(cols))
+    keep = (row_of[i] >= 0) & (col_of[j] >= 0)
+    return csr_matrix((value[keep], (row_of[i[keep]], col_of[j[keep]])), shape=(len(rows), len(cols)))
+
+
+def _shallow_flows(cone: Cone) -> np.ndarray:
+    """The flow of every input of a cone of one or two layers (the paths share no edge)."""
+    inputs = len(cone.levels[0])
+    if len(cone.levels) == 2:  # one layer: the edge into the output is the only path
+        return np.bincount(cone.src, weights=cone.cap, minlength=inputs)
+    last = cone.layer == 2
+    into_output = np.zeros(cone.num_nodes)
+    into_output[cone.src[last]] = cone.cap[last]  # per middle node m: capacity of (1, m) -> (2, output)
+    first = ~last
+    return np.bincount(cone.src[first], weights=np.minimum(cone.cap[first], into_output[cone.dst[first]]),
+                       minlength=inputs)
+
+
+def _solver(cone: Cone, flow_func: Optional[Callable]) -> Callable[[int], float]:
+    """``solve(r)``: the max-flow from input ``levels[0][r]`` to the output, by SciPy or ``flow_func``."""
+    sink = cone.num_nodes - 1
+    if flow_func is None:
+        network = Network(cone.num_nodes, cone.src, cone.dst, cone.cap)
+        return lambda r: network.max_flow(r, sink)
+    graph, names = cone.to_networkx(), [(0, j) for j in cone.levels[0].tolist()]
+    state = {"residual": None}  # networkx's residual network, built once and reused
+
+    def solve(r: int) -> float:
+        state["residual"] = flow_func(graph, names[r], (len(cone.levels) - 1, int(cone.levels[-1])),
+                                      residual=state["residual"], value_only=True)
+        return state["residual"].graph["flow_value"]
+
+    return solve
 
 
 def _prepare(attention, output, head, residual, num_nodes) -> Tuple[int, int, List[Tensor]]:
@@ -169,18 +247,15 @@ def _prepare(attention, output, head, residual, num_nodes) -> Tuple[int, int, Li
     return n, output % n, matrices
 
 
-def flow_cone(matrices: Sequence[Tensor], output: int) -> Tuple[nx.DiGraph, List[Tensor]]:
-    """The layered graph of the nodes that reach ``(L, output)``, and its tokens per layer.
+def flow_cone(matrices: Sequence[Tensor], output: int) -> Cone:
+    """The :class:`Cone` of ``(L, output)``: the layered graph of the nodes that reach it.
 
     ``matrices`` are sparse ``[N, N]`` layer matrices (rows = queries i), first layer first;
     edge ``(l-1, j) -> (l, i)`` gets ``capacity = matrices[l-1][i, j]``; zero entries are
-    left out (they carry no flow). ``levels[l]`` (sorted tokens of layer l in the cone)
-    ends with ``levels[L] = [output]``; ``levels[0]`` are the inputs that reach the output.
+    left out (they carry no flow).
     """
-    graph = nx.DiGraph()
     current = torch.tensor([output])
-    levels = [current]
-    graph.add_node((len(matrices), output))
+    levels, edges = [current], []
     for layer in range(len(matrices), 0, -1):
         matrix = matrices[layer - 1]  # coalesced: entries sorted by row
         (row, col), val = matrix.indices(), matrix.values()
@@ -190,12 +265,15 @@ def flow_cone(matrices: Sequence[Tensor], output: int) -> Tuple[nx.DiGraph, List
         counts = ends - starts  # [rows]
         pos = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts)
         pos = pos + torch.arange(int(counts.sum()))  # positions of the rows' entries in col / val
-        rows = torch.repeat_interleave(current, counts)
         keep = val[pos] > 0
-        rows, cols, caps = rows[keep].tolist(), col[pos][keep], val[pos][keep].tolist()
-        graph.add_edges_from(
-            ((layer - 1, j), (layer, i), {"capacity": c}) for i, j, c in zip(rows, cols.tolist(), caps)
-        )
-        current = torch.unique(cols)
+        rows, cols, caps = torch.repeat_interleave(current, counts)[keep], col[pos][keep], val[pos][keep]
+        below = torch.unique(cols)
+        edges.insert(0, (layer, torch.searchsorted(below, cols), torch.searchsorted(current, rows), caps))
+        current = below
         levels.insert(0, current)
-    return graph, levels
+    offsets = np.cumsum([0] + [len(level) for level in levels])
+    src = np.concatenate([offsets[l - 1] + j.numpy() for l, j, _, _ in edges])
+    dst = np.concatenate([offsets[l] + i.numpy() for l, _, i, _ in edges])
+    cap = np.concatenate([c.numpy() for _, _, _, c in edges])
+    layer = np.concatenate([np.full(len(c), l) for l, _, _, c in edges])
+    return Cone(levels, offsets, src, dst, cap, layer)

@@ -73,9 +73,10 @@ def run(sizes, windows, layers: int, heads: int, repeats: int, max_flow_edges: i
             if not torch.allclose(full.to_dense(), reference, atol=1e-10, rtol=0):
                 raise RuntimeError(f"sparse and dense rollout differ at n={n}, w={w}")
             row = _best(lambda: attention_rollout(stack, queries=n // 2), repeats)
-            graph, levels = flow_cone([layer_matrix(ei, a, n) for ei, a in stack], n // 2)
-            cone = f"{graph.number_of_nodes()} / {graph.number_of_edges()}"
-            if graph.number_of_edges() <= max_flow_edges:
+            cone_graph = flow_cone([layer_matrix(ei, a, n) for ei, a in stack], n // 2)
+            levels = cone_graph.levels
+            cone = f"{cone_graph.num_nodes} / {cone_graph.num_edges}"
+            if cone_graph.num_edges <= max_flow_edges:
                 flow = _best(lambda: attention_flow(stack, n // 2), 1)
                 flow_one, flow_all = f"{flow:.2f} s", f"{flow * n / 60:.0f} min"
                 calls = []
