@@ -72,3 +72,22 @@ def test_rollout_errors():
         attention_rollout([])
     with pytest.raises(ValueError, match="node 2"):
         attention_rollout(HAND, num_nodes=2)
+
+
+@pytest.mark.parametrize("pattern, tiled", [("window", True), ("causal", True), ("scattered", False)])
+def test_rollout_over_many_blocks_equals_dense_and_takes_the_tiles_where_the_pattern_is_local(pattern, tiled):
+    from tgattn.analysis.rollout import TILE, rollout_tiles
+
+    n = 2 * TILE + 37  # three blocks, the last one short
+    make = {
+        "window": lambda s: builders.window(n, 9, causal=bool(s % 2)),
+        "causal": lambda s: builders.causal(n),
+        "scattered": lambda s: random_edges(n, 0.01, s),
+    }[pattern]
+    layers, dense = random_stack([make(s) for s in range(3)], n, heads=2, seed=3)
+    expected = torch.eye(n, dtype=torch.float64)
+    for weights in dense:
+        expected = dense_residual(weights) @ expected
+    torch.testing.assert_close(attention_rollout(layers).to_dense(), expected, atol=1e-12, rtol=0)
+    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    assert (rollout_tiles(matrices) is not None) == tiled
