@@ -2,8 +2,8 @@
 
 The page is opened in headless Chromium (``--dump-dom``: the document after its script ran) and
 its tokens' colours, values and lists are compared with the attention and rollout computed
-here. Hovering is a real ``mouseover`` event dispatched on a token in the page. Skipped where
-no Chromium is installed (``apt-get install chromium``).
+here, pruned to each token's top keys. Hovering is a real ``mouseover`` event dispatched on a
+token in the page. Skipped where no Chromium is installed (``apt-get install chromium``).
 """
 import re
 import shutil
@@ -15,7 +15,8 @@ import torch
 
 from tgattn import builders
 from tgattn.__main__ import main
-from tgattn.analysis import attention_rollout, layer_matrix
+from tgattn.analysis import attention_rollout, influence_data, kept_edges, kept_rollout, layer_matrix
+from tgattn.analysis.budget import THRESHOLD, TOP_K
 from tgattn.analysis.page import attention_page
 from tgattn.analysis.show import random_attention
 
@@ -30,7 +31,8 @@ class Tokens(HTMLParser):
 
     def __init__(self):
         super().__init__()
-        self.panes, self.lists, self.titles, self._in, self._item = {}, {}, {}, None, None
+        self.panes, self.lists, self.titles, self._in, self._item, self._span = {}, {}, {}, None, None, None
+        self.h1, self._in_h1 = "", False
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -38,7 +40,11 @@ class Tokens(HTMLParser):
             self._in = attrs["id"]
             self.panes[self._in] = []
         elif tag == "span" and self._in and "tok" in attrs.get("class", ""):
+            attrs["text"] = ""
             self.panes[self._in].append(attrs)
+            self._span = attrs
+        elif tag == "h1":
+            self._in_h1 = True
         elif tag == "ol":
             self._item = attrs["id"]
             self.lists[self._item] = []
@@ -49,12 +55,20 @@ class Tokens(HTMLParser):
             self.lists[self._item] = [""]
 
     def handle_endtag(self, tag):
+        if tag == "span":
+            self._span = None
+        elif tag == "h1":
+            self._in_h1 = False
         if tag == "div":
             self._in = None
         elif tag in ("ol", "h2"):
             self._item = None
 
     def handle_data(self, data):
+        if self._span is not None:
+            self._span["text"] += data
+        if self._in_h1:
+            self.h1 += data
         if self._item and self.lists[self._item]:
             self.lists[self._item][-1] += data
 
@@ -80,14 +94,25 @@ def alpha_of(style: str) -> float:
     return 0.0 if match is None else float(match.group(1) or 1.0)
 
 
+def kept(weights: torch.Tensor, top_k: int = TOP_K, threshold: float = THRESHOLD) -> dict:
+    """The entries of a row the page keeps: its ``top_k`` largest of at least ``threshold``."""
+    order = sorted(range(len(weights)), key=lambda j: (-float(weights[j]), j))[:top_k]
+    return {j: float(weights[j]) for j in order if weights[j] >= threshold and weights[j] > 0}
+
+
 def expect_pane(spans, weights: torch.Tensor, query: int):
-    """Each token's value is its weight, its colour that weight over the largest (the query's own left out)."""
-    top = max(float(w) for j, w in enumerate(weights) if j != query)
+    """The kept tokens carry their weight and a colour of that weight over the largest (the query's own left
+    out); every other token is left blank."""
+    shown = kept(weights)
+    top = max(w for j, w in shown.items() if j != query)
     assert [int(s["data-i"]) for s in spans] == list(range(len(weights)))
     for j, span in enumerate(spans):
-        assert float(span["data-weight"]) == pytest.approx(float(weights[j]), abs=2e-4)
         assert ("selected" in span["class"]) == (j == query)
-        expected = 0.0 if j == query else min(float(weights[j]) / top, 1.0)
+        if j not in shown:
+            assert "data-weight" not in span and alpha_of(span.get("style")) == 0.0
+            continue
+        assert float(span["data-weight"]) == pytest.approx(shown[j], abs=2e-4)
+        expected = 0.0 if j == query else min(shown[j] / top, 1.0)
         assert alpha_of(span.get("style")) == pytest.approx(expected, abs=1 / 255 + 1e-3)  # the browser keeps 8 bits
 
 
@@ -104,6 +129,50 @@ def test_the_page_is_self_contained(page):
     assert html.count("<script") == 2 and "<title>a test</title>" in html
 
 
+def test_the_data_keeps_each_tokens_top_keys_and_says_what_was_pruned():
+    n = 40
+    tokens = [f"w{i}" for i in range(n)]
+    attention = random_attention(tokens, builders.causal(n), layers=2, heads=2)
+    data = influence_data(tokens, attention, top_k=4, threshold=0.02)
+    for layer, (edge_index, alpha) in enumerate(attention):
+        for head in ("mean", 0, 1):
+            exact = layer_matrix(edge_index, alpha, n, head=head, residual=False).to_dense()  # [N, N]
+            (keys, queries), weight = kept_edges(data, layer, head)
+            got = {(int(i), int(j)): float(w) for j, i, w in zip(keys, queries, weight)}
+            expected = {(i, j): w for i in range(n) for j, w in kept(exact[i], 4, 0.02).items()}
+            assert got.keys() == expected.keys()
+            for pair, w in got.items():  # quantised to 16 bits of the row's largest kept weight
+                assert abs(w - expected[pair]) <= 8e-6 * float(exact[pair[0]].max())
+            lost = data["pruned"][layer][0 if head == "mean" else head + 1]
+            assert lost["edges"] == edge_index.shape[1] - len(got)
+            assert lost["total"] == pytest.approx(float(exact.sum()), abs=1e-9)
+            assert lost["weight"] == pytest.approx(float(exact.sum()) - sum(expected.values()), abs=1e-9)
+    rollout = attention_rollout(attention).to_dense()
+    (keys, rows), share = kept_rollout(data)
+    assert {(int(i), int(j)) for j, i in zip(keys, rows)} == {(i, j) for i in range(n) for j in kept(rollout[i], 4, 0.02)}
+    assert data["rollout_pruned"]["weight"] == pytest.approx(n - sum(sum(kept(rollout[i], 4, 0.02).values())
+                                                                     for i in range(n)), abs=1e-9)
+
+
+HOSTILE = ["<!--<script>", "</script>", "<script>document.body.innerHTML=''</script>", "<!--", "-->", "]]>",
+           "&amp;", "\u2028x\u2029", '"\'`', "</title>", "<\\/script>", "\\u003c", "<b>bold</b>"]
+
+
+@needs_browser
+@pytest.mark.slow
+@pytest.mark.parametrize("hostile", ["<!--<script>", "<script>", "</script>", "all"])
+def test_no_text_changes_how_the_page_parses(tmp_path, hostile):
+    # one string alone (a later "-->" would close what "<!--" opened and hide the fault), then all of them
+    tokens = ["the", "sky", *(HOSTILE if hostile == "all" else [hostile]), "is", "blue"]
+    title = " ".join(HOSTILE) if hostile == "all" else hostile
+    html = attention_page(tokens, random_attention(tokens, builders.causal(len(tokens))), title=title)
+    dom = render(html, tmp_path, hover=3)
+    assert dom.h1 == title
+    for pane in ("attends", "influenced"):
+        assert [span["text"] for span in dom.panes[pane]] == tokens
+    assert [s["data-i"] for s in dom.panes["attends"] if "selected" in s["class"]] == ["3"]
+
+
 @needs_browser
 @pytest.mark.slow
 def test_hovering_a_token_shows_what_it_attends_to_and_what_influences_it(page, tmp_path):
@@ -117,7 +186,7 @@ def test_hovering_a_token_shows_what_it_attends_to_and_what_influences_it(page, 
     assert dom.lists["attends-title"] == [f"'{tokens[hovered]}' (#{hovered}) attends to, in layer 2 (mean over heads)"]
     strongest = int(rollout.argmax())
     assert dom.lists["influenced-top"][0] == f"{tokens[strongest]} (#{strongest}) {float(rollout[strongest]):.3f}"
-    assert len(dom.lists["attends-top"]) == min(8, int((last > 0).sum()))
+    assert len(dom.lists["attends-top"]) == min(8, len(kept(last)))
 
 
 @needs_browser

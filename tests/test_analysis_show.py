@@ -73,6 +73,14 @@ def test_show_with_checkpoint(tmp_path, capsys):
         (["--top-k", "0"], "argument --top-k: must be an integer >= 1 (got '0')"),
         (["--pattern", "spiral"], "argument --pattern: invalid choice: 'spiral'"),
         (["--checkpoint", "/missing/gpt.pt"], "no checkpoint at /missing/gpt.pt"),
+        (["--keep", "0"], "argument --keep: must be an integer >= 1 (got '0')"),
+        (["--threshold", "1"], "argument --threshold: must be a number in [0, 1) (got '1')"),
+        (["--max-page-mb", "nan"], "argument --max-page-mb: must be a number > 0 (got 'nan')"),
+        (["--from", "/missing/data.json", "--html", "/tmp/x.html"], "--from: no file at /missing/data.json"),
+        (["--from", __file__], "--from makes a page: give --html PAGE"),
+        (["--json", "/missing/dir/x.json"], "--json: the folder '/missing/dir' does not exist"),
+        (["--text", "a " * 10_000, "--layers", "4", "--heads", "4", "--keep", "100", "--html", "/tmp/x.html"],
+         "the page would take about 115 MB (10000 tokens, 4 layers x 4 heads, --keep 100), more than --max-page-mb 64"),
     ],
 )
 def test_bad_options_are_one_line_errors_before_any_work(cli, tmp_path, monkeypatch, argv, message):
@@ -171,7 +179,33 @@ def test_a_checkpoints_title_names_the_file_not_its_folder(tmp_path, capsys, mon
     path.parent.mkdir(parents=True)
     save_gpt_checkpoint(path)
     titles = []
-    draw = show.show_figure
-    monkeypatch.setattr(show, "show_figure", lambda *a, **k: titles.append(k["title"]) or draw(*a, **k))
+    draw = figure.show_figure
+    monkeypatch.setattr(figure, "show_figure", lambda *a, **k: titles.append(k["title"]) or draw(*a, **k))
     assert main(["show", "--text", "abca", "--checkpoint", str(path), "--out", str(tmp_path / "x.png")]) == 0
     assert titles == ["'abca' (4 tokens): tiny GPT gpt.pt, 2 layers x 2 heads"]
+
+
+def test_json_then_from_makes_the_same_page_and_the_budget_is_kept(tmp_path, capsys, cli):
+    text = " ".join(WORDS * 3)
+    direct, data, again = tmp_path / "direct.html", tmp_path / "data.json", tmp_path / "again.html"
+    assert main(["show", "--text", text, "--html", str(direct), "--json", str(data), "--keep", "3"]) == 0
+    assert main(["show", "--from", str(data), "--html", str(again)]) == 0
+    assert again.read_bytes() == direct.read_bytes()
+    assert f"wrote {again} from {data}" in capsys.readouterr().out
+    status, err = cli(main, ["show", "--from", str(data), "--html", str(tmp_path / "big.html"), "--max-page-mb", "0.01"])
+    assert status == 2 and "the page would take 0." in one_line_error(err, "python -m tgattn show")
+    assert not (tmp_path / "big.html").exists()
+    data.write_text('{"format": "something else"}')
+    status, err = cli(main, ["show", "--from", str(data), "--html", str(again)])
+    assert status == 2 and "is not a tgattn influence file" in one_line_error(err, "python -m tgattn show")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--heads", "3"], ["--keep", "-1"], ["--text", ""]])
+def test_help_and_bad_arguments_answer_without_torch(argv):
+    import subprocess
+
+    probe = ("import sys, runpy; sys.argv = ['show', *sys.argv[1:]]\n"
+             "try: runpy.run_module('tgattn.analysis.show', run_name='__main__')\n"
+             "except SystemExit as end: print('torch' in sys.modules, 'torch_geometric' in sys.modules, end.code)")
+    run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip().endswith("False False 0" if argv == ["--help"] else "False False 2"), run.stderr

@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from .influence import Influencers, top_influencers
+from .labels import TITLE_CHARS, fit
 from .weights import Layer, select_head
-
-TITLE_CHARS = 110  # the picture's title at 12 points across its 12 inches, with room to spare
 
 
 def rank(attention: Sequence[Layer], query: int, k: int, num_nodes: int) -> Dict[str, Influencers]:
@@ -39,17 +38,6 @@ def neighbourhood(attention: Sequence[Layer], ranked: Dict[str, Influencers], qu
     for influencers in ranked.values():
         chosen.update(influencers.index.tolist())
     return sorted(j % num_nodes for j in chosen)
-
-
-def fit(text: str, chars: int) -> str:
-    """``text`` on one line of at most ``chars`` characters, its end cut with an ellipsis.
-
-    Example:
-        >>> fit("The sky is blue", 40), fit("The sky is blue", 10)
-        ('The sky is blue', 'The sky i…')
-    """
-    text = " ".join(text.split())
-    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 def show_figure(

@@ -1,11 +1,16 @@
 """An interactive page of attention (``python -m tgattn show --html``), in the spirit of bertviz.
 
-The text is shown twice, as running text that wraps, so that 200 tokens fit a screen. Hovering
-a token selects it: the left copy colours every token by the weight the selected token gives
-it in one layer and head (chosen above the text), the right copy by its share in the
-selected token after all layers (attention rollout, Abnar & Zuidema 2020); above each, its
-strongest tokens with their values. A click keeps the selection; ``#token=5&layer=2&head=0``
-in the address opens the page on that token, layer and head.
+The text is shown twice, as running text that wraps. Hovering a token selects it: the left copy
+colours the tokens the selected token attends to in one layer and head (chosen above the text),
+the right copy its strongest inputs after all layers (attention rollout, Abnar & Zuidema 2020);
+above each, its strongest tokens with their values. A grid shows, for every layer and head, where
+in the text the selected token looks; a click on a cell picks that layer and head. A click on a
+token keeps the selection; ``#token=5&layer=2&head=0`` in the address opens the page there.
+
+The page carries the data of :func:`tgattn.analysis.export.influence_data`: per token and view
+its top ``top_k`` keys above a threshold, quantised, so it grows with ``N * top_k`` (about 14 MB
+at 10,000 tokens, 4 layers x 4 heads, ``top_k=10``), and says what was pruned and the weight it
+held. Its size is checked against a budget before anything is written.
 
 The page is one file: its style, script and data are inside it, and it loads nothing, so it
 opens without a network connection and can be sent as it is. The template is ``show.html``
@@ -16,65 +21,62 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+from .budget import MAX_BYTES, THRESHOLD, TOP_K
 
-from .rollout import attention_rollout
-from .weights import Layer, as_layers, count_nodes
+if TYPE_CHECKING:
+    from .weights import Layer
 
 TEMPLATE = Path(__file__).with_name("show.html")
-DIGITS = 4  # weights are written with this many decimals: enough for any colour, a smaller page
+# every character that could end or change the data block's parsing, written as a JSON escape
+_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-def page_data(tokens: Sequence[str], attention: Sequence[Layer], *, query: int = -1, title: str = "") -> dict:
-    """What the page shows, as JSON-ready lists: tokens, each layer's edges and per-head weights,
-    and the rollout through all layers (sparse, rows = queries i).
-
-    Example:
-        >>> from tgattn import builders
-        >>> ei = builders.causal(2)  # edges (j, i): (0, 0), (0, 1), (1, 1)
-        >>> data = page_data(["a", "b"], [(ei, torch.tensor([[1.0], [0.25], [0.75]]))])
-        >>> data["layers"][0], data["query"]
-        ({'src': [0, 0, 1], 'dst': [0, 1, 1], 'heads': [[1.0, 0.25, 0.75]]}, 1)
-        >>> data["rollout"]["vals"]  # rownorm(0.5 A + 0.5 I)
-        [1.0, 0.125, 0.875]
-    """
-    layers = as_layers(attention)
-    n = count_nodes(layers, len(tokens))
-    rollout = attention_rollout(layers, num_nodes=n).coalesce()  # [N, N], mean over heads
-    rows, cols = rollout.indices().tolist()
-    return {
-        "title": title,
-        "tokens": list(tokens),
-        "query": query % n,
-        "layers": [
-            {
-                "src": edge_index[0].tolist(),
-                "dst": edge_index[1].tolist(),
-                "heads": _rounded((alpha if alpha.dim() == 2 else alpha[:, None]).detach().double().cpu().T),
-            }
-            for edge_index, alpha in layers
-        ],
-        "rollout": {"rows": rows, "cols": cols, "vals": _rounded(rollout.values())},
-    }
-
-
-def attention_page(tokens: Sequence[str], attention: Sequence[Layer], *, query: int = -1, title: str = "") -> str:
+def attention_page(
+    tokens: Sequence[str],
+    attention: Sequence["Layer"],
+    *,
+    query: int = -1,
+    title: str = "",
+    top_k: int = TOP_K,
+    threshold: float = THRESHOLD,
+    max_bytes: int = MAX_BYTES,
+    progress: bool = False,
+) -> str:
     """The page, one self-contained HTML document, opened on token ``query`` (default: the last).
 
+    ``top_k`` and ``threshold`` choose the edges kept (:func:`tgattn.analysis.export.influence_data`);
+    a page larger than ``max_bytes`` raises ``ValueError`` with its size.
+
     Example:
+        >>> import torch
         >>> from tgattn import builders
-        >>> page = attention_page(["The", "sky"], [(builders.causal(2), torch.ones(3, 2))], title="<sky>")
-        >>> "<title>&lt;sky&gt;</title>" in page, "http" in page.replace("http-equiv", "")
-        (True, False)
+        >>> page = attention_page(["The", "<!--<script>"], [(builders.causal(2), torch.ones(3, 2))], title="<sky>")
+        >>> "<title>&lt;sky&gt;</title>" in page, "http" in page.replace("http-equiv", ""), "<!--<script>" in page
+        (True, False, False)
     """
-    data = json.dumps(page_data(tokens, attention, query=query, title=title), ensure_ascii=False)
-    data = data.replace("</", "<\\/")  # a token "</script>" must not end the data block
+    from .export import influence_data
+
+    data = influence_data(tokens, attention, query=query, title=title, top_k=top_k, threshold=threshold,
+                          progress=progress)
+    return page_from_data(data, max_bytes=max_bytes)
+
+
+def page_from_data(data: dict, *, max_bytes: int = MAX_BYTES) -> str:
+    """The page of data from :func:`~tgattn.analysis.export.influence_data` (or a file read back by
+    :func:`~tgattn.analysis.export.load_influence`).
+
+    The data block is JSON with ``<``, ``>``, ``&`` and the line separators written as ``\\uXXXX``
+    escapes, so no token or title (``</script>``, ``<!--<script>``, ...) changes how the page parses.
+    """
+    block = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_SAFE)
     page = TEMPLATE.read_text(encoding="utf-8")
-    page = page.replace("<title>TITLE</title>", f"<title>{html.escape(title)}</title>", 1)
-    return page.replace('type="application/json">DATA</script>', f'type="application/json">{data}</script>', 1)
-
-
-def _rounded(values: torch.Tensor) -> list:
-    return torch.round(values, decimals=DIGITS).tolist()
+    page = page.replace('type="application/json">DATA</script>', f'type="application/json">{block}</script>', 1)
+    page = page.replace("<title>TITLE</title>", f"<title>{html.escape(data['title'])}</title>", 1)
+    size = len(page.encode("utf-8"))
+    if size > max_bytes:
+        raise ValueError(f"the page would take {size / 1e6:.1f} MB, more than the budget of {max_bytes / 1e6:.1f} MB: "
+                         f"keep fewer keys per token (--top-k, now {data['keep']['top_k']}) or raise the budget "
+                         "(--max-page-mb)")
+    return page

@@ -1,4 +1,4 @@
-"""``python -m tgattn show``: draw who influences whom in a short text.
+"""``python -m tgattn show``: draw who influences whom in a text.
 
 Without ``--checkpoint`` the attention comes from seeded random projections (a stack of
 :class:`tgattn.GraphAttention` layers over word embeddings); with one, from a trained tiny
@@ -6,22 +6,26 @@ GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge s
 With ``--hf`` it comes from a transformers model (:mod:`tgattn.hf`): a local model folder
 with its tokenizer, or ``random`` for a tiny seeded Llama over the words of ``--text``.
 With ``--html PAGE`` it writes an interactive page (:mod:`tgattn.analysis.page`) instead of
-the picture: hover a token to see what it attends to and what influences it.
+the picture: hover a token to see what it attends to and what influences it. ``--json FILE``
+writes what the page shows as data (:mod:`tgattn.analysis.export`), and ``--from FILE`` makes
+the page from such a file, on another machine.
+
+Arguments are parsed and checked before torch is imported (``python -m tgattn.analysis.show
+--help`` answers at once); the work imports it.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Sequence, Tuple
 
-import torch
-import torch.nn.functional as F
+from .._cli import missing_plot_extra, non_negative_int, positive_float, positive_int, run, seed_int
+from .budget import MAX_BYTES, THRESHOLD, TOP_K, estimate_bytes
+from .labels import TITLE_CHARS, fit
 
-from .. import builders
-from .._cli import non_negative_int, positive_int, seed_int
-from ..nn.attention import GraphAttention
-from .figure import TITLE_CHARS, fit, rank, show_figure
-from .weights import Layer
+if TYPE_CHECKING:
+    from .weights import Layer
 
 PATTERNS = ("full", "causal", "window", "causal_window")
 DIM = 32  # width of the random layers
@@ -29,6 +33,8 @@ DIM = 32  # width of the random layers
 
 def pattern_edges(pattern: str, n: int, *, window: int = 2):
     """The edge set named by ``--pattern`` for ``n`` tokens."""
+    from .. import builders
+
     if pattern == "full":
         return builders.full(n)
     if pattern == "causal":
@@ -40,15 +46,16 @@ def pattern_edges(pattern: str, n: int, *, window: int = 2):
     raise ValueError(f"pattern must be one of {PATTERNS} (got {pattern!r})")
 
 
-def random_attention(
-    tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = DIM, seed: int = 0
-) -> List[Layer]:
+def random_attention(tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = DIM,
+                     seed: int = 0) -> List["Layer"]:
     """Attention of ``layers`` random (seeded) GraphAttention layers with residuals over ``tokens``.
 
     Equal tokens share a random embedding; a random position embedding tells them apart.
     The global random state is left untouched.
 
     Example:
+        >>> import torch
+        >>> from tgattn import builders
         >>> ei = builders.causal(4)
         >>> att = random_attention("The sky is blue".split(), ei, layers=3)
         >>> len(att), att[0][1].shape
@@ -56,6 +63,11 @@ def random_attention(
         >>> torch.equal(att[2][1], random_attention("The sky is blue".split(), ei, layers=3)[2][1])
         True
     """
+    import torch
+    import torch.nn.functional as F
+
+    from ..nn.attention import GraphAttention
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vocab = {token: number for number, token in enumerate(sorted(set(tokens)))}
@@ -72,16 +84,17 @@ def random_attention(
     return attention
 
 
-def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
+def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List["Layer"]]:
     """Characters of ``text`` and the attention of the tiny GPT saved at ``path``.
 
     The checkpoint is a ``torch.save`` dict with ``"model"`` (state dict), ``"config"``
     (the fields of :class:`tgattn.models.GPTConfig`) and ``"vocab"`` (its characters in id
     order), read and verified by :func:`tgattn.lm.load_checkpoint`;
     ``GPT.forward(idx, return_attention=True)`` returns a tuple whose last item is the
-    attention, a list over layers of ``(edge_index, alpha [E, H])`` (``(logits, attention)``
-    in the agreed contract, ``(logits, loss, attention)`` on the gpt branch).
+    attention, a list over layers of ``(edge_index, alpha [E, H])``.
     """
+    import torch
+
     from ..lm.checkpoint import load_checkpoint, model_from_checkpoint
 
     checkpoint = load_checkpoint(path)
@@ -94,6 +107,17 @@ def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List[Layer]]:
     with torch.no_grad():
         attention = model(idx, return_attention=True)[-1]
     return list(text), [(ei, alpha) for ei, alpha in attention]
+
+
+def threshold(text: str) -> float:
+    """``--threshold``: a weight in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1) (got {text!r})")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,25 +135,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
     parser.add_argument("--html", metavar="PAGE", help="write an interactive HTML page to PAGE instead of the picture "
                                                        "(one file, opens offline; no matplotlib needed)")
+    parser.add_argument("--json", metavar="FILE", help="write what the page shows (kept edges, rollout, flow) to FILE "
+                                                       "as JSON, instead of the picture")
+    parser.add_argument("--from", dest="source", metavar="FILE", help="make the --html page from a file that --json "
+                                                                      "wrote, instead of computing attention")
+    parser.add_argument("--keep", type=positive_int, default=TOP_K,
+                        help=f"page / --json: keys kept per token, layer and head (default: {TOP_K})")
+    parser.add_argument("--threshold", type=threshold, default=THRESHOLD,
+                        help=f"page / --json: weights below are pruned (default: {THRESHOLD})")
+    parser.add_argument("--max-page-mb", type=positive_float, default=MAX_BYTES / 1e6,
+                        help=f"refuse to write a page larger than this (default: {MAX_BYTES / 1e6:.0f})")
+
+
+def check(args: argparse.Namespace) -> List[str]:
+    """The settings checked before any work (no torch): the tokens of ``--text`` (``[]`` for ``--hf``).
+
+    Raises:
+        ValueError: for options that do not fit together, or a page over its budget.
+    """
+    for target, option in ((args.html, "--html"), (args.json, "--json"),
+                           (None if args.html or args.json else args.out, "--out")):
+        if target is not None and not Path(target).parent.is_dir():
+            raise ValueError(f"{option}: the folder {str(Path(target).parent)!r} does not exist")
+    if args.source is not None:
+        if not args.html:
+            raise ValueError("--from makes a page: give --html PAGE (the file holds the page's pruned data, "
+                             "not the full attention a picture needs)")
+        if not Path(args.source).is_file():
+            raise ValueError(f"--from: no file at {args.source}")
+        return []
+    if not (args.html or args.json) and missing_plot_extra():
+        raise ValueError(missing_plot_extra())
+    if args.hf:
+        return []
+    tokens = list(args.text) if args.checkpoint else args.text.split()
+    if not tokens:
+        raise ValueError("--text is empty")
+    if not -len(tokens) <= args.query < len(tokens):
+        raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
+    if not args.checkpoint and DIM % args.heads:
+        raise ValueError(f"--heads must divide the random layers' width {DIM} (got {args.heads})")
+    if args.html and not args.checkpoint:
+        size = estimate_bytes(len(tokens), args.layers, args.heads, args.keep)
+        if size > args.max_page_mb * 1e6:
+            raise ValueError(f"the page would take about {size / 1e6:.0f} MB ({len(tokens)} tokens, {args.layers} layers x "
+                             f"{args.heads} heads, --keep {args.keep}), more than --max-page-mb {args.max_page_mb:g}: "
+                             "keep fewer keys per token or raise the budget")
+    return tokens
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``show`` with parsed arguments: write the picture, print the top influencers.
+    """Run ``show`` with parsed arguments: write the picture (or page, or data), print the top influencers.
 
     Raises:
         ValueError: for options that do not fit together, before any work.
     """
-    target, option = (args.html, "--html") if args.html else (args.out, "--out")
-    if not Path(target).parent.is_dir():
-        raise ValueError(f"{option}: the folder {str(Path(target).parent)!r} does not exist")
-    if not args.hf:
-        tokens = list(args.text) if args.checkpoint else args.text.split()
-        if not tokens:
-            raise ValueError("--text is empty")
-        if not -len(tokens) <= args.query < len(tokens):
-            raise ValueError(f"--query must be a token index in [0, {len(tokens)}) (got {args.query})")
-        if not args.checkpoint and DIM % args.heads:
-            raise ValueError(f"--heads must divide the random layers' width {DIM} (got {args.heads})")
+    tokens = check(args)
+    if args.source is not None:
+        return _page_from_file(args)
     if args.hf:
         from ..hf.analysis import cli_attention
 
@@ -146,12 +209,21 @@ def main(args: argparse.Namespace) -> int:
         source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
     query = args.query % len(tokens)
     title = f"{fit(args.text, max(TITLE_CHARS - len(source) - 20, 16))!r} ({len(tokens)} tokens): {source}"
-    if args.html:
-        from .page import attention_page
+    if args.html or args.json:
+        from .export import influence_data, save_influence
+        from .page import page_from_data
 
-        Path(args.html).write_text(attention_page(tokens, attention, query=query, title=title), encoding="utf-8")
-        print(f"wrote {args.html} (open it in a browser)")
+        data = influence_data(tokens, attention, query=query, title=title, top_k=args.keep, threshold=args.threshold,
+                              progress=True)
+        if args.json:
+            save_influence(data, args.json)
+            print(f"wrote {args.json} (python -m tgattn show --from {args.json} --html PAGE makes its page)")
+        if args.html:
+            Path(args.html).write_text(page_from_data(data, max_bytes=int(args.max_page_mb * 1e6)), encoding="utf-8")
+            print(f"wrote {args.html} (open it in a browser)")
         return 0
+    from .figure import rank, show_figure
+
     ranked = rank(attention, query, args.top_k, len(tokens))
     fig = show_figure(tokens, attention, ranked, query=query, title=title)
     fig.savefig(args.out, dpi=110)
@@ -160,3 +232,24 @@ def main(args: argparse.Namespace) -> int:
         print(f"{method} into {tokens[query]!r}: {pairs}")
     print(f"wrote {args.out}")
     return 0
+
+
+def _page_from_file(args: argparse.Namespace) -> int:
+    from .export import load_influence
+    from .page import page_from_data
+
+    data = load_influence(args.source)
+    Path(args.html).write_text(page_from_data(data, max_bytes=int(args.max_page_mb * 1e6)), encoding="utf-8")
+    print(f"wrote {args.html} from {args.source} (open it in a browser)")
+    return 0
+
+
+def cli(argv=None) -> int:
+    """``python -m tgattn.analysis.show [options]``: the same as ``python -m tgattn show``."""
+    parser = argparse.ArgumentParser(prog="python -m tgattn.analysis.show", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser, main, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

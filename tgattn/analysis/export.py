@@ -1,0 +1,260 @@
+"""What the influence page shows, as data: the kept edges of every layer and head, the rollout and
+the flow into one token, pruned and quantised, in a documented JSON file (``docs/influence.md``).
+
+Per token (query) and per view (a layer's mean over heads, or one head) only the ``top_k``
+strongest keys whose weight is at least ``threshold`` are kept, so the data grows with
+``N * top_k``, not with the edges (``N^2`` for causal attention). What was dropped is counted
+and weighed per view (``pruned``). Weights are quantised per query to 16 bits of the query's
+largest kept weight (error below 8e-6 of it), and every array is little-endian binary in
+base64, which a browser decodes view by view.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ..builders._common import check_count
+from .budget import THRESHOLD, TOP_K
+from .flow import flow_cone, top_flow
+from .rollout import rollout_tiles
+from .weights import Layer, as_layers, count_nodes, layer_matrix
+
+FORMAT, VERSION = "tgattn.influence", 1
+FLOW_EDGES = 300_000  # the largest flow cone solved for the data (larger ones are skipped, and said so)
+LEVELS = 65535  # a weight is stored as round(LEVELS * weight / the query's largest kept weight)
+
+
+def influence_data(
+    tokens: Sequence[str],
+    attention: Union[Layer, Sequence[Layer]],
+    *,
+    query: int = -1,
+    title: str = "",
+    top_k: int = TOP_K,
+    threshold: float = THRESHOLD,
+    flow: bool = True,
+    progress: bool = False,
+) -> dict:
+    """The data of the influence page (and of ``python -m tgattn show --json``), ready for ``json.dump``.
+
+    Args:
+        tokens: one label per token.
+        attention: ``(edge_index, alpha [E, H])`` per layer, first layer first.
+        query: the token the page opens on, and whose top flow is computed (negative counts from the end).
+        title: the page's title.
+        top_k: keys kept per token and view (and rollout entries per token).
+        threshold: weights below it are dropped.
+        flow: compute the top ``top_k`` attention flow into ``query`` when its cone has at most
+            :data:`FLOW_EDGES` edges (otherwise ``data["flow"]["skipped"]`` says why not).
+        progress: tqdm bars.
+
+    Read it back with :func:`kept_edges` and :func:`kept_rollout`.
+
+    Example:
+        >>> from tgattn import builders
+        >>> ei = builders.causal(3)  # edges (j, i): (0,0) (0,1) (1,1) (0,2) (1,2) (2,2)
+        >>> data = influence_data(["a", "b", "c"], [(ei, torch.tensor([1.0, 0.5, 0.5, 0.6, 0.3, 0.1], dtype=torch.float64))], top_k=2)
+        >>> kept_edges(data, 0)  # query 2 keeps keys 0 and 1; its key 2 (0.1) is pruned
+        (tensor([[0, 0, 1, 0, 1],
+                [0, 1, 1, 2, 2]]), tensor([1.0000, 0.5000, 0.5000, 0.6000, 0.3000], dtype=torch.float64))
+        >>> data["pruned"][0][0]
+        {'edges': 1, 'weight': 0.1, 'total': 3.0}
+    """
+    top_k = check_count("top_k", top_k)
+    if not 1 <= top_k <= LEVELS:
+        raise ValueError(f"top_k must be in [1, {LEVELS}] (got {top_k})")
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a number in [0, 1) (got {threshold!r})")
+    layers = as_layers(attention)
+    n = count_nodes(layers, len(tokens))
+    if len(tokens) != n:
+        raise ValueError(f"tokens has {len(tokens)} labels but there are {n} nodes")
+    if isinstance(query, bool) or not isinstance(query, int) or not -n <= query < n:
+        raise ValueError(f"query must be a token index in [0, {n}) (got {query!r})")
+    query %= n
+    wide = n > 65536
+    views, pruned = [], []
+    for edge_index, alpha in tqdm(layers, disable=not progress, desc="pruning the layers"):
+        kept, lost = _prune_layer(edge_index, alpha, n, top_k, threshold)
+        views.append([_encode(*view, wide) for view in kept])
+        pruned.append(lost)
+    rollout, rollout_lost = _rollout_top(layers, n, top_k, threshold, progress)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "title": title,
+        "tokens": [str(token) for token in tokens],
+        "query": query,
+        "heads": [_heads(alpha) for _, alpha in layers],
+        "keep": {"top_k": top_k, "threshold": threshold},
+        "index_bytes": 4 if wide else 2,
+        "layers": views,
+        "pruned": pruned,
+        "rollout": _encode(*rollout, wide),
+        "rollout_pruned": rollout_lost,
+        "flow": _flow(layers, n, query, top_k) if flow else {"token": query, "skipped": "not asked for"},
+    }
+
+
+def _heads(alpha: Tensor) -> int:
+    return alpha.shape[1] if alpha.dim() == 2 else 1
+
+
+def _prune_layer(edge_index: Tensor, alpha: Tensor, n: int, top_k: int, threshold: float):
+    """Per view (the mean over heads, then each head): the kept ``(ptr, keys, weights)`` and what was dropped."""
+    alpha = alpha.detach().to("cpu", torch.float64)
+    alpha = alpha[:, None] if alpha.dim() == 1 else alpha  # [E, H]
+    weights = torch.cat([alpha.mean(1, keepdim=True), alpha], 1)  # [E, V]: mean, head 0, ...
+    matrix = torch.sparse_coo_tensor(edge_index.cpu().flip(0), weights, (n, n, weights.shape[1]),
+                                     check_invariants=False).coalesce()
+    (rows, cols), values = matrix.indices(), matrix.values()  # duplicates added up, sorted by (query, key)
+    ptr = torch.zeros(n + 1, dtype=torch.long)
+    ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
+    return _top_per_row(ptr, cols, values, top_k, threshold)
+
+
+def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshold: float):
+    """Top ``top_k`` entries >= ``threshold`` of every row of a CSR matrix with ``V`` value columns."""
+    n, views = len(ptr) - 1, values.shape[1]
+    degree = ptr[1:] - ptr[:-1]
+    width = max(int(degree.max()) if n else 0, 1)
+    kept = [[] for _ in range(views)]
+    chunk = max(1, 4_000_000 // (width * views))  # rows per padded block: at most 4M weights at a time
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        first, last = int(ptr[start]), int(ptr[stop])
+        local = torch.repeat_interleave(torch.arange(stop - start), degree[start:stop])
+        position = torch.arange(first, last) - ptr[start:stop][local]
+        pad = torch.full((views, stop - start, width), -1.0, dtype=torch.float64)
+        pad[:, local, position] = values[first:last].T
+        top, where = pad.topk(min(top_k, width), dim=2)  # [V, rows, k]
+        keys = cols[(ptr[start:stop][None, :, None] + where).clamp(max=max(len(cols) - 1, 0))] if len(cols) else where
+        for view in range(views):
+            kept[view].append((top[view], keys[view]))
+    total = values.sum(0)
+    out, lost = [], []
+    for view in range(views):
+        top = torch.cat([t for t, _ in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.float64)
+        keys = torch.cat([k for _, k in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.long)
+        out.append(_packed(top, keys, threshold))
+        held = float(out[-1][2].sum())
+        lost.append({"edges": int(len(cols) - len(out[-1][1])), "weight": round(float(total[view]) - held, 12),
+                     "total": round(float(total[view]), 12)})
+    return out, lost
+
+
+def _packed(top: Tensor, keys: Tensor, threshold: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """``[rows, k]`` candidates (largest first, padding < 0) -> CSR ``(ptr, keys, weights)`` of the kept ones."""
+    keep = (top >= threshold) & (top > 0)
+    ptr = torch.zeros(top.shape[0] + 1, dtype=torch.long)
+    ptr[1:] = torch.cumsum(keep.sum(1), 0)
+    return ptr, keys[keep], top[keep]
+
+
+def _rollout_top(layers: List[Layer], n: int, top_k: int, threshold: float, progress: bool):
+    """The kept entries of every row of the rollout (mean over heads), and what was dropped."""
+    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    tiles = rollout_tiles(matrices, progress=progress)
+    if tiles is None:  # a scattered pattern: the sparse product
+        from .rollout import attention_rollout
+
+        rollout = attention_rollout(layers, num_nodes=n).coalesce()
+        (rows, cols), values = rollout.indices(), rollout.values()[:, None]
+        ptr = torch.zeros(n + 1, dtype=torch.long)
+        ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
+        kept, lost = _top_per_row(ptr, cols, values, top_k, threshold)
+        return kept[0], lost[0]
+    tops, keys = [], []
+    for first, tile in tiles:
+        block = torch.from_numpy(tile)
+        top, where = block.topk(min(top_k, block.shape[1]), dim=1)
+        tops.append(torch.nn.functional.pad(top, (0, top_k - top.shape[1]), value=-1.0))
+        keys.append(torch.nn.functional.pad(where + first, (0, top_k - where.shape[1])))
+    kept = _packed(torch.cat(tops), torch.cat(keys), threshold)
+    total = float(sum(tile.sum() for _, tile in tiles))
+    edges = int(sum(np.count_nonzero(tile) for _, tile in tiles))
+    held = float(kept[2].sum())
+    return kept, {"edges": edges - len(kept[1]), "weight": round(total - held, 12), "total": round(total, 12)}
+
+
+def _flow(layers: List[Layer], n: int, query: int, top_k: int) -> dict:
+    cone = flow_cone([layer_matrix(ei, alpha, n) for ei, alpha in layers], query)
+    if len(layers) > 2 and cone.num_edges > FLOW_EDGES:
+        return {"token": query, "skipped": f"its cone has {cone.num_edges:,} edges (more than {FLOW_EDGES:,})"}
+    index, value = top_flow(layers, query, top_k, num_nodes=n)
+    return {"token": query, "index": index.tolist(), "value": [round(v, 12) for v in value.tolist()]}
+
+
+def _encode(ptr: Tensor, keys: Tensor, weights: Tensor, wide: bool) -> Dict[str, str]:
+    """CSR rows as base64: ``counts`` (uint16 per query), ``keys`` (uint16, uint32 past 65,536 tokens),
+    ``scale`` (float32: the query's largest kept weight) and ``weights`` (uint16 fractions of it)."""
+    counts = (ptr[1:] - ptr[:-1]).numpy()
+    rows = np.repeat(np.arange(len(counts)), counts)
+    scale = np.zeros(len(counts), dtype=np.float32)
+    if len(weights):
+        np.maximum.at(scale, rows, weights.numpy().astype(np.float32))
+    fraction = weights.numpy() / np.maximum(scale[rows].astype(np.float64), np.finfo(np.float32).tiny)
+    return {
+        "counts": _b64(counts.astype("<u2")),
+        "keys": _b64(keys.numpy().astype("<u4" if wide else "<u2")),
+        "scale": _b64(scale.astype("<f4")),
+        "weights": _b64(np.rint(np.clip(fraction, 0, 1) * LEVELS).astype("<u2")),
+    }
+
+
+def _decode(view: Dict[str, str], wide: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    counts = np.frombuffer(base64.b64decode(view["counts"]), dtype="<u2").astype(np.int64)
+    keys = np.frombuffer(base64.b64decode(view["keys"]), dtype="<u4" if wide else "<u2").astype(np.int64)
+    scale = np.frombuffer(base64.b64decode(view["scale"]), dtype="<f4").astype(np.float64)
+    fraction = np.frombuffer(base64.b64decode(view["weights"]), dtype="<u2") / LEVELS
+    rows = np.repeat(np.arange(len(counts)), counts)
+    return torch.from_numpy(rows), torch.from_numpy(keys), torch.from_numpy(fraction * scale[rows])
+
+
+def _b64(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+
+
+def kept_edges(data: dict, layer: int, head: Union[int, str] = "mean") -> Tuple[Tensor, Tensor]:
+    """The kept edges of one layer and view of :func:`influence_data`: ``(edge_index [2, K], weight [K])``.
+
+    ``edge_index`` follows the package's convention (row 0 = key j, row 1 = query i); weights
+    are the quantised ones (within 8e-6 of each query's largest weight).
+    """
+    heads = data["heads"][layer]
+    if head != "mean" and (isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < heads):
+        raise ValueError(f"head must be 'mean' or in [0, {heads}) (got {head!r})")
+    rows, keys, weight = _decode(data["layers"][layer][0 if head == "mean" else head + 1], data["index_bytes"] == 4)
+    return torch.stack([keys, rows]), weight
+
+
+def kept_rollout(data: dict) -> Tuple[Tensor, Tensor]:
+    """The kept rollout entries of :func:`influence_data`: ``(index [2, K], share [K])``, row 0 = input j,
+    row 1 = token i (as :func:`kept_edges`)."""
+    rows, keys, weight = _decode(data["rollout"], data["index_bytes"] == 4)
+    return torch.stack([keys, rows]), weight
+
+
+def save_influence(data: dict, path: Union[str, Path]) -> None:
+    """Write :func:`influence_data` to ``path`` as JSON (UTF-8)."""
+    Path(path).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+
+
+def load_influence(path: Union[str, Path]) -> dict:
+    """Read a file written by :func:`save_influence` (or ``show --json``), checking its format and version."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a JSON file ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a tgattn influence file (no \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{path} has version {data.get('version')!r}; this tgattn reads version {VERSION}")
+    return data
