@@ -5,8 +5,9 @@ import torch
 
 from analysis_cases import HAND, dense_residual, random_edges, random_stack
 from tgattn import builders
-from tgattn.analysis import attention_flow, layer_matrix, top_flow
+from tgattn.analysis import attention_flow, top_flow
 from tgattn.analysis.flow import flow_cone, flow_upper_bounds
+from tgattn.analysis.weights import layer_csr
 from tgattn.analysis.maxflow import Network
 
 
@@ -98,7 +99,7 @@ def test_top_flow_equals_sorting_all_flows():
 def test_cut_bounds_hold_and_prune():
     n = 24
     layers, _ = random_stack([builders.window(n, 2)] * 3, n, heads=2, seed=4)
-    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]
     levels = flow_cone(matrices, 12).levels
     assert levels[-1].tolist() == [12] and levels[0].tolist() == list(range(6, 19))  # |j - 12| <= 3 w
     bound = flow_upper_bounds(matrices, levels)
@@ -132,10 +133,10 @@ def test_compiled_flow_equals_networkx_max_flow_on_deeper_stacks(depth):
 def test_two_layers_in_closed_form_equal_the_max_flow_solver():
     n = 40
     layers, _ = random_stack([builders.causal(n)] * 2, n, heads=2, seed=7)
-    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]
     cone = flow_cone(matrices, 31)
     network = Network(cone.num_nodes, cone.src, cone.dst, cone.cap)
-    solved = torch.tensor([network.max_flow(r, cone.num_nodes - 1) for r in range(len(cone.levels[0]))])
+    solved = torch.tensor([network.max_flow(r, cone.num_nodes - 1) for r in range(len(cone.levels[0]))], dtype=torch.float64)
     torch.testing.assert_close(attention_flow(layers, 31)[cone.levels[0]], solved, atol=1e-12, rtol=0)
 
 

@@ -77,6 +77,7 @@ def test_rollout_errors():
 @pytest.mark.parametrize("pattern, tiled", [("window", True), ("causal", True), ("scattered", False)])
 def test_rollout_over_many_blocks_equals_dense_and_takes_the_tiles_where_the_pattern_is_local(pattern, tiled):
     from tgattn.analysis.rollout import TILE, rollout_tiles
+    from tgattn.analysis.weights import layer_csr
 
     n = 2 * TILE + 37  # three blocks, the last one short
     make = {
@@ -89,5 +90,5 @@ def test_rollout_over_many_blocks_equals_dense_and_takes_the_tiles_where_the_pat
     for weights in dense:
         expected = dense_residual(weights) @ expected
     torch.testing.assert_close(attention_rollout(layers).to_dense(), expected, atol=1e-12, rtol=0)
-    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]
     assert (rollout_tiles(matrices) is not None) == tiled

@@ -24,7 +24,7 @@ from ..builders._common import check_count
 from .budget import THRESHOLD, TOP_K
 from .flow import flow_cone, top_flow
 from .rollout import rollout_tiles
-from .weights import Layer, as_layers, count_nodes, layer_matrix
+from .weights import Layer, as_layers, count_nodes, layer_csr
 
 FORMAT, VERSION = "tgattn.influence", 1
 FLOW_EDGES = 300_000  # the largest flow cone solved for the data (larger ones are skipped, and said so)
@@ -85,7 +85,8 @@ def influence_data(
         kept, lost = _prune_layer(edge_index, alpha, n, top_k, threshold)
         views.append([_encode(*view, wide) for view in kept])
         pruned.append(lost)
-    rollout, rollout_lost = _rollout_top(layers, n, top_k, threshold, progress)
+    matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]  # rownorm(0.5 A + 0.5 I), mean over heads
+    rollout, rollout_lost = _rollout_top(layers, matrices, top_k, threshold, progress)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -99,7 +100,7 @@ def influence_data(
         "pruned": pruned,
         "rollout": _encode(*rollout, wide),
         "rollout_pruned": rollout_lost,
-        "flow": _flow(layers, n, query, top_k) if flow else {"token": query, "skipped": "not asked for"},
+        "flow": _flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"},
     }
 
 
@@ -111,13 +112,15 @@ def _prune_layer(edge_index: Tensor, alpha: Tensor, n: int, top_k: int, threshol
     """Per view (the mean over heads, then each head): the kept ``(ptr, keys, weights)`` and what was dropped."""
     alpha = alpha.detach().to("cpu", torch.float64)
     alpha = alpha[:, None] if alpha.dim() == 1 else alpha  # [E, H]
-    weights = torch.cat([alpha.mean(1, keepdim=True), alpha], 1)  # [E, V]: mean, head 0, ...
-    matrix = torch.sparse_coo_tensor(edge_index.cpu().flip(0), weights, (n, n, weights.shape[1]),
-                                     check_invariants=False).coalesce()
-    (rows, cols), values = matrix.indices(), matrix.values()  # duplicates added up, sorted by (query, key)
-    ptr = torch.zeros(n + 1, dtype=torch.long)
-    ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
-    return _top_per_row(ptr, cols, values, top_k, threshold)
+    weights = torch.cat([alpha.mean(1, keepdim=True), alpha], 1).numpy()  # [E, V]: mean, head 0, ...
+    key = edge_index[1].cpu().numpy() * n + edge_index[0].cpu().numpy()  # sorted by (query, key) as builders emit
+    if len(key) and not (np.diff(key) > 0).all():  # unsorted or duplicates: sort, add duplicates up
+        order = np.argsort(key, kind="stable")
+        key, weights = key[order], weights[order]
+        starts = np.flatnonzero(np.r_[True, np.diff(key) != 0])
+        key, weights = key[starts], np.add.reduceat(weights, starts, axis=0)
+    ptr = torch.from_numpy(np.searchsorted(key // max(n, 1), np.arange(n + 1)).astype(np.int64))
+    return _top_per_row(ptr, torch.from_numpy(key % max(n, 1)), torch.from_numpy(weights), top_k, threshold)
 
 
 def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshold: float):
@@ -158,9 +161,9 @@ def _packed(top: Tensor, keys: Tensor, threshold: float) -> Tuple[Tensor, Tensor
     return ptr, keys[keep], top[keep]
 
 
-def _rollout_top(layers: List[Layer], n: int, top_k: int, threshold: float, progress: bool):
+def _rollout_top(layers: List[Layer], matrices: list, top_k: int, threshold: float, progress: bool):
     """The kept entries of every row of the rollout (mean over heads), and what was dropped."""
-    matrices = [layer_matrix(ei, alpha, n) for ei, alpha in layers]
+    n = matrices[0].shape[0]
     tiles = rollout_tiles(matrices, progress=progress)
     if tiles is None:  # a scattered pattern: the sparse product
         from .rollout import attention_rollout
@@ -184,8 +187,9 @@ def _rollout_top(layers: List[Layer], n: int, top_k: int, threshold: float, prog
     return kept, {"edges": edges - len(kept[1]), "weight": round(total - held, 12), "total": round(total, 12)}
 
 
-def _flow(layers: List[Layer], n: int, query: int, top_k: int) -> dict:
-    cone = flow_cone([layer_matrix(ei, alpha, n) for ei, alpha in layers], query)
+def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
+    n = matrices[0].shape[0]
+    cone = flow_cone(matrices, query)
     if len(layers) > 2 and cone.num_edges > FLOW_EDGES:
         return {"token": query, "skipped": f"its cone has {cone.num_edges:,} edges (more than {FLOW_EDGES:,})"}
     index, value = top_flow(layers, query, top_k, num_nodes=n)

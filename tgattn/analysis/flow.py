@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from ..builders._common import check_count
 from .maxflow import Network
-from .weights import Head, Layer, as_layers, count_nodes, layer_matrix
+from .weights import Head, Layer, as_layers, count_nodes, layer_csr
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def top_flow(
     return index, torch.tensor([value for value, _ in found], dtype=torch.float64)
 
 
-def flow_upper_bounds(matrices: Sequence[Tensor], levels: Sequence[Tensor]) -> Tensor:
+def flow_upper_bounds(matrices: Sequence[csr_matrix], levels: Sequence[Tensor]) -> Tensor:
     """For each input of a cone, the smallest capacity of the layer cuts on its paths.
 
     ``levels[l]`` are the tokens of layer l in the cone (from :func:`flow_cone`). The
@@ -191,21 +191,10 @@ def flow_upper_bounds(matrices: Sequence[Tensor], levels: Sequence[Tensor]) -> T
     reach = csr_matrix(np.eye(inputs, dtype=np.float64))  # [cone nodes of layer l, inputs], 1 = reached
     bound = np.full(inputs, np.inf)
     for layer in range(1, len(matrices) + 1):
-        sub = _block(matrices[layer - 1], levels[layer], levels[layer - 1])  # [levels[l], levels[l-1]]
+        sub = matrices[layer - 1][levels[layer].numpy()][:, levels[layer - 1].numpy()]  # [levels[l], levels[l-1]]
         bound = np.minimum(bound, np.asarray(reach.T @ np.asarray(sub.sum(0)).ravel()).ravel())
         reach = (sub @ reach).astype(bool).astype(np.float64)
     return torch.from_numpy(bound)
-
-
-def _block(matrix: Tensor, rows: Tensor, cols: Tensor) -> csr_matrix:
-    """``matrix[rows][:, cols]`` of a sparse torch matrix, as a SciPy CSR matrix."""
-    (i, j), value = matrix.indices().numpy(), matrix.values().numpy()
-    row_of = np.full(matrix.shape[0], -1)
-    row_of[rows.numpy()] = np.arange(len(rows))
-    col_of = np.full(matrix.shape[1], -1)
-    col_of[cols.numpy()] = np.arange(len(cols))
-    keep = (row_of[i] >= 0) & (col_of[j] >= 0)
-    return csr_matrix((value[keep], (row_of[i[keep]], col_of[j[keep]])), shape=(len(rows), len(cols)))
 
 
 def _shallow_flows(cone: Cone) -> np.ndarray:
@@ -238,42 +227,37 @@ def _solver(cone: Cone, flow_func: Optional[Callable]) -> Callable[[int], float]
     return solve
 
 
-def _prepare(attention, output, head, residual, num_nodes) -> Tuple[int, int, List[Tensor]]:
+def _prepare(attention, output, head, residual, num_nodes) -> Tuple[int, int, List[csr_matrix]]:
     layers = as_layers(attention)
     n = count_nodes(layers, num_nodes)
     if isinstance(output, bool) or not isinstance(output, int) or not -n <= output < n:
         raise ValueError(f"output must be a token index in [0, {n}) (got {output!r})")
-    matrices = [layer_matrix(ei, alpha, n, head=head, residual=residual) for ei, alpha in layers]
+    matrices = [layer_csr(ei, alpha, n, head=head, residual=residual) for ei, alpha in layers]
     return n, output % n, matrices
 
 
-def flow_cone(matrices: Sequence[Tensor], output: int) -> Cone:
+def flow_cone(matrices: Sequence[csr_matrix], output: int) -> Cone:
     """The :class:`Cone` of ``(L, output)``: the layered graph of the nodes that reach it.
 
-    ``matrices`` are sparse ``[N, N]`` layer matrices (rows = queries i), first layer first;
-    edge ``(l-1, j) -> (l, i)`` gets ``capacity = matrices[l-1][i, j]``; zero entries are
-    left out (they carry no flow).
+    ``matrices`` are the layers' ``[N, N]`` matrices (:func:`~tgattn.analysis.weights.layer_csr`,
+    rows = queries i), first layer first; edge ``(l-1, j) -> (l, i)`` gets ``capacity =
+    matrices[l-1][i, j]``; zero entries are left out (they carry no flow).
     """
-    current = torch.tensor([output])
+    current = np.array([output])
     levels, edges = [current], []
     for layer in range(len(matrices), 0, -1):
-        matrix = matrices[layer - 1]  # coalesced: entries sorted by row
-        (row, col), val = matrix.indices(), matrix.values()
-        crow = torch.zeros(matrix.shape[0] + 1, dtype=torch.long)
-        crow[1:] = torch.cumsum(torch.bincount(row, minlength=matrix.shape[0]), 0)  # row i: crow[i]..crow[i+1]
-        starts, ends = crow[current], crow[current + 1]
-        counts = ends - starts  # [rows]
-        pos = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts)
-        pos = pos + torch.arange(int(counts.sum()))  # positions of the rows' entries in col / val
-        keep = val[pos] > 0
-        rows, cols, caps = torch.repeat_interleave(current, counts)[keep], col[pos][keep], val[pos][keep]
-        below = torch.unique(cols)
-        edges.insert(0, (layer, torch.searchsorted(below, cols), torch.searchsorted(current, rows), caps))
+        matrix = matrices[layer - 1]
+        starts, counts = matrix.indptr[current], np.diff(matrix.indptr)[current]
+        pos = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())  # the rows' entries
+        keep = matrix.data[pos] > 0
+        rows, cols, caps = np.repeat(current, counts)[keep], matrix.indices[pos][keep], matrix.data[pos][keep]
+        below = np.unique(cols)
+        edges.insert(0, (layer, np.searchsorted(below, cols), np.searchsorted(current, rows), caps))
         current = below
         levels.insert(0, current)
     offsets = np.cumsum([0] + [len(level) for level in levels])
-    src = np.concatenate([offsets[l - 1] + j.numpy() for l, j, _, _ in edges])
-    dst = np.concatenate([offsets[l] + i.numpy() for l, _, i, _ in edges])
-    cap = np.concatenate([c.numpy() for _, _, _, c in edges])
+    src = np.concatenate([offsets[l - 1] + j for l, j, _, _ in edges])
+    dst = np.concatenate([offsets[l] + i for l, _, i, _ in edges])
+    cap = np.concatenate([c for _, _, _, c in edges]).astype(np.float64)
     layer = np.concatenate([np.full(len(c), l) for l, _, _, c in edges])
-    return Cone(levels, offsets, src, dst, cap, layer)
+    return Cone([torch.from_numpy(level.astype(np.int64)) for level in levels], offsets, src, dst, cap, layer)

@@ -1,7 +1,6 @@
 """Attention rollout: how much each input token reaches each output token through the layers."""
 from __future__ import annotations
 
-import warnings
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -10,7 +9,7 @@ from scipy.sparse import csr_matrix
 from torch import Tensor
 from tqdm import tqdm
 
-from .weights import Head, Layer, as_layers, count_nodes, layer_matrix
+from .weights import Head, Layer, as_layers, count_nodes, layer_csr, to_torch
 
 
 def attention_rollout(
@@ -69,36 +68,22 @@ def attention_rollout(
     """
     layers = as_layers(attention)
     n = count_nodes(layers, num_nodes)
-    matrices = [layer_matrix(ei, alpha, n, head=head, residual=residual) for ei, alpha in layers]
+    matrices = [layer_csr(ei, alpha, n, head=head, residual=residual) for ei, alpha in layers]
     if queries is None:
         tiles = rollout_tiles(matrices, progress=progress)
         if tiles is not None:
             return tiles_to_coo(tiles, n)
         result = matrices[0]
         for matrix in tqdm(matrices[1:], disable=not progress, desc="rollout"):
-            result = _mm(matrix, result)  # [N, N]
-        return result.coalesce()
+            result = matrix @ result  # [N, N]
+        return to_torch(result)
     rows = torch.as_tensor(queries, dtype=torch.long).reshape(-1)  # [Q]
     if rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n):
         raise ValueError(f"queries must lie in [0, {n}) (got {rows.tolist()})")
-    rows = rows % max(n, 1)
-    select = torch.sparse_coo_tensor(
-        torch.stack([torch.arange(rows.numel()), rows]),
-        torch.ones(rows.numel(), dtype=torch.float64),
-        (rows.numel(), n),
-        check_invariants=False,
-    )
-    result = select
-    for matrix in reversed(matrices):
-        result = _mm(result, matrix)  # [Q, N]
-    return result.coalesce()
-
-
-def _mm(a: Tensor, b: Tensor) -> Tensor:
-    """Sparse @ sparse, without torch's note that it goes through (beta) CSR inside."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return torch.sparse.mm(a, b)
+    result = matrices[-1][(rows % max(n, 1)).numpy()]  # [Q, N]
+    for matrix in reversed(matrices[:-1]):
+        result = result @ matrix
+    return to_torch(result)
 
 
 TILE = 128  # queries per block of the tiled product
@@ -107,15 +92,16 @@ DENSE_ENOUGH = 1 / 8  # the least share of a block's key span its edges fill for
 Tiles = List[Tuple[int, np.ndarray]]  # per block of TILE rows: (first column, dense block [rows, span])
 
 
-def rollout_tiles(matrices: Sequence[Tensor], *, progress: bool = False) -> Optional[Tiles]:
-    """The rollout ``R = A_L ... A_1`` of sparse layer matrices, by dense tiles of each block's span.
+def rollout_tiles(matrices: Sequence[csr_matrix], *, progress: bool = False) -> Optional[Tiles]:
+    """The rollout ``R = A_L ... A_1`` of layer matrices (:func:`~tgattn.analysis.weights.layer_csr`),
+    by dense tiles of each block's span.
 
     Block t holds rows ``t * TILE ..``; its tile covers the columns from the first to the last
     one any of its rows reaches, so a window or causal pattern costs what its band costs,
     never an ``N x N`` array. Returns ``None`` (take the sparse product) when the first
     layer's edges fill less than :data:`DENSE_ENOUGH` of their blocks' spans.
     """
-    layers = [_to_csr(matrix) for matrix in matrices]
+    layers = list(matrices)
     n = layers[0].shape[0]
     spans = [_span(layers[0], start) for start in range(0, n, TILE)]
     if layers[0].nnz < DENSE_ENOUGH * sum(min(TILE, n - start) * (hi - lo) for start, (lo, hi) in
@@ -157,11 +143,6 @@ def tiles_to_coo(tiles: Tiles, n: int) -> Tensor:
     index = torch.from_numpy(np.stack([np.concatenate(rows), np.concatenate(cols)]).astype(np.int64))
     return torch.sparse_coo_tensor(index, torch.from_numpy(np.concatenate(vals)), (n, n), is_coalesced=True,
                                    check_invariants=False)
-
-
-def _to_csr(matrix: Tensor) -> csr_matrix:
-    (i, j), value = matrix.indices().numpy(), matrix.values().numpy()
-    return csr_matrix((value, (i, j)), shape=tuple(matrix.shape))
 
 
 def _span(matrix: csr_matrix, start: int) -> Tuple[int, int]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
+from scipy.sparse import coo_matrix, csr_matrix
 from torch import Tensor
 
 from ..builders._common import check_count
@@ -72,6 +74,38 @@ def count_nodes(layers: Sequence[Layer], num_nodes: Optional[int] = None) -> int
     return num_nodes
 
 
+def layer_csr(
+    edge_index: Tensor,
+    alpha: Tensor,
+    num_nodes: int,
+    *,
+    head: Head = "mean",
+    residual: bool = True,
+) -> csr_matrix:
+    """:func:`layer_matrix` as a SciPy CSR matrix (sorted, duplicates added up): what rollout, flow
+    and the page compute with (SciPy builds it in one pass, where torch's ``coalesce`` sorts).
+
+    Example:
+        >>> ei = torch.tensor([[0, 0, 1], [0, 1, 1]])
+        >>> layer_csr(ei, torch.tensor([1.0, 0.5, 0.5]), 2).toarray()
+        array([[1.  , 0.  ],
+               [0.25, 0.75]])
+    """
+    edge_index = check_edge_index(edge_index, num_nodes, num_nodes)
+    weight = select_head(alpha.detach().to("cpu", torch.float64), head).numpy()  # [E]
+    rows, cols = edge_index[1].cpu().numpy(), edge_index[0].cpu().numpy()
+    if residual:
+        eye = np.arange(num_nodes)
+        rows, cols = np.concatenate([rows, eye]), np.concatenate([cols, eye])
+        weight = np.concatenate([0.5 * weight, np.full(num_nodes, 0.5)])
+    matrix = coo_matrix((weight, (rows, cols)), shape=(num_nodes, num_nodes)).tocsr()
+    matrix.sum_duplicates()  # also sorts each row's columns
+    if residual:
+        total = np.add.reduceat(matrix.data, matrix.indptr[:-1]) if matrix.nnz else np.zeros(num_nodes)
+        matrix.data /= np.repeat(total, np.diff(matrix.indptr))  # every row holds its diagonal: no empty row
+    return matrix
+
+
 def layer_matrix(
     edge_index: Tensor,
     alpha: Tensor,
@@ -93,20 +127,13 @@ def layer_matrix(
         tensor([[1.0000, 0.0000],
                 [0.2500, 0.7500]], dtype=torch.float64)
     """
-    edge_index = check_edge_index(edge_index, num_nodes, num_nodes)
-    weight = select_head(alpha.detach().to("cpu", torch.float64), head)  # [E]
-    rows, cols = edge_index[1].cpu(), edge_index[0].cpu()
-    if residual:
-        eye = torch.arange(num_nodes)
-        rows, cols = torch.cat([rows, eye]), torch.cat([cols, eye])
-        weight = torch.cat([0.5 * weight, weight.new_full((num_nodes,), 0.5)])
-    matrix = torch.sparse_coo_tensor(
-        torch.stack([rows, cols]), weight, (num_nodes, num_nodes), check_invariants=False
-    ).coalesce()
-    if residual:
-        index, value = matrix.indices(), matrix.values()
-        total = torch.zeros(num_nodes, dtype=torch.float64).index_add_(0, index[0], value)  # [N]
-        matrix = torch.sparse_coo_tensor(
-            index, value / total[index[0]], matrix.shape, is_coalesced=True, check_invariants=False
-        )
-    return matrix
+    return to_torch(layer_csr(edge_index, alpha, num_nodes, head=head, residual=residual))
+
+
+def to_torch(matrix: csr_matrix) -> Tensor:
+    """A SciPy CSR matrix as a coalesced sparse COO ``float64`` tensor."""
+    matrix.sum_duplicates()  # sorted columns in each row, as a coalesced tensor needs
+    coo = matrix.tocoo()
+    index = torch.from_numpy(np.stack([coo.row, coo.col]).astype(np.int64))
+    return torch.sparse_coo_tensor(index, torch.from_numpy(coo.data.astype(np.float64)), matrix.shape,
+                                   is_coalesced=True, check_invariants=False)

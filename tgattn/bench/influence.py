@@ -17,8 +17,9 @@ import networkx as nx
 import torch
 
 from .. import builders
-from ..analysis import attention_flow, attention_rollout, layer_matrix
+from ..analysis import attention_flow, attention_rollout
 from ..analysis.flow import flow_cone, top_flow
+from ..analysis.weights import layer_csr
 from ..functional import edge_softmax
 
 TOP = 8  # influencers ranked by top_flow
@@ -73,7 +74,7 @@ def run(sizes, windows, layers: int, heads: int, repeats: int, max_flow_edges: i
             if not torch.allclose(full.to_dense(), reference, atol=1e-10, rtol=0):
                 raise RuntimeError(f"sparse and dense rollout differ at n={n}, w={w}")
             row = _best(lambda: attention_rollout(stack, queries=n // 2), repeats)
-            cone_graph = flow_cone([layer_matrix(ei, a, n) for ei, a in stack], n // 2)
+            cone_graph = flow_cone([layer_csr(ei, a, n) for ei, a in stack], n // 2)
             levels = cone_graph.levels
             cone = f"{cone_graph.num_nodes} / {cone_graph.num_edges}"
             if cone_graph.num_edges <= max_flow_edges:
