@@ -28,7 +28,7 @@ def test_plot_attention_shows_weights_and_blanks():
     (layer,), (dense,) = random_stack([builders.window(4, 1)], 4, heads=2)
     fig = plot_attention(*layer, tokens=TOKENS, head=1)
     ax, colorbar = fig.axes
-    assert ax.get_title() == "attention (head 1)" and colorbar.get_ylabel() == "weight"
+    assert ax.get_title() == "attention (head 1)" and colorbar.get_ylabel() == "weight (log scale)"
     image = ax.images[0].get_array()  # masked where there is no edge
     assert image.mask[0, 3] and not image.mask[0, 1]
     assert image[2, 1] == pytest.approx(float(dense[1, 2, 1]), abs=1e-12)
@@ -61,3 +61,22 @@ def test_plots_draw_on_given_axes():
     assert plot_pattern(builders.full(3), ax=left) is fig
     assert plot_influencers(top_influencers(0, 1, HAND[0]), ax=right, method="attention") is fig
     assert right.get_ylabel() == "attention" and len(right.patches) == 1
+
+
+def test_a_long_texts_heatmap_shows_the_querys_neighbourhood_on_a_log_scale():
+    n = 300
+    (layer,), (dense,) = random_stack([builders.causal(n)], n, heads=2)
+    fig = plot_attention(*layer, query=250, around=40)
+    ax = fig.axes[0]
+    assert ax.get_title() == "attention (mean over heads)\ntokens 230-269 of 300, centred on #250"
+    image = ax.images[0]
+    expected = dense.mean(0)[230:270, 230:270]  # [40, 40]
+    got = image.get_array()
+    assert got.shape == (40, 40) and (got.mask.numpy() if hasattr(got.mask, "numpy") else got.mask).tolist() == \
+        (expected == 0).tolist()  # causal: blank above the diagonal
+    assert abs(got.filled(0) - expected.numpy()).max() <= 1e-12
+    # the colours span the weights drawn: the largest is the top of a log scale
+    assert image.norm.vmax == pytest.approx(float(expected.max())) and type(image.norm).__name__ == "LogNorm"
+    assert ax.get_xlim() == (229.5, 269.5)  # axes count tokens of the whole text
+    linear = plot_attention(*layer, query=250, around=40, scale="linear").axes[0].images[0].norm
+    assert type(linear).__name__ == "Normalize" and linear.vmin == 0

@@ -12,6 +12,8 @@ from .influence import Influencers, top_influencers
 from .labels import TITLE_CHARS, fit
 from .weights import Layer, select_head
 
+HEATMAP_TOKENS = 48  # a longer text's heatmap shows the query's 48 nearest tokens: cells stay visible
+
 
 def rank(attention: Sequence[Layer], query: int, k: int, num_nodes: int) -> Dict[str, Influencers]:
     """The top ``k`` influencers of ``query`` by rollout and by flow."""
@@ -43,7 +45,8 @@ def neighbourhood(attention: Sequence[Layer], ranked: Dict[str, Influencers], qu
 def show_figure(
     tokens: Sequence[str], attention: Sequence[Layer], ranked: Dict[str, Influencers], *, query: int, title: str = ""
 ):
-    """Four panels: the last layer's heatmap (``query``'s row outlined) and ``query``'s
+    """Four panels: the last layer's heatmap (``query``'s row outlined; past :data:`HEATMAP_TOKENS`
+    tokens only the query's nearest ones, on a log colour scale) and ``query``'s
     neighbourhood in its graph, then the ``ranked`` bars into ``query``.
 
     The graph panel draws only ``query``'s neighbourhood (:func:`neighbourhood`), and every
@@ -58,8 +61,8 @@ def show_figure(
     grid = fig.add_gridspec(2, 2)
     last, name = len(attention), short(tokens[query])
     heatmap, graph = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
-    plot_attention(*attention[-1], tokens=tokens, query=query, title=f"layer {last} attention (mean over heads)",
-                   ax=heatmap)
+    plot_attention(*attention[-1], tokens=tokens, query=query, around=HEATMAP_TOKENS,
+                   title=f"layer {last} attention (mean over heads)", ax=heatmap)
     plot_neighbourhood(*attention[-1], query, neighbourhood(attention, ranked, query, len(tokens)), tokens=tokens,
                        num_nodes=len(tokens), title=f"layer {last} around {name!r} (#{query})\ntop 2 keys per token, width ∝ weight",
                        ax=graph)

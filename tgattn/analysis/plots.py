@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..builders import to_mask
+from ..builders._common import check_count
 from .graph import to_networkx
 from .influence import Influencers
-from .weights import Head, count_nodes, layer_matrix
+from .weights import Head, count_nodes, layer_csr, layer_matrix
 
 LABEL_CHARS = 12  # longer tokens are cut, with an ellipsis
 NEIGHBOURHOOD_FONT = 9  # points: the largest size of a neighbourhood's labels
@@ -68,7 +70,8 @@ def _token_ticks(axis, tokens: Sequence[str]) -> None:
             box, font = self.axis.axes.bbox, rcParams[f"{self.axis.axis_name}tick.labelsize"]
             length = (box.width if self.axis.axis_name == "x" else box.height) * 72 / self.axis.axes.figure.dpi
             self.set_params(nbins=max(int(length / (1.4 * FontProperties(size=font).get_size_in_points())), 1))
-            ticks = [int(v) for v in super().tick_values(vmin, vmax) if 0 <= v < len(tokens)]
+            ticks = [int(v) for v in super().tick_values(vmin, vmax)
+                     if 0 <= v < len(tokens) and min(vmin, vmax) <= v <= max(vmin, vmax)]
             self.step = ticks[1] - ticks[0] if len(ticks) > 1 else 1
             return ticks
 
@@ -113,12 +116,19 @@ def plot_attention(
     head: Head = "mean",
     num_nodes: Optional[int] = None,
     query: Optional[int] = None,
+    around: Optional[int] = None,
+    scale: str = "log",
     title: Optional[str] = None,
     ax=None,
 ):
     """Attention heatmap: weight of key j for query i; cells outside the edge set stay blank.
 
-    ``query`` (default: none) outlines that token's row in red.
+    ``query`` (default: none) outlines that token's row in red. ``around`` (with ``query``) draws
+    only the ``around`` tokens nearest the query, rows and columns (the title says which), so a
+    long text shows the query's neighbourhood, not a matrix of unreadable cells; only that block
+    is ever made dense. ``scale="log"`` (default) spreads the colours over the weights drawn (at
+    most 4 decades below the largest), which at 1,000 tokens are around 1e-3; ``"linear"`` maps
+    0 to 1 as before.
 
     Example:
         >>> from tgattn import builders
@@ -126,24 +136,52 @@ def plot_attention(
         >>> fig = plot_attention(ei, torch.tensor([1.0, 0.5, 0.5, 0.2, 0.3, 0.5]), tokens=["a", "b", "c"])
         >>> ax, bar = fig.axes
         >>> ax.get_title(), ax.get_xlabel(), bar.get_ylabel()
-        ('attention (mean over heads)', 'key j', 'weight')
+        ('attention (mean over heads)', 'key j', 'weight (log scale)')
+        >>> fig = plot_attention(builders.causal(100), torch.rand(5050), query=99, around=10)
+        >>> fig.axes[0].get_title().splitlines()
+        ['attention (mean over heads)', 'tokens 90-99 of 100, centred on #99']
     """
+    from matplotlib.colors import LogNorm, Normalize
+
+    if scale not in ("log", "linear"):
+        raise ValueError(f"scale must be 'log' or 'linear' (got {scale!r})")
     if num_nodes is None and tokens is not None:
         num_nodes = len(tokens)
     n = count_nodes([(edge_index, alpha)], num_nodes)
-    matrix = layer_matrix(edge_index, alpha, n, head=head, residual=False).to_dense()  # [N, N]
-    mask = to_mask(edge_index, n, n).cpu()
-    shown = torch.where(mask, matrix, torch.full_like(matrix, float("nan")))
+    lo, hi = 0, n
+    if around is not None and query is not None and around < n:
+        around = check_count("around", around)
+        lo = min(max(query % n - around // 2, 0), n - around)
+        hi = lo + around
+    block = layer_csr(edge_index, alpha, n, head=head, residual=False)[lo:hi, lo:hi]
+    present = block.copy()
+    present.data[:] = 1
+    shown = np.where(present.toarray() > 0, block.toarray(), np.nan)  # [hi - lo, hi - lo]
+    drawn = shown[np.isfinite(shown)]
+    if scale == "log":
+        top = float(drawn.max()) if drawn.size and drawn.max() > 0 else 1.0
+        floor = max(float(drawn[drawn > 0].min()) if (drawn > 0).any() else top, top * 1e-4)
+        norm = LogNorm(vmin=min(floor, top / 10), vmax=top, clip=True)
+    else:
+        norm = Normalize(vmin=0)
     ax = _axes(ax, (5, 4))
-    image = ax.imshow(shown.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
-    ax.figure.colorbar(image, ax=ax, label="weight")
+    image = ax.imshow(shown, cmap="viridis", norm=norm, interpolation="nearest",
+                      extent=(lo - 0.5, hi - 0.5, hi - 0.5, lo - 0.5))
+    bar = ax.figure.colorbar(image, ax=ax, label="weight (log scale)" if scale == "log" else "weight")
+    if scale == "log":  # a few plain labels inside the range: none reaches past the bar's ends
+        bar.minorticks_off()
+        bar.set_ticks(np.geomspace(norm.vmin, norm.vmax, 5)[1:-1], labels=[
+            f"{v:.2g}" for v in np.geomspace(norm.vmin, norm.vmax, 5)[1:-1]])
     _label(ax, n, n, tokens)
     if query is not None:
         from matplotlib.patches import Rectangle
 
-        ax.add_patch(Rectangle((-0.5, query % n - 0.5), n, 1, fill=False, edgecolor="red", linewidth=1.2))
+        ax.add_patch(Rectangle((lo - 0.5, query % n - 0.5), hi - lo, 1, fill=False, edgecolor="red", linewidth=1.2))
     which = "mean over heads" if head in (None, "mean") else f"head {head}"
-    ax.set_title(title or f"attention ({which})")
+    title = title or f"attention ({which})"
+    if (lo, hi) != (0, n):
+        title += f"\ntokens {lo}-{hi - 1} of {n}, centred on #{query % n}"
+    ax.set_title(title)
     return ax.figure
 
 
