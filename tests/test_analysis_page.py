@@ -209,3 +209,27 @@ def test_show_html_writes_a_page_of_200_tokens_that_renders(tmp_path, capsys):
     dom = render(out.read_text(encoding="utf-8"), tmp_path)
     assert [len(dom.panes[p]) for p in ("attends", "influenced")] == [200, 200]
     assert [s["data-i"] for s in dom.panes["attends"] if "selected" in s["class"]] == ["199"]
+
+
+@pytest.mark.parametrize("n, window, layers, heads, top_k", [(300, 8, 2, 2, 10), (2000, 64, 4, 4, 10), (700, 40, 3, 1, 25)])
+def test_the_size_estimate_bounds_the_page(n, window, layers, heads, top_k):
+    from tgattn.analysis.budget import estimate_bytes
+
+    tokens = [f"w{i % 97}" for i in range(n)]
+    attention = random_attention(tokens, builders.window(n, window), layers=layers, heads=heads)
+    size = len(attention_page(tokens, attention, top_k=top_k).encode("utf-8"))
+    assert 0.5 * estimate_bytes(n, layers, heads, top_k) <= size <= estimate_bytes(n, layers, heads, top_k)
+    with pytest.raises(ValueError, match=r"the page would take [0-9.]+ MB, more than the budget of [0-9.]+ MB: keep fewer keys per token \(--keep"):
+        attention_page(tokens, attention, top_k=top_k, max_bytes=size - 1)
+
+
+@needs_browser
+@pytest.mark.slow
+def test_a_page_of_3000_tokens_in_4_layers_of_4_heads_opens_and_answers_a_hover(tmp_path):
+    n, hovered = 3000, 1700
+    tokens = [TEXT.split()[i % 15] for i in range(n)]
+    attention = random_attention(tokens, builders.window(n, 32), layers=4, heads=4)
+    dom = render(attention_page(tokens, attention), tmp_path, hover=hovered, hash="#layer=3&head=2")
+    exact = layer_matrix(*attention[2], n, head=2, residual=False).to_dense()[hovered]
+    expect_pane(dom.panes["attends"], exact, hovered)
+    assert dom.lists["attends-title"] == [f"'{tokens[hovered]}' (#{hovered}) attends to, in layer 3 (head 2)"]

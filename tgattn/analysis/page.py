@@ -76,7 +76,7 @@ def page_from_data(data: dict, *, max_bytes: int = MAX_BYTES) -> str:
     page = page.replace("<title>TITLE</title>", f"<title>{html.escape(data['title'])}</title>", 1)
     size = len(page.encode("utf-8"))
     if size > max_bytes:
-        raise ValueError(f"the page would take {size / 1e6:.1f} MB, more than the budget of {max_bytes / 1e6:.1f} MB: "
-                         f"keep fewer keys per token (--top-k, now {data['keep']['top_k']}) or raise the budget "
+        raise ValueError(f"the page would take {size / 1e6:.2f} MB, more than the budget of {max_bytes / 1e6:.2f} MB: "
+                         f"keep fewer keys per token (--keep, now {data['keep']['top_k']}) or raise the budget "
                          "(--max-page-mb)")
     return page
