@@ -209,3 +209,34 @@ def test_help_and_bad_arguments_answer_without_torch(argv):
              "except SystemExit as end: print('torch' in sys.modules, 'torch_geometric' in sys.modules, end.code)")
     run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
     assert run.stdout.strip().endswith("False False 0" if argv == ["--help"] else "False False 2"), run.stderr
+
+
+def test_a_checkpoints_page_data_keeps_the_models_own_top_keys(tmp_path, capsys):
+    from tgattn.analysis import kept_edges, layer_matrix, load_influence
+
+    path = tmp_path / "gpt.pt"
+    save_gpt_checkpoint(path, vocab="abc ")
+    text = "abc cab "  # the block size of the saved model: 8
+    data_file = tmp_path / "gpt.json"
+    assert main(["show", "--text", text, "--checkpoint", str(path), "--json", str(data_file), "--keep", "3"]) == 0
+    data = load_influence(data_file)
+    _, attention = checkpoint_attention(str(path), text)
+    n = len(text)
+    assert data["tokens"] == [c.replace(" ", "\u2423") for c in text] and data["heads"] == [2, 2]
+    for layer, (edge_index, alpha) in enumerate(attention):
+        exact = layer_matrix(edge_index, alpha, n, head=1, residual=False).to_dense()
+        (keys, queries), weight = kept_edges(data, layer, 1)
+        for i in range(n):
+            mine = queries == i
+            top = exact[i].topk(min(3, i + 1)).values
+            top = top[top >= 1e-3]
+            assert torch.allclose(weight[mine].sort(descending=True).values, top, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_show_html_of_a_transformers_model(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.html"
+    assert main(["show", "--hf", "random", "--text", "the sky is the limit of it", "--html", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "tiny random Llama" in page and '"format":"tgattn.influence"' in page
