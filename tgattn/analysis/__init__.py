@@ -7,6 +7,8 @@
 * :func:`influence_data`, :func:`save_influence`, :func:`load_influence`, :func:`kept_edges`,
   :func:`kept_rollout`: what the page shows (kept edges, rollout, flow), as a JSON file
   (:mod:`tgattn.analysis.export`); :func:`attention_page`, :func:`page_from_data`: the page.
+* :func:`flow_beside_jacobian`: attention flow into a node of a graph beside PyG's Jacobian
+  influence (:mod:`tgattn.analysis.graph_influence`).
 * :mod:`tgattn.analysis.plots`: pictures (matplotlib, imported only when drawing);
   :mod:`tgattn.analysis.figure`: the four panels of ``python -m tgattn show``
   (:mod:`tgattn.analysis.show`, the command line, which sits above :mod:`tgattn.hf`).
@@ -23,6 +25,7 @@ __all__ = [
     "attention_flow",
     "attention_page",
     "attention_rollout",
+    "flow_beside_jacobian",
     "influence_data",
     "kept_edges",
     "kept_rollout",
@@ -44,6 +47,7 @@ __getattr__, __dir__ = lazy_exports(
         "attention_flow": "flow",
         "attention_page": "page",
         "attention_rollout": "rollout",
+        "flow_beside_jacobian": "graph_influence",
         "influence_data": "export",
         "kept_edges": "export",
         "kept_rollout": "export",
