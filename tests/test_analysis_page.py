@@ -85,6 +85,7 @@ def render(page: str, tmp_path, *, hash: str = "", hover=None) -> Tokens:
     assert run.returncode == 0 and "<body>" in run.stdout, run.stderr
     parsed = Tokens()
     parsed.feed(run.stdout)
+    parsed.raw = run.stdout
     return parsed
 
 
@@ -187,6 +188,11 @@ def test_hovering_a_token_shows_what_it_attends_to_and_what_influences_it(page, 
     strongest = int(rollout.argmax())
     assert dom.lists["influenced-top"][0] == f"{tokens[strongest]} (#{strongest}) {float(rollout[strongest]):.3f}"
     assert len(dom.lists["attends-top"]) == min(8, len(kept(last)))
+    # the grid: a picture per layer and view (mean, head 0, head 1), its x axis over every kept key of the token
+    assert dom.raw.count("<canvas") == 2 * 3
+    keys = {j for l, (ei, alpha) in enumerate(attention) for head in ("mean", 0, 1)
+            for j in kept(layer_matrix(ei, alpha, n, head=head, residual=False).to_dense()[hovered])} | {hovered}
+    assert re.search(r'id="grid-span">([^<]*)<', dom.raw).group(1) == f"x axis: tokens {min(keys)}-{max(keys)} of {n}"
 
 
 @needs_browser

@@ -191,7 +191,7 @@ def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
     n = matrices[0].shape[0]
     cone = flow_cone(matrices, query)
     if len(layers) > 2 and cone.num_edges > FLOW_EDGES:
-        return {"token": query, "skipped": f"its cone has {cone.num_edges:,} edges (more than {FLOW_EDGES:,})"}
+        return {"token": query, "skipped": f"its cone has {cone.num_edges:,} edges, more than {FLOW_EDGES:,}"}
     index, value = top_flow(layers, query, top_k, num_nodes=n)
     return {"token": query, "index": index.tolist(), "value": [round(v, 12) for v in value.tolist()]}
 
