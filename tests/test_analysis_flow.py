@@ -158,3 +158,12 @@ def test_the_refined_integer_max_flow_equals_networkx_on_random_graphs():
         for s, t in ((0, n - 1), (1, 2)):
             worst = max(worst, abs(network.max_flow(s, t) - nx.maximum_flow_value(graph, s, t)))
     assert worst <= 1e-12
+
+
+def test_a_gap_left_open_is_an_error_not_a_value(monkeypatch):
+    from tgattn.analysis import maxflow
+
+    network = Network(3, np.array([0, 1]), np.array([1, 2]), np.array([0.3, 0.7]))
+    monkeypatch.setattr(maxflow, "MAX_ROUNDS", 0)
+    with pytest.raises(RuntimeError, match=r"max-flow from 0 to 2: 0 rounds left a gap of 0.3"):
+        network.max_flow(0, 2)

@@ -18,7 +18,7 @@ from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 LIMIT = 2**30  # the largest scaled capacity: flows and capacities stay within int32
 TOLERANCE = 1e-13  # the certified gap (upper bound - value) at which refining stops
-MAX_ROUNDS = 12  # a safety net: every round so far closed the gap by 10^4 or more
+MAX_ROUNDS = 12  # a safety net (then an error, never an unproven value): each round so far closed the gap by 10^4+
 
 
 class Network:
@@ -60,7 +60,7 @@ class Network:
         gap = float(min(out_of_source, into_sink))  # certified: the flow still missing is at most this
         for _ in range(MAX_ROUNDS):
             if gap <= TOLERANCE:
-                break
+                return float(value)
             scale = LIMIT / gap
             residual = np.concatenate([self.cap - flow, flow])  # forward, backward
             # clipping at the gap changes no maximum flow (no edge carries more than the flow's value)
@@ -76,7 +76,10 @@ class Network:
             left[self._forward] -= net
             left[self._backward] += net
             gap = min(gap - gained, self._cut(source, left > 0, flow))
-        return float(value)
+        if gap <= TOLERANCE:
+            return float(value)
+        raise RuntimeError(f"max-flow from {source} to {sink}: {MAX_ROUNDS} rounds left a gap of {gap:.3g} "
+                           f"(> {TOLERANCE:g}) between the flow found and its bound")
 
     def _cut(self, source: int, open_edges: np.ndarray, flow: np.ndarray) -> float:
         """The real residual capacity of the cut around the nodes ``source`` reaches over ``open_edges``
