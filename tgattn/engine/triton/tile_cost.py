@@ -1,0 +1,118 @@
+"""The cost model of the ``tc`` backend: predicted seconds of a :class:`~.tile_plan.TilePlan` on a GPU.
+
+Nothing here is measured: the numbers are the cards' published peaks times one efficiency,
+until a GPU run (``python -m tgattn.bench.gpu``, issue 50 item 4) measures the break-even and
+replaces :data:`TENSOR_EFFICIENCY` and :data:`~.tile_plan.MIN_FILL` by what it saw.
+
+* A tile costs, per head, its arithmetic (``4 d`` FLOP a cell forward: ``Q K^T`` and ``P V``;
+  ``10 d`` backward: five products, FlashAttention-2's count) at the tensor-core rate (float32
+  in IEEE precision: the FMA rate), plus the mask words of a partial tile from HBM. Its key and
+  value rows (and backward its query and output-gradient rows) are assumed to come from L2 and
+  to overlap the products, as in dense FlashAttention, which is bound by its arithmetic: each
+  key block is read by every query block that meets it.
+* A gathered edge costs, per head, its reads: its key and value rows and its key id
+  (forward); the backward reads them again and the query and output-gradient rows.
+* The roofline of the call: the larger of reading q, k, v and writing the output once, and the
+  edges' own FLOP at the tensor-core rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tile_plan import WORD_BITS, TilePlan
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU's published peaks (NVIDIA data sheets, SXM parts, dense tensor-core rates)."""
+
+    name: str
+    bandwidth: float  # bytes / s of HBM
+    half_flops: float  # float16 / bfloat16 tensor-core FLOP / s
+    fp32_flops: float  # float32 FMA FLOP / s (no TF32)
+
+
+CARDS = {
+    "a100": Card("A100 SXM 80GB", 2.039e12, 312e12, 19.5e12),
+    "h100": Card("H100 SXM", 3.35e12, 989e12, 67e12),
+    "h200": Card("H200 SXM", 4.8e12, 989e12, 67e12),
+}
+# The share of the tensor-core peak a FlashAttention-2-style Triton kernel reaches (FA-2 reports
+# 50-73 % of the A100's peak forward, less backward): assumed, to be measured.
+TENSOR_EFFICIENCY = 0.5
+INDEX_BYTES = 8  # one int64 key id per gathered edge
+
+
+def _card(card: str) -> Card:
+    if card not in CARDS:
+        raise ValueError(f"card must be one of {sorted(CARDS)} (got {card!r})")
+    return CARDS[card]
+
+
+def _rate(dtype: torch.dtype, card: Card) -> float:
+    return (card.half_flops if dtype in (torch.float16, torch.bfloat16) else card.fp32_flops) * TENSOR_EFFICIENCY
+
+
+def tile_seconds(block_m: int, block_n: int, head_dim: int, dtype: torch.dtype, card: str = "h100", *,
+                 backward: bool = False, partial: bool = False) -> float:
+    """Predicted seconds of one tile and one head: its FLOP, and its mask's bytes if ``partial``.
+
+    Example:
+        >>> round(tile_seconds(64, 64, 64, torch.bfloat16) * 1e9, 2)  # ns: 1 MFLOP at half of 989 TFLOP/s
+        2.12
+    """
+    c = _card(card)
+    flop = (10 if backward else 4) * head_dim * block_m * block_n
+    mask = block_m * -(-block_n // WORD_BITS) * 4 if partial else 0
+    return flop / _rate(dtype, c) + mask / c.bandwidth
+
+
+def edge_seconds(head_dim: int, dtype: torch.dtype, card: str = "h100", *, backward: bool = False) -> float:
+    """Predicted seconds of one gathered edge and head (its bytes: 264 B in bfloat16 at d = 64).
+
+    Example:
+        >>> round(edge_seconds(64, torch.bfloat16) * 1e12, 1)  # ps
+        78.8
+    """
+    c, size = _card(card), torch.finfo(dtype).bits // 8
+    rows = 4 if backward else 2
+    return (rows * head_dim * size + INDEX_BYTES) / c.bandwidth
+
+
+def break_even_fill(block_m: int, block_n: int, head_dim: int, dtype: torch.dtype, card: str = "h100") -> float:
+    """The fill (edges / cells) at which a partial tile costs what gathering its edges costs.
+
+    Example:
+        >>> round(break_even_fill(64, 64, 64, torch.bfloat16), 4)  # tile_plan.MIN_FILL is 1 / 128 = 0.0078
+        0.007
+    """
+    return tile_seconds(block_m, block_n, head_dim, dtype, card, partial=True) / (
+        block_m * block_n * edge_seconds(head_dim, dtype, card))
+
+
+def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False,
+            card: str = "h100") -> dict:
+    """Predicted seconds of ``plan`` (forward, or backward alone): ``tiles_s``, ``gather_s``,
+    ``total_s`` and ``roofline_s`` (see the module's docstring); a prediction, not a measurement.
+
+    Example:
+        >>> from tgattn.engine.triton.tile_plan import plan_tiles
+        >>> n = 1024; ptr = torch.arange(n + 1) * n; col = torch.arange(n).repeat(n)  # all pairs
+        >>> p = predict(plan_tiles(ptr, col, n, n, block_m=64, block_n=64), heads=8, head_dim=64, dtype=torch.bfloat16)
+        >>> p["gather_s"], round(p["total_s"] / p["roofline_s"], 2)
+        (0.0, 1.0)
+    """
+    size = torch.finfo(dtype).bits // 8
+    c = _card(card)
+    tiles = heads * (
+        plan.n_full * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward)
+        + plan.n_partial * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward,
+                                        partial=True))
+    gather = heads * (plan.num_edges - plan.tc_edges) * edge_seconds(head_dim, dtype, card, backward=backward)
+    passes = 3 if backward else 2  # rows read and written once: q, k, v, out (and their gradients)
+    rows = passes * (plan.num_queries + plan.num_keys) * heads * head_dim * size
+    flop = (10 if backward else 4) * head_dim * plan.num_edges * heads
+    roofline = max(rows / c.bandwidth, flop / _rate(dtype, c))
+    return {"tiles_s": tiles, "gather_s": gather, "total_s": tiles + gather, "roofline_s": roofline}
