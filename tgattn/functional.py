@@ -23,7 +23,7 @@ from .engine.gate import beta_mix  # noqa: F401  (public: GraphAttentionConv's b
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
 from .engine.validate import check_edge_index, check_ranges  # noqa: F401  (check_edge_index: public, builders use it)
 
-BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton")
+BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton", "tc")
 
 
 def graph_attention(
@@ -104,7 +104,8 @@ def graph_attention(
             ``"csr"`` (PyTorch sparse kernels) name an engine backend, which falls back along
             dense -> tile -> fused -> csr when it cannot honour the call
             (see :func:`tgattn.engine.plan`); ``"triton"`` (Triton kernels, CUDA) falls back
-            like ``"fused"``; ``"gather"`` is the textbook per-edge path
+            like ``"fused"``; ``"tc"`` (Triton kernels with tensor-core tiles, CUDA) falls back to
+            ``"triton"`` for calls its tiles do not take; ``"gather"`` is the textbook per-edge path
             (it materializes ``[E, H, d]`` copies; use it as a reference).
         edge_scale: a factor ``[E]`` or ``[E, H]`` on each edge's weight after the softmax
             (``o_i = sum_j m_ij a_ij v_j``), differentiable: what PyG's explainers apply as

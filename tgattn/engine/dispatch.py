@@ -17,7 +17,12 @@ backend name but ``csr`` (SDPA and the tiles take neither), on ``triton`` where 
 
 On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
 when Triton is installed; it honours every option but ``edge_scale`` (softcap and sinks
-included), runs float16 / bfloat16 natively and needs no NaN check (no host sync).
+included), runs float16 / bfloat16 natively and needs no NaN check (no host sync). Where the
+call's tile plan puts edges on tensor cores and the tiles take its options
+(:func:`tgattn.engine.triton.tc.tiles_pay`), ``auto`` runs ``tc`` instead: the same kernels for
+the scattered edges, ``tl.dot`` tiles for the rest. ``tc`` named falls back to ``triton`` for
+the calls its tiles do not take (bias, dropout, returned weights, float64). A NaN key or value
+in a partial tile reaches the tile's other queries on ``tc`` (``0 * nan`` in ``P V``), as on SDPA.
 
 Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr`` on the CPU, which
 touches nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
@@ -55,7 +60,7 @@ from .edge_terms import MappedAttention
 from .precision import compute_dtype
 from .tiles import fill_bound, tile_attention, tile_layout
 
-ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton")
+ENGINE_BACKENDS = ("dense", "tile", "fused", "csr", "triton", "tc")
 # Fraction of edge cells per tile below which the sparse kernels beat the tiles. Measured at
 # n = 4096, H = 8, d = 64: CSR wins below 0.3 (one thread). Tile time / fused time on windows
 # (1 and 2 threads, forward and forward+backward): w = 32, fill 0.67: 1.55-1.75x; w = 64,
@@ -98,6 +103,7 @@ def plan(
     triton: bool = False,
     softcap: bool = False,
     sinks: bool = False,
+    tiles: bool = False,
 ) -> str:
     """The backend that runs a call with these options on structure ``s``.
 
@@ -106,7 +112,8 @@ def plan(
     available (:func:`tgattn.engine.fused.available`). ``triton`` is true when the Triton
     kernels can run the inputs (:func:`tgattn.engine.triton.usable`). Only ``csr`` takes an
     ``edge_scale``; a ``softcap`` or ``sinks`` run on ``triton`` where it runs, else on ``fused``
-    (``csr`` when named, or without the kernel).
+    (``csr`` when named, or without the kernel). ``tiles`` is true when the tensor-core tiles take
+    the call and pay (:func:`tgattn.engine.triton.tc.tiles_pay`): ``triton`` then runs as ``tc``.
 
     Example:
         >>> from tgattn import builders
@@ -119,13 +126,14 @@ def plan(
         raise ValueError(f"unknown engine backend {backend!r}")
     if edge_scale:
         return "csr"
-    if softcap or sinks:  # csr, fused and Triton's kernels take them; SDPA and the tiles do not
-        if triton and backend in ("auto", "triton"):
-            return "triton"
+    kernels = "tc" if tiles and backend in ("auto", "tc") else "triton"
+    if softcap or sinks:  # csr, fused and Triton's kernels take them; SDPA and the row-blocked tiles do not
+        if triton and backend in ("auto", "triton", "tc"):
+            return kernels
         return "fused" if backend != "csr" and fusable and fused.available() else "csr"
     dense_ok = s.kind in DENSE_KINDS and not weights
-    if triton and (backend == "triton" or (backend == "auto" and not (dense_ok and dense_pays(s)))):
-        return "triton"
+    if triton and (backend in ("triton", "tc") or (backend == "auto" and not (dense_ok and dense_pays(s)))):
+        return kernels
     if backend == "auto" and dense_ok and dense_pays(s):
         return "dense"
     if backend == "dense" and dense_ok:
@@ -198,19 +206,23 @@ def run(
     """
     dtype = q.dtype
     fusable = q.device.type == "cpu"
-    tritonable = backend in ("auto", "triton") and triton_backend.usable(q, named=backend == "triton")
+    named = backend in ("triton", "tc")
+    tritonable = backend in ("auto", "triton", "tc") and triton_backend.usable(q, named=named)
+    tiles = tritonable and backend in ("auto", "tc") and edge_scale is None and triton_backend.tiles_pay(
+        q, v, s, bias, dropout_p, return_weights, named=backend == "tc")
     chosen = plan(
         s, backend, dropout=dropout_p > 0, weights=return_weights, fusable=fusable,
         edge_scale=edge_scale is not None, triton=tritonable, softcap=softcap is not None, sinks=sinks is not None,
+        tiles=tiles,
     )
-    if chosen not in ("csr", "triton") and (on_host(q) or chosen == "tile") and not _finite(bias, q, k, v):
+    if chosen not in ("csr", "triton", "tc") and (on_host(q) or chosen == "tile") and not _finite(bias, q, k, v):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
         # oracle keeps (and its max drops a NaN bias). The CSR kernels touch every edge and nothing else.
         chosen = "csr"
     bias, edge_scale = _sorted(bias, s), _sorted(edge_scale, s)
     # Triton and the fused kernel read half precision as it is and accumulate in float32 themselves.
-    work = dtype if chosen in ("triton", "fused") else compute_dtype(dtype)
+    work = dtype if chosen in ("triton", "tc", "fused") else compute_dtype(dtype)
     # q's dtype or float32 (a float32 bias with float64 q); the fused kernel's bias is float32 with half q.
     bias = None if bias is None else bias.to(compute_dtype(dtype) if chosen == "fused" else work)
     if work != dtype:
@@ -330,6 +342,9 @@ def _attend(chosen, q, k, v, s, bias, scale, dropout_p, return_weights, csr_only
         return dense_attention(q, k, v, s, scale, bias, dropout_p), None
     if chosen == "tile":
         return tile_attention(q, k, v, s, bias, scale), None
+    if chosen == "tc":
+        return triton_backend.tc_attention(q, k, v, s, bias, scale, dropout_p, return_weights, softcap=softcap,
+                                           sinks=sinks)
     if chosen == "triton":
         return triton_backend.triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights, softcap=softcap,
                                                sinks=sinks)

@@ -9,10 +9,15 @@ weights and duplicated edges; a row without edges outputs 0.
 
 The engine picks this backend for CUDA tensors. With ``TRITON_INTERPRET=1`` in the
 environment, ``backend="triton"`` also runs on CPU tensors through Triton's interpreter
-(slowly: that is how the tests check the kernels without a GPU). :mod:`.aot` compiles every
+(slowly: that is how the tests check the kernels without a GPU).
+
+The ``tc`` backend (:mod:`.tc`) runs the tiles of an edge set that a cost model
+(:mod:`.tile_cost`) finds cheaper as dense products on tensor cores (:mod:`.tile_plan`,
+:mod:`.tile_kernels`) and the scattered rest on the same gather kernels, in one exact softmax. :mod:`.aot` compiles every
 kernel configuration the backend launches for sm_80 / sm_90 without a GPU and reads what each
 costs there (registers, spills, shared memory): ``python -m tgattn.bench.gpu_compiled``.
 """
 from .attention import available, dropout_keep, draw_seed, triton_attention, usable
+from .tc import tc_attention, tiles_pay
 
-__all__ = ["available", "dropout_keep", "draw_seed", "triton_attention", "usable"]
+__all__ = ["available", "dropout_keep", "draw_seed", "tc_attention", "tiles_pay", "triton_attention", "usable"]

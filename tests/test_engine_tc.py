@@ -1,0 +1,182 @@
+"""The ``tc`` backend (tensor-core tiles plus gathered rows) against the float64 dense oracle.
+
+Without CUDA the kernels run on CPU tensors through Triton's interpreter (``tests/conftest.py``
+sets ``TRITON_INTERPRET=1`` before triton is imported), so sizes stay small: tiles of 16 x 16
+(``tl.dot``'s least), a few blocks a launch. Each case checks that the plan holds the tile
+classes it is about, so that no test passes on the gather kernels alone.
+"""
+import pytest
+import torch
+
+from tgattn import builders, engine
+from tgattn.engine.dispatch import plan as backend_plan
+from tgattn.functional import graph_attention
+from tgattn.verify import random_edges
+
+from engine_helpers import inputs, max_err, oracle
+
+pytest.importorskip("triton")
+from tgattn.engine.triton.attention import interpreter_ready, triton_attention  # noqa: E402
+from tgattn.engine.triton.tc import plan_for, tc_attention, tile_kernels_module  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(
+    DEVICE.type == "cpu" and not interpreter_ready(),
+    reason="TRITON_INTERPRET=1 must be set before triton is first imported (tests/conftest.py does it)",
+)
+BLOCKS = (16, 16)
+# Float64 oracle vs. kernels in float32 (IEEE products) or half precision (inputs rounded, products on
+# tensor cores, weights rounded to the inputs' dtype before P V): as the gather kernels' tests.
+DTYPE_TOL = {torch.float32: 2e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(autouse=True)
+def _kernels(monkeypatch):
+    monkeypatch.delenv("TGATTN_NO_TRITON", raising=False)
+    assert tile_kernels_module().INTERPRETED == (DEVICE.type == "cpu")
+
+
+def _without_rows(ei, every=5):
+    """``ei`` without the edges of queries ``2, 2 + every, ...`` (rows without edges)."""
+    return ei[:, ei[1] % every != 2]
+
+
+# (edge set, n_q, n_k, min_fill, the tile classes it must hold: full, partial, gathered)
+CASES = {
+    "block_diagonal_ragged": (lambda: builders.full([32, 16, 9]), 57, 57, 0.0, (True, True, False)),
+    "causal_mixed": (lambda: builders.causal(40), 40, 40, 0.5, (True, True, True)),
+    "window_partial": (lambda: builders.window(40, 5), 40, 40, 0.0, (False, True, False)),
+    "random_mixed_empty_rows": (lambda: _without_rows(random_edges(45, 38, 0.3, seed=2)), 45, 38, 0.25,
+                                (False, True, True)),
+    "gathered_only": (lambda: random_edges(20, 24, 0.2, seed=4), 20, 24, 2.0, (False, False, True)),
+}
+
+
+def _structure(case):
+    make, n_q, n_k, min_fill, classes = CASES[case]
+    ei = make()
+    s = engine.analyse(ei.to(DEVICE), n_q, n_k)
+    plan, _ = plan_for(s, BLOCKS, min_fill)
+    assert (plan.n_full > 0, plan.n_partial > 0, plan.tc_edges < plan.num_edges) == classes
+    return s, torch.stack([s.src, s.dst]).cpu(), n_q, n_k, min_fill
+
+
+def _dev(*tensors):
+    return [t.detach().to(DEVICE).requires_grad_() for t in tensors]
+
+
+def _grads(out, leaves, grad_out):
+    return [g.cpu() for g in torch.autograd.grad(out, leaves, grad_out.to(out.device))]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_gradients_equal_the_oracle_for_every_tile_class(case):
+    s, ei, n_q, n_k, min_fill = _structure(case)
+    q, k, v, grad_out = inputs(n_q, n_k, heads=2, dk=16)
+    exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]  # float32 inputs, in float64
+    mine = _dev(*(t.float() for t in (q, k, v)))
+    out, weights = tc_attention(*mine, s, None, 0.3, blocks=BLOCKS, min_fill=min_fill)
+    ref = oracle(*exact, ei, scale=0.3)
+    assert weights is None and out.dtype == torch.float32
+    assert max_err(out.cpu().double(), ref) <= 2e-6
+    for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
+        assert max_err(a.double(), b) <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_TOL), ids=["f32", "f16", "bf16"])
+def test_dtypes_head_dims_and_the_same_results_as_the_gather_kernels(dtype):
+    # dk = 12, dv = 20: padded to 16 and 32 in the tiles; rows mix tiles and gathered edges.
+    s, ei, n_q, n_k, min_fill = _structure("causal_mixed")
+    q, k, v, grad_out = (t.detach().to(dtype) for t in inputs(n_q, n_k, heads=2, dk=12, dv=20))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    mine = _dev(q, k, v)
+    out, _ = tc_attention(*mine, s, None, 0.25, blocks=BLOCKS, min_fill=min_fill)
+    gathered, _ = triton_attention(*mine, s, None, 0.25)
+    ref = oracle(*exact, ei, scale=0.25)
+    tol = DTYPE_TOL[dtype]
+    assert out.dtype == dtype
+    assert max_err(out.cpu().double(), ref) <= tol and max_err(out.cpu().double(), gathered.cpu().double()) <= tol
+    for a, b in zip(_grads(out, mine, grad_out), torch.autograd.grad(ref, exact, grad_out.double())):
+        assert a.dtype == dtype
+        assert max_err(a.double(), b) <= 4 * tol * max(1.0, b.abs().max().item())
+
+
+def test_softcap_and_sinks_with_rows_without_edges():
+    from test_functional_softcap_sinks import oracle as capped_oracle
+
+    s, ei, n_q, n_k, min_fill = _structure("random_mixed_empty_rows")
+    q, k, v, grad_out = inputs(n_q, n_k, heads=2, dk=16)
+    q, k = (t.detach().mul(2) for t in (q, k))  # scores of a few units: the cap bites
+    sinks = torch.tensor([0.3, -1.2], dtype=torch.float64)
+    exact = [t.detach().float().double().requires_grad_() for t in (q, k, v, sinks)]
+    mine = _dev(*(t.float() for t in (q, k, v, sinks)))
+    out, _ = tc_attention(*mine[:3], s, None, 0.4, softcap=1.5, sinks=mine[3], blocks=BLOCKS, min_fill=min_fill)
+    ref, _ = capped_oracle(*exact[:3], ei, 0.4, softcap=1.5, sinks=exact[3])
+    assert max_err(out.cpu().double(), ref) <= 2e-6
+    for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
+        assert max_err(a.double(), b) <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("group", [2, 4])
+def test_grouped_query_heads_share_the_tiles_of_their_key_value_head(group):
+    # Four query heads on 4 / group key-value heads: tile rows are (query, head of the group) pairs.
+    s, ei, n_q, n_k, min_fill = _structure("causal_mixed")
+    q, _, _, grad_out = inputs(n_q, n_k, heads=4, dk=16)
+    _, k, v, _ = inputs(n_q, n_k, heads=4 // group, dk=16, seed=1)
+    exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
+    mine = _dev(*(t.float() for t in (q, k, v)))
+    out, _ = tc_attention(*mine, s, None, 0.3, blocks=BLOCKS, min_fill=min_fill)
+    ref = oracle(exact[0], exact[1].repeat_interleave(group, 1), exact[2].repeat_interleave(group, 1), ei, scale=0.3)
+    assert plan_for(s, (BLOCKS[0] // group, BLOCKS[1]), min_fill)[0].tc_edges > 0
+    assert max_err(out.cpu().double(), ref) <= 2e-6
+    for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
+        assert max_err(a.double(), b) <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_duplicated_edges_weigh_as_their_copies():
+    ei = builders.window(32, 3)
+    ei = torch.cat([ei, ei[:, ::5]], 1)  # every fifth edge twice: its tiles stay on the gather kernels
+    s = engine.analyse(ei.to(DEVICE), 32, 32)
+    plan, _ = plan_for(s, BLOCKS, 0.0)
+    assert s.duplicates and plan.tc_edges == 0
+    s2 = engine.analyse(torch.cat([builders.full(32), builders.window(32, 1)[:, :3]], 1).to(DEVICE), 32, 32)
+    assert plan_for(s2, BLOCKS, 0.0)[0].n_full == 3  # the tile holding the copies is gathered, not the others
+    ei2 = torch.stack([s2.src, s2.dst]).cpu()
+    q, k, v, grad_out = inputs(32, 32, heads=1, dk=16)
+    exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
+    mine = _dev(*(t.float() for t in (q, k, v)))
+    out, _ = tc_attention(*mine, s2, None, 0.3, blocks=BLOCKS, min_fill=0.0)
+    ref = oracle(*exact, ei2, scale=0.3)
+    assert max_err(out.cpu().double(), ref) <= 2e-6
+    for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
+        assert max_err(a.double(), b) <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_calls_the_tiles_do_not_take_run_on_the_gather_kernels():
+    s, ei, n_q, n_k, _ = _structure("window_partial")
+    q, k, v, _ = inputs(n_q, n_k, heads=2, dk=8)
+    bias = torch.randn(s.num_edges, 2, dtype=torch.float64)
+    mine = _dev(q, k, v)
+    out, w = tc_attention(*mine, s, bias.to(DEVICE), 0.3, return_weights=True)  # float64, bias, weights
+    ref, ref_w = triton_attention(*mine, s, bias.to(DEVICE), 0.3, return_weights=True)
+    assert torch.equal(out, ref) and torch.equal(w, ref_w)
+    with pytest.raises(ValueError, match=r"q's heads \(3\) must be a multiple"):
+        tc_attention(q[:, :1].expand(-1, 3, -1), k, v, s, None, 0.3)
+
+
+def test_the_engine_runs_tc_when_named_and_auto_takes_it_where_it_pays():
+    s, ei, n_q, n_k, _ = _structure("block_diagonal_ragged")
+    for tiles, want in ((True, "tc"), (False, "triton")):
+        assert backend_plan(s, "tc", triton=True, tiles=tiles) == want
+        assert backend_plan(s, "auto", triton=True, tiles=tiles, weights=True) == want
+        assert backend_plan(s, "triton", triton=True, tiles=tiles) == "triton"
+    assert backend_plan(s, "tc", triton=False, fusable=False) == "csr"
+    q, k, v, grad_out = (t.detach().float() for t in inputs(n_q, n_k, heads=2, dk=16))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    mine = _dev(q, k, v)
+    out = graph_attention(*mine, ei.to(DEVICE), backend="tc")
+    assert any(isinstance(key, tuple) and key[0] == "tc" for key in s.extras)  # the tiles ran (plan cached)
+    ref = oracle(*exact, ei)
+    assert max_err(out.cpu().double(), ref) <= 2e-6
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    assert graph_attention(*mine, empty.to(DEVICE), backend="tc").abs().max().item() == 0.0
