@@ -3,7 +3,9 @@
 Without CUDA the kernels run on CPU tensors through Triton's interpreter (``tests/conftest.py``
 sets ``TRITON_INTERPRET=1`` before triton is imported), so sizes stay small: tiles of 16 x 16
 (``tl.dot``'s least), a few blocks a launch. Each case checks that the plan holds the tile
-classes it is about, so that no test passes on the gather kernels alone.
+classes it is about, so that no test passes on the gather kernels alone. The tiles' arithmetic
+is checked in float32 (IEEE products) through :class:`TileAttention` directly, tightly; the
+backend itself sends float32 calls to the gather kernels, and runs float16 / bfloat16 on the tiles.
 """
 import pytest
 import torch
@@ -17,7 +19,7 @@ from engine_helpers import inputs, max_err, oracle
 
 pytest.importorskip("triton")
 from tgattn.engine.triton.attention import interpreter_ready, triton_attention  # noqa: E402
-from tgattn.engine.triton.tc import plan_for, tc_attention, tile_kernels_module  # noqa: E402
+from tgattn.engine.triton.tc import TileAttention, plan_for, tc_attention, tile_kernels_module  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.skipif(
@@ -61,6 +63,13 @@ def _structure(case):
     return s, torch.stack([s.src, s.dst]).cpu(), n_q, n_k, min_fill
 
 
+def _tiles(q, k, v, s, scale, min_fill, *, softcap=None, sinks=None):
+    """The tiles plus gathered remainder at ``BLOCKS`` (tile rows: queries x grouped heads), any float dtype."""
+    group = q.shape[1] // k.shape[1]
+    plan, rest = plan_for(s, (BLOCKS[0] // group, BLOCKS[1]), min_fill)
+    return TileAttention.apply(q, k, v, sinks, plan, rest, scale, softcap)
+
+
 def _dev(*tensors):
     return [t.detach().to(DEVICE).requires_grad_() for t in tensors]
 
@@ -75,9 +84,9 @@ def test_forward_and_gradients_equal_the_oracle_for_every_tile_class(case):
     q, k, v, grad_out = inputs(n_q, n_k, heads=2, dk=16)
     exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]  # float32 inputs, in float64
     mine = _dev(*(t.float() for t in (q, k, v)))
-    out, weights = tc_attention(*mine, s, None, 0.3, blocks=BLOCKS, min_fill=min_fill)
+    out = _tiles(*mine, s, 0.3, min_fill)
     ref = oracle(*exact, ei, scale=0.3)
-    assert weights is None and out.dtype == torch.float32
+    assert out.dtype == torch.float32
     assert max_err(out.cpu().double(), ref) <= 2e-6
     for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
         assert max_err(a.double(), b) <= 1e-5 * max(1.0, b.abs().max().item())
@@ -90,7 +99,9 @@ def test_dtypes_head_dims_and_the_same_results_as_the_gather_kernels(dtype):
     q, k, v, grad_out = (t.detach().to(dtype) for t in inputs(n_q, n_k, heads=2, dk=12, dv=20))
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     mine = _dev(q, k, v)
-    out, _ = tc_attention(*mine, s, None, 0.25, blocks=BLOCKS, min_fill=min_fill)
+    out = _tiles(*mine, s, 0.25, min_fill)
+    if dtype != torch.float32:  # the backend's own entry runs the same tiles
+        assert torch.equal(tc_attention(*mine, s, None, 0.25, blocks=BLOCKS, min_fill=min_fill)[0], out)
     gathered, _ = triton_attention(*mine, s, None, 0.25)
     ref = oracle(*exact, ei, scale=0.25)
     tol = DTYPE_TOL[dtype]
@@ -110,7 +121,7 @@ def test_softcap_and_sinks_with_rows_without_edges():
     sinks = torch.tensor([0.3, -1.2], dtype=torch.float64)
     exact = [t.detach().float().double().requires_grad_() for t in (q, k, v, sinks)]
     mine = _dev(*(t.float() for t in (q, k, v, sinks)))
-    out, _ = tc_attention(*mine[:3], s, None, 0.4, softcap=1.5, sinks=mine[3], blocks=BLOCKS, min_fill=min_fill)
+    out = _tiles(*mine[:3], s, 0.4, min_fill, softcap=1.5, sinks=mine[3])
     ref, _ = capped_oracle(*exact[:3], ei, 0.4, softcap=1.5, sinks=exact[3])
     assert max_err(out.cpu().double(), ref) <= 2e-6
     for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
@@ -125,7 +136,7 @@ def test_grouped_query_heads_share_the_tiles_of_their_key_value_head(group):
     _, k, v, _ = inputs(n_q, n_k, heads=4 // group, dk=16, seed=1)
     exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
     mine = _dev(*(t.float() for t in (q, k, v)))
-    out, _ = tc_attention(*mine, s, None, 0.3, blocks=BLOCKS, min_fill=min_fill)
+    out = _tiles(*mine, s, 0.3, min_fill)
     ref = oracle(exact[0], exact[1].repeat_interleave(group, 1), exact[2].repeat_interleave(group, 1), ei, scale=0.3)
     assert plan_for(s, (BLOCKS[0] // group, BLOCKS[1]), min_fill)[0].tc_edges > 0
     assert max_err(out.cpu().double(), ref) <= 2e-6
@@ -145,7 +156,7 @@ def test_duplicated_edges_weigh_as_their_copies():
     q, k, v, grad_out = inputs(32, 32, heads=1, dk=16)
     exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
     mine = _dev(*(t.float() for t in (q, k, v)))
-    out, _ = tc_attention(*mine, s2, None, 0.3, blocks=BLOCKS, min_fill=0.0)
+    out = _tiles(*mine, s2, 0.3, 0.0)
     ref = oracle(*exact, ei2, scale=0.3)
     assert max_err(out.cpu().double(), ref) <= 2e-6
     for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
@@ -153,13 +164,17 @@ def test_duplicated_edges_weigh_as_their_copies():
 
 
 def test_calls_the_tiles_do_not_take_run_on_the_gather_kernels():
-    s, ei, n_q, n_k, _ = _structure("window_partial")
+    n_q = n_k = 40
+    s = engine.analyse(builders.window(40, 5).to(DEVICE), n_q, n_k)
     q, k, v, _ = inputs(n_q, n_k, heads=2, dk=8)
     bias = torch.randn(s.num_edges, 2, dtype=torch.float64)
     mine = _dev(q, k, v)
     out, w = tc_attention(*mine, s, bias.to(DEVICE), 0.3, return_weights=True)  # float64, bias, weights
     ref, ref_w = triton_attention(*mine, s, bias.to(DEVICE), 0.3, return_weights=True)
     assert torch.equal(out, ref) and torch.equal(w, ref_w)
+    single = [t.float() for t in mine]  # float32: IEEE products would not run on tensor cores
+    assert torch.equal(tc_attention(*single, s, None, 0.3)[0], triton_attention(*single, s, None, 0.3)[0])
+    assert not any(isinstance(key, tuple) and key[0] == "tc" for key in s.extras)  # no plan was made
     with pytest.raises(ValueError, match=r"q's heads \(3\) must be a multiple"):
         tc_attention(q[:, :1].expand(-1, 3, -1), k, v, s, None, 0.3)
 
@@ -171,12 +186,42 @@ def test_the_engine_runs_tc_when_named_and_auto_takes_it_where_it_pays():
         assert backend_plan(s, "auto", triton=True, tiles=tiles, weights=True) == want
         assert backend_plan(s, "triton", triton=True, tiles=tiles) == "triton"
     assert backend_plan(s, "tc", triton=False, fusable=False) == "csr"
-    q, k, v, grad_out = (t.detach().float() for t in inputs(n_q, n_k, heads=2, dk=16))
+    q, k, v, grad_out = (t.detach().half() for t in inputs(n_q, n_k, heads=2, dk=16))
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     mine = _dev(q, k, v)
     out = graph_attention(*mine, ei.to(DEVICE), backend="tc")
     assert any(isinstance(key, tuple) and key[0] == "tc" for key in s.extras)  # the tiles ran (plan cached)
     ref = oracle(*exact, ei)
-    assert max_err(out.cpu().double(), ref) <= 2e-6
+    assert out.dtype == torch.float16 and max_err(out.cpu().double(), ref) <= DTYPE_TOL[torch.float16]
     empty = torch.zeros(2, 0, dtype=torch.long)
     assert graph_attention(*mine, empty.to(DEVICE), backend="tc").abs().max().item() == 0.0
+
+
+@pytest.mark.slow  # ~17 s under the interpreter: 64 x 64 tiles
+def test_every_launch_of_a_tc_call_is_among_the_compiled_configurations(monkeypatch):
+    """Forward and backward of plain, capped-with-sinks and grouped-query calls launch no tile kernel
+    that ``tgattn.engine.triton.aot`` does not compile for sm_80 / sm_90 (its configurations come
+    from the same launchers)."""
+    from test_gpu_aot_compile import _meta_key
+    from tgattn.engine.triton import aot
+
+    tk = tile_kernels_module()
+    seen, run = [], tk.Launch.__call__
+
+    def record(launch):
+        if launch.kernel.__name__ in aot.TILE_KERNELS:
+            seen.append(_meta_key(launch))
+        run(launch)
+
+    monkeypatch.setattr(tk.Launch, "__call__", record)
+    n, heads, d, dtype = 10, aot.HEADS, 16, torch.bfloat16
+    s = engine.analyse(builders.window(n, 1).to(DEVICE), n, n)
+    q = torch.randn(n, heads, d, dtype=dtype, device=DEVICE, requires_grad=True)
+    for group, options in ((1, {}), (1, dict(softcap=2.0, sinks=torch.zeros(heads, device=DEVICE))),
+                           (aot.GROUPED, dict(softcap=2.0, sinks=torch.zeros(heads, device=DEVICE)))):
+        k, v = (torch.randn(n, heads // group, d, dtype=dtype, device=DEVICE, requires_grad=True) for _ in range(2))
+        out, _ = tc_attention(q, k, v, s, None, 0.25, min_fill=0.0, **options)
+        out.sum().backward()
+    compiled = {_meta_key(aot.launch_of(c)) for c in aot.configurations() if c.dtype == dtype and c.head_dim == d}
+    assert len(set(seen)) == 9  # forward bare / with remainder and cap; dq, dk dv with / without cap; 3 grouped
+    assert set(seen) <= compiled, set(seen) - compiled

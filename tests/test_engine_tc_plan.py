@@ -135,8 +135,10 @@ def test_bad_input_is_named(bad, message):
     args = dict(num_queries=8, num_keys=8, block_m=4, block_n=4) | bad
     with pytest.raises(ValueError, match=message):
         plan_tiles(ptr, col, args.pop("num_queries"), args.pop("num_keys"), **args)
-    with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
-        choose_blocks(torch.float64, 64)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        choose_blocks(torch.float32, 64)
+    with pytest.raises(ValueError, match=r"head_dim must be 1..128 .* \(got 256\)"):
+        choose_blocks(torch.bfloat16, 256)
 
 
 def test_the_cost_model_prints_its_prediction_beside_the_roofline(capsys):

@@ -1,11 +1,12 @@
 """FlexAttention over an analysed edge set, with a ``BlockMask`` built from its CSR structure.
 
 :func:`block_mask` never forms an ``n x n`` mask: it counts the edges of each
-``[BLOCK, BLOCK]`` tile and hands FlexAttention (Dong et al., 2024) the tiles that hold any
+``[BLOCK, BLOCK]`` tile (the ``tc`` backend's planner, :func:`~.tile_plan.plan_tiles`, with every
+tile kept) and hands FlexAttention (Dong et al., 2024) the tiles that hold any
 (``BlockMask.from_kv_blocks``). A tile whose cells are all edges is *full* and runs without a
 mask check; the others are *partial* and run through a ``mask_mod`` that reads one bit per cell
-from a compact per-tile bitmask (``[partial tiles, BLOCK, BLOCK / 32]`` int32 words), found
-through an ``[n_q / BLOCK, n_k / BLOCK]`` table of tile ids. (The ``mask_mod`` is exact on
+from the plan's compact per-tile bitmask (``[partial tiles, BLOCK, BLOCK / 32]`` int32 words),
+found through an ``[n_q / BLOCK, n_k / BLOCK]`` table of tile ids. (The ``mask_mod`` is exact on
 every cell, full tiles included, as FlexAttention's contract asks.)
 
 For block-structured sets (packed sequences, block-local, BigBird) most visited tiles are full
@@ -23,13 +24,9 @@ import torch
 from torch import Tensor
 
 from ..analysis import Structure
+from .tile_plan import plan_tiles
 
 BLOCK = 128  # FlexAttention's default tile
-
-
-def _int32_bits(words: Tensor) -> Tensor:
-    """int64 values in [0, 2**32) as the int32 with the same bits."""
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def block_mask(s: Structure, block: int = BLOCK):
@@ -52,36 +49,24 @@ def block_mask(s: Structure, block: int = BLOCK):
     from torch.nn.attention.flex_attention import BlockMask
 
     dev = s.src.device
-    nqb, nkb = -(-s.n_q // block), -(-s.n_k // block)
-    tq, tk = s.dst // block, s.src // block
-    tiles, tile_of_edge, counts = torch.unique(tq * nkb + tk, return_inverse=True, return_counts=True)
-    rows = (s.n_q - (tiles // nkb) * block).clamp(max=block)  # cells of a tile on the last row / column
-    cols = (s.n_k - (tiles % nkb) * block).clamp(max=block)
-    full = counts == rows * cols  # [T]
+    plan = plan_tiles(s.rowptr, s.src, s.n_q, s.n_k, block_m=block, block_n=block, min_fill=0)
+    nqb, nkb = plan.q_ptr.numel() - 1, -(-s.n_k // block)
+    per_block = plan.q_ptr[1:] - plan.q_ptr[:-1]
+    qb = torch.repeat_interleave(torch.arange(nqb, device=dev), per_block)  # [T] query block of each tile
+    kb, partial = plan.q_tile_kb, plan.q_tile_mask >= 0
+    tile_id = torch.full((nqb * nkb,), -1, dtype=torch.int32, device=dev)  # -1: no edge, -2: full
+    tile_id[qb * nkb + kb] = torch.where(partial, plan.q_tile_mask, -2).to(torch.int32)
+    tile_id = tile_id.view(nqb, nkb)
+    words = plan.masks
 
     def ordered(keep: Tensor):
         """Per query-block count and kv-block indices ``[1, 1, nqb]``, ``[1, 1, nqb, nkb]``."""
-        t = tiles[keep]  # sorted
-        num = torch.bincount(t // nkb, minlength=nqb)
+        num = torch.bincount(qb[keep], minlength=nqb)
         starts = torch.cumsum(num, 0) - num
-        slot = torch.arange(t.numel(), device=dev) - starts[t // nkb]
+        slot = torch.arange(int(keep.sum()), device=dev) - starts[qb[keep]]
         idx = torch.zeros(nqb, nkb, dtype=torch.int32, device=dev)
-        idx[t // nkb, slot] = (t % nkb).to(torch.int32)
+        idx[qb[keep], slot] = kb[keep].to(torch.int32)
         return num.to(torch.int32).view(1, 1, nqb), idx.view(1, 1, nqb, nkb)
-
-    partial = ~full
-    part_id = torch.cumsum(partial, 0) - 1  # [T] index among partial tiles
-    tile_id = torch.full((nqb * nkb,), -1, dtype=torch.int32, device=dev)  # -1: no edge, -2: full
-    tile_id[tiles] = torch.where(partial, part_id, -2).to(torch.int32)
-    tile_id = tile_id.view(nqb, nkb)
-    words_per_row = -(-block // 32)
-    on_partial = partial[tile_of_edge]  # [E]
-    qi, kj = s.dst[on_partial] % block, s.src[on_partial] % block
-    word = (part_id[tile_of_edge[on_partial]] * block + qi) * words_per_row + kj // 32
-    # at least one tile of words: the mask_mod reads tile max(t, 0) even where no tile is partial
-    words = torch.zeros(max(int(partial.sum()), 1) * block * words_per_row, dtype=torch.long, device=dev)
-    words.index_add_(0, word, torch.ones_like(word) << (kj % 32))  # unique edges: one bit each
-    words = _int32_bits(words).view(-1, block, words_per_row)
 
     def mask_mod(b, h, q_idx, kv_idx):
         t = tile_id[q_idx // block, kv_idx // block]
@@ -90,7 +75,7 @@ def block_mask(s: Structure, block: int = BLOCK):
         return (t == -2) | ((t >= 0) & (((w >> (col % 32)) & 1) == 1))
 
     kv_num, kv_idx = ordered(partial)
-    full_num, full_idx = ordered(full)
+    full_num, full_idx = ordered(~partial)
     bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
                                   seq_lengths=(s.n_q, s.n_k))
     s.extras[("flex", block)] = bm

@@ -7,12 +7,14 @@ the scattered remainder through the gather forward (:mod:`.kernels`) and then th
 one exact softmax over all of a row's edges. The backward runs both with the call's
 log-sum-exp and ``delta`` and adds their gradients.
 
-The tiles take float16, bfloat16 and float32 (IEEE products, no TF32), a scale, soft-capping,
-sinks (in the remainder's softmax: it runs for every row when there are sinks) and rows without
-edges; grouped-query heads (``k`` and ``v`` with ``H / G`` heads) share each tile's key rows.
-A call with a bias, dropout, returned weights or float64 runs wholly on the gather kernels
+The tiles take float16 and bfloat16, a scale, soft-capping, sinks (in the remainder's softmax:
+it runs for every row when there are sinks) and rows without edges; grouped-query heads (``k``
+and ``v`` with ``H / G`` heads, ``G`` a power of two) share each tile's key rows. A call with a
+bias, dropout, returned weights, or in float32 or float64 runs wholly on the gather kernels
 (:func:`tiles_take`): the per-edge options need each tile cell's edge id, which the plan does
-not keep.
+not keep, and float32's IEEE products would not run on tensor cores
+(:func:`~.tile_plan.choose_blocks`). :class:`TileAttention` itself also takes float32 (IEEE
+products): the interpreter tests check the tiles' arithmetic against the float64 oracle there.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from .attention import blocks_for, interpreting, kernels_module, triton_attentio
 from .tile_cost import break_even_fill
 from .tile_plan import TilePlan, choose_blocks, plan_tiles
 
-TILE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TILE_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def tile_kernels_module():
@@ -39,16 +41,17 @@ def tile_kernels_module():
     return tile_kernels
 
 
-def tiles_take(q: Tensor, bias: Optional[Tensor], dropout_p: float, return_weights: bool, group: int = 1) -> bool:
+def tiles_take(q: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: float, return_weights: bool,
+               group: int = 1) -> bool:
     """Whether a call with these options runs its tiles on tensor cores (else wholly on the gather kernels).
 
     Example:
         >>> q = torch.zeros(4, 2, 16, dtype=torch.bfloat16)
-        >>> tiles_take(q, None, 0.0, False), tiles_take(q, None, 0.1, False), tiles_take(q.double(), None, 0.0, False)
+        >>> tiles_take(q, q, None, 0.0, False), tiles_take(q, q, None, 0.1, False), tiles_take(q.float(), q, None, 0.0, False)
         (True, False, False)
     """
     return (q.dtype in TILE_DTYPES and bias is None and dropout_p == 0 and not return_weights
-            and group & (group - 1) == 0)
+            and group & (group - 1) == 0 and max(q.shape[2], v.shape[2]) <= 128)
 
 
 def plan_for(s: Structure, blocks: Tuple[int, int], min_fill: float) -> Tuple[TilePlan, Structure]:
@@ -80,7 +83,7 @@ def tiles_pay(q: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], dropou
               named: bool = False) -> bool:
     """Whether ``tc`` runs this call: the tiles take its options (:func:`tiles_take`) and, unless
     the backend is named, its tile plan (planned here, cached on ``s``) puts edges on tensor cores."""
-    if not tiles_take(q, bias, dropout_p, return_weights):
+    if not tiles_take(q, v, bias, dropout_p, return_weights):
         return False
     return named or (s.num_edges > 0 and _plan_of(q, v, s)[0].tc_edges > 0)
 
@@ -168,21 +171,10 @@ class TileAttention(torch.autograd.Function):
         return dq, dk, dv, grad_sinks, None, None, None, None
 
 
-def tc_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    s: Structure,
-    bias: Optional[Tensor],
-    scale: float,
-    dropout_p: float = 0.0,
-    return_weights: bool = False,
-    *,
-    softcap: Optional[float] = None,
-    sinks: Optional[Tensor] = None,
-    blocks: Optional[Tuple[int, int]] = None,
-    min_fill: Optional[float] = None,
-) -> Tuple[Tensor, Optional[Tensor]]:
+def tc_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], scale: float,
+                 dropout_p: float = 0.0, return_weights: bool = False, *, softcap: Optional[float] = None,
+                 sinks: Optional[Tensor] = None, blocks: Optional[Tuple[int, int]] = None,
+                 min_fill: Optional[float] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """``(out [n_q, H, dv], weights [E, H] or None)`` on structure ``s``; ``k``, ``v`` may have
     ``H / G`` heads (query heads ``hk * G .. hk * G + G - 1`` share key/value head ``hk``).
 
@@ -194,7 +186,7 @@ def tc_attention(
     if heads % kv_heads or v.shape[1] != kv_heads:
         raise ValueError(f"q's heads ({heads}) must be a multiple of k's and v's ({kv_heads}, {v.shape[1]})")
     group = heads // kv_heads
-    if not tiles_take(q, bias, dropout_p, return_weights, group):
+    if not tiles_take(q, v, bias, dropout_p, return_weights, group):
         if group > 1:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         return triton_attention(q, k, v, s, bias, scale, dropout_p, return_weights, softcap=softcap, sinks=sinks)

@@ -29,8 +29,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import _int32_bits
-
 WORD_BITS = 32  # bits of one mask word (int32)
 # The fill below which a tile's edges are gathered, when the caller gives none: about the cost
 # model's break-even for bfloat16 at d = 64 on an H100 (tile_cost.break_even_fill: 0.70 %; the
@@ -38,25 +36,29 @@ WORD_BITS = 32  # bits of one mask word (int32)
 MIN_FILL = 1 / 128
 
 
+def _int32_bits(words: Tensor) -> Tensor:
+    """int64 values in [0, 2**32) as the int32 with the same bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
 def choose_blocks(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
     """``(block_m, block_n)``: query rows and keys per tile for inputs of ``dtype``, head dim ``head_dim``.
 
-    float16 / bfloat16 take 64 x 64 tiles (the tensor cores' tile shape of FlashAttention-2's
-    backward; 128-row tiles would halve the query blocks the backward's dk / dv pass walks, but
-    spill at d = 128 in that pass). float32 runs ``tl.dot`` in IEEE precision (no TF32) on
-    the CUDA cores' FMA units: 32 x 32 keeps its float32 accumulators in registers.
+    float16 / bfloat16 take 64 x 64 tiles at every head dim up to 128: compiled for sm_80 and
+    sm_90 at 8 warps, none of the tile kernels spills there (data/gpu/compiled.md). float32
+    stays on the gather kernels: ``tl.dot`` in IEEE precision (no TF32) runs on the FMA units,
+    not on tensor cores, and its operand layouts spilled 8-1,240 bytes a thread in the dk / dv
+    kernel at 16 x 16 to 32 x 32 tiles (sm_90, d = 64 and 128).
 
     Example:
-        >>> choose_blocks(torch.bfloat16, 64), choose_blocks(torch.float32, 64)
-        ((64, 64), (32, 32))
+        >>> choose_blocks(torch.bfloat16, 64)
+        (64, 64)
     """
-    if head_dim < 1:
-        raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
+    if head_dim < 1 or head_dim > 128:
+        raise ValueError(f"head_dim must be 1..128 for the tensor-core tiles (got {head_dim})")
     if dtype in (torch.float16, torch.bfloat16):
         return 64, 64
-    if dtype == torch.float32:
-        return 32, 32
-    raise ValueError(f"the tensor-core tiles take float16, bfloat16 or float32 (got {dtype})")
+    raise ValueError(f"the tensor-core tiles take float16 or bfloat16 (got {dtype})")
 
 
 @dataclass(frozen=True)
