@@ -135,8 +135,8 @@ def test_bad_input_is_named(bad, message):
     args = dict(num_queries=8, num_keys=8, block_m=4, block_n=4) | bad
     with pytest.raises(ValueError, match=message):
         plan_tiles(ptr, col, args.pop("num_queries"), args.pop("num_keys"), **args)
-    with pytest.raises(ValueError, match="float16 or bfloat16"):
-        choose_blocks(torch.float32, 64)
+    with pytest.raises(ValueError, match="dtype must be a float dtype"):
+        choose_blocks(torch.int64, 64)
     with pytest.raises(ValueError, match=r"head_dim must be 1..128 .* \(got 256\)"):
         choose_blocks(torch.bfloat16, 256)
 
@@ -164,3 +164,13 @@ def test_the_cost_model_prints_its_prediction_beside_the_roofline(capsys):
             assert plan.tc_share == 1.0 and plan.n_full > 0
     with pytest.raises(ValueError, match="card must be one of"):
         predict(plan, heads=1, head_dim=64, dtype=torch.bfloat16, card="v100")
+
+
+def test_float32_and_float64_are_predicted_wholly_gathered():
+    # the tc backend runs them on the gather kernels (tile_plan.choose_blocks says why)
+    ptr, col, _ = _csr(builders.window(256, 16), 256, 256)
+    plan = plan_tiles(ptr, col, 256, 256, block_m=64, block_n=64)
+    assert plan.tc_share == 1.0
+    for dtype in (torch.float32, torch.float64):
+        p = predict(plan, heads=2, head_dim=64, dtype=dtype)
+        assert p["tiles_s"] == 0.0 and p["gather_s"] == pytest.approx(2 * plan.num_edges * (2 * 64 * dtype.itemsize + 8) / 3.35e12)

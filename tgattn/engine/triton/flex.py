@@ -57,7 +57,8 @@ def block_mask(s: Structure, block: int = BLOCK):
     tile_id = torch.full((nqb * nkb,), -1, dtype=torch.int32, device=dev)  # -1: no edge, -2: full
     tile_id[qb * nkb + kb] = torch.where(partial, plan.q_tile_mask, -2).to(torch.int32)
     tile_id = tile_id.view(nqb, nkb)
-    words = plan.masks
+    # at least one tile of words: the mask_mod reads tile max(t, 0) even where no tile is partial
+    words = plan.masks if plan.n_partial else plan.masks.new_zeros(1, block, plan.words)
 
     def ordered(keep: Tensor):
         """Per query-block count and kv-block indices ``[1, 1, nqb]``, ``[1, 1, nqb, nkb]``."""

@@ -12,6 +12,8 @@ replaces :data:`TENSOR_EFFICIENCY` and :data:`~.tile_plan.MIN_FILL` by what it s
   key block is read by every query block that meets it.
 * A gathered edge costs, per head, its reads: its key and value rows and its key id
   (forward); the backward reads them again and the query and output-gradient rows.
+* float32 and float64 calls run wholly on the gather kernels (:func:`~.tile_plan.choose_blocks`):
+  their prediction counts every edge gathered, whatever the plan.
 * The roofline of the call: the larger of reading q, k, v and writing the output once, and the
   edges' own FLOP at the tensor-core rate.
 """
@@ -106,11 +108,13 @@ def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, ba
     """
     size = torch.finfo(dtype).bits // 8
     c = _card(card)
-    tiles = heads * (
+    on_tiles = dtype in (torch.float16, torch.bfloat16)
+    tiles = on_tiles * heads * (
         plan.n_full * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward)
         + plan.n_partial * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward,
                                         partial=True))
-    gather = heads * (plan.num_edges - plan.tc_edges) * edge_seconds(head_dim, dtype, card, backward=backward)
+    gathered = plan.num_edges - plan.tc_edges * on_tiles
+    gather = heads * gathered * edge_seconds(head_dim, dtype, card, backward=backward)
     passes = 3 if backward else 2  # rows read and written once: q, k, v, out (and their gradients)
     rows = passes * (plan.num_queries + plan.num_keys) * heads * head_dim * size
     flop = (10 if backward else 4) * head_dim * plan.num_edges * heads

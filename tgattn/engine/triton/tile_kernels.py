@@ -10,10 +10,10 @@ full tiles (no mask: every cell is an edge and in bounds), then its partial ones
 bit of the plan's mask; out-of-bounds cells have none).
 
 * :func:`tile_forward_kernel`: scores ``Q K^T`` and ``P V`` on tensor cores, an online softmax
-  (in float32) that starts from the gathered remainder's result (``INIT``: its output and
-  log-sum-exp, i.e. ``m = lse``, ``l = 1``, ``acc = out``), so the merge is exact and needs no
-  pass of its own; writes the output and the log-sum-exp of all the row's edges (``+inf`` for a
-  row without any, as the gather kernels do).
+  (in float32) that takes the gathered remainder's result as one more chunk (``INIT``: its
+  output and log-sum-exp, i.e. a running max ``lse``, sum 1 and accumulator ``out``), so the
+  merge is exact and needs no pass of its own; writes the output and the log-sum-exp of all the
+  row's edges (``+inf`` for a row without any, as the gather kernels do).
 * :func:`tile_dq_kernel` and :func:`tile_dkdv_kernel`: FlashAttention-2's backward (Dao,
   2023) with the call's log-sum-exp and ``delta = <dO_i, O_i>``: ``dq`` over query blocks,
   ``dk`` / ``dv`` over key blocks (the plan's key-major lists); each program owns what it
@@ -66,11 +66,21 @@ def _keys(X, kb, hk, n, s_n, s_h, offs, d, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _bits(MASKS, tile, rows, cols, WORDS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Whether cell (``rows``, ``cols``) (tile offsets, broadcast to one shape) of mask row
-    ``tile`` is an edge."""
-    word = tl.load(MASKS + (tile.to(tl.int64) * BLOCK_M + rows) * WORDS + cols // 32)
-    return ((word >> (cols % 32)) & 1) != 0
+def _bits(MASKS, tile, rows, cols, WORDS: tl.constexpr, BLOCK_M: tl.constexpr, ROWS_FIRST: tl.constexpr):
+    """Whether each cell of mask row ``tile`` is an edge: ``[R, BN]`` for ``rows [R]`` and ``cols [BN]``
+    (tile offsets), ``[BN, R]`` unless ``ROWS_FIRST``. One or two int32 words a row, loaded as
+    vectors of rows and spread over the keys in registers (a ``[R, BN]`` grid of word pointers
+    held 64-bit addresses of every cell)."""
+    base = MASKS + (tile.to(tl.int64) * BLOCK_M + rows) * WORDS
+    lo = tl.load(base)
+    hi = lo
+    if WORDS > 1:
+        hi = tl.load(base + 1)
+    if ROWS_FIRST:
+        word = tl.where(cols[None, :] < 32, lo[:, None], hi[:, None])
+        return ((word >> (cols[None, :] % 32)) & 1) != 0
+    word = tl.where(cols[:, None] < 32, lo[None, :], hi[None, :])
+    return ((word >> (cols[:, None] % 32)) & 1) != 0
 
 
 @triton.jit
@@ -86,8 +96,7 @@ def _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m,
         s = cap * _tanh(s / cap)
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        s = tl.where(_bits(MASKS, tl.load(QMASK + t), r[:, None], tl.arange(0, BLOCK_N)[None, :], WORDS, BLOCK_M),
-                     s, float("-inf"))
+        s = tl.where(_bits(MASKS, tl.load(QMASK + t), r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, True), s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows without a finite score yet
     alpha = tl.exp(m - shift)
@@ -95,6 +104,11 @@ def _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m,
     v = _keys(V, kb, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
     return m_new, l * alpha + tl.sum(p, axis=1), acc
+
+
+@triton.jit
+def _out_offsets(node, head, ov, s_on, s_oh):
+    return node[:, None].to(tl.int64) * s_on + head[:, None] * s_oh + ov[None, :]
 
 
 @triton.jit
@@ -107,23 +121,16 @@ def tile_forward_kernel(
     WORDS: tl.constexpr,
 ):
     """``OUT [n_q, H, dv]`` and ``LSE [H, n_q]`` over query block ``program_id(0)``, key/value head
-    ``program_id(1)``; with ``INIT`` the online softmax starts from ``OUT0`` / ``LSE0`` (the
-    gathered remainder's result, laid out like ``OUT`` / ``LSE``)."""
+    ``program_id(1)``; with ``INIT`` the online softmax takes in ``OUT0`` / ``LSE0`` (the gathered
+    remainder's result, laid out like ``OUT`` / ``LSE``)."""
     qb, hk = tl.program_id(0), tl.program_id(1)
     scale, cap = tl.full([], scale, tl.float32), tl.full([], cap, tl.float32)
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     q, node, head = _tile_rows(Q, qb, hk, n_q, s_qn, s_qh, od, dk, BLOCK_M, GROUP)  # [R, BDK]
     live = node < n_q
-    rows_out = node[:, None].to(tl.int64) * s_on + head[:, None] * s_oh + ov[None, :]
-    if INIT:
-        lse0 = tl.load(LSE0 + head * n_q + node, mask=live, other=float("inf"))
-        m = tl.where(lse0 == float("inf"), float("-inf"), lse0)
-        l = tl.where(lse0 == float("inf"), 0.0, 1.0)
-        acc = tl.load(OUT0 + rows_out, mask=live[:, None] & (ov < dv)[None, :], other=0.0).to(tl.float32)
-    else:
-        m = tl.full([BLOCK_M * GROUP], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_M * GROUP], tl.float32)
-        acc = tl.zeros([BLOCK_M * GROUP, BLOCK_DV], tl.float32)
+    m = tl.full([BLOCK_M * GROUP], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M * GROUP], tl.float32)
+    acc = tl.zeros([BLOCK_M * GROUP, BLOCK_DV], tl.float32)
     start, split, end = tl.load(QPTR + qb), tl.load(QSPLIT + qb), tl.load(QPTR + qb + 1)
     for t in range(start, split):
         m, l, acc = _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m, l, acc,
@@ -133,10 +140,24 @@ def tile_forward_kernel(
         m, l, acc = _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m, l, acc,
                                   s_kn, s_kh, s_vn, s_vh, od, ov, True, SOFTCAP, PRECISION, GROUP,
                                   BLOCK_M, BLOCK_N, WORDS)
+    if INIT:  # the remainder as one more chunk: sum 1 (or 0 without a logit) at its log-sum-exp, sum times out0
+        # (merged after the tiles, not before: loaded before, sm_80's ptxas spilled 8 bytes at d = 64)
+        lse0 = tl.load(LSE0 + head * n_q + node, mask=live, other=float("inf"))
+        m0 = tl.where(lse0 == float("inf"), float("-inf"), lse0)
+        m_new = tl.maximum(m, m0)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha, beta = tl.exp(m - shift), tl.exp(m0 - shift)
+        out0 = tl.load(OUT0 + _out_offsets(node, head, ov, s_on, s_oh), mask=live[:, None] & (ov < dv)[None, :],
+                       other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + out0 * beta[:, None]
+        l = l * alpha + beta
+        m = m_new
     dead = l == 0.0  # no edge, or every score -inf
     out = tl.where(dead[:, None], 0.0, acc / tl.where(dead, 1.0, l)[:, None])
     lse = tl.where(dead, float("inf"), m + tl.log(tl.where(dead, 1.0, l)))
-    tl.store(OUT + rows_out, out.to(OUT.dtype.element_ty), mask=live[:, None] & (ov < dv)[None, :])
+    # offsets formed here, not kept from before the loops: 64-bit, they held registers through them
+    tl.store(OUT + _out_offsets(node, head, ov, s_on, s_oh), out.to(OUT.dtype.element_ty),
+             mask=live[:, None] & (ov < dv)[None, :])
     tl.store(LSE + head * n_q + node, lse, mask=live)
 
 
@@ -162,8 +183,7 @@ def _dq_step(q, do, lse, delta, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, sca
     p = tl.exp(s - lse[:, None])
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        p = tl.where(_bits(MASKS, tl.load(QMASK + t), r[:, None], tl.arange(0, BLOCK_N)[None, :], WORDS, BLOCK_M),
-                     p, 0.0)
+        p = tl.where(_bits(MASKS, tl.load(QMASK + t), r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, True), p, 0.0)
     dp = _dot(do, tl.trans(v), PRECISION)
     ds = p * (dp - delta[:, None])
     if SOFTCAP:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh^2
@@ -216,8 +236,7 @@ def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, KQB, KMASK, t, hk, n_q, dk, dv, s
     p = tl.exp(s - lse[None, :])
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        p = tl.where(_bits(MASKS, tl.load(KMASK + t), r[None, :], tl.arange(0, BLOCK_N)[:, None], WORDS, BLOCK_M),
-                     p, 0.0)
+        p = tl.where(_bits(MASKS, tl.load(KMASK + t), r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, False), p, 0.0)
     dval += _dot(p.to(do.dtype), do, PRECISION)
     dp = _dot(v, tl.trans(do), PRECISION)  # [BN, R]
     ds = p * (dp - delta[None, :])
@@ -266,6 +285,8 @@ TILE_WARPS = 8
 
 
 def _meta(q, v, plan, group: int) -> dict:
+    if plan.words > 2:
+        raise ValueError(f"the tile kernels take tiles of up to 64 keys (got block_n = {plan.block_n})")
     block_dk = max(16, triton.next_power_of_2(q.shape[2]))  # tl.dot needs a K dim of 16 or more
     block_dv = max(16, triton.next_power_of_2(v.shape[2]))
     return dict(

@@ -45,20 +45,21 @@ def choose_blocks(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
     """``(block_m, block_n)``: query rows and keys per tile for inputs of ``dtype``, head dim ``head_dim``.
 
     float16 / bfloat16 take 64 x 64 tiles at every head dim up to 128: compiled for sm_80 and
-    sm_90 at 8 warps, none of the tile kernels spills there (data/gpu/compiled.md). float32
-    stays on the gather kernels: ``tl.dot`` in IEEE precision (no TF32) runs on the FMA units,
-    not on tensor cores, and its operand layouts spilled 8-1,240 bytes a thread in the dk / dv
-    kernel at 16 x 16 to 32 x 32 tiles (sm_90, d = 64 and 128).
+    sm_90 at 8 warps, none of the tile kernels spills there (data/gpu/compiled.md). float32 and
+    float64 calls run on the gather kernels (``tl.dot`` in IEEE precision is FMA work, not tensor
+    cores', and its operand layouts spilled 8-1,240 bytes a thread in the dk / dv kernel at
+    16 x 16 to 32 x 32 tiles, sm_90): their plan at these blocks says what a half-precision call
+    would put on tensor cores, and :func:`~.tile_cost.predict` counts all their edges gathered.
 
     Example:
-        >>> choose_blocks(torch.bfloat16, 64)
-        (64, 64)
+        >>> choose_blocks(torch.bfloat16, 64), choose_blocks(torch.float32, 128)
+        ((64, 64), (64, 64))
     """
     if head_dim < 1 or head_dim > 128:
         raise ValueError(f"head_dim must be 1..128 for the tensor-core tiles (got {head_dim})")
-    if dtype in (torch.float16, torch.bfloat16):
-        return 64, 64
-    raise ValueError(f"the tensor-core tiles take float16 or bfloat16 (got {dtype})")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a float dtype (got {dtype})")
+    return 64, 64
 
 
 @dataclass(frozen=True)
