@@ -1,9 +1,9 @@
 """The Triton kernels compiled for sm_80 (A100) and sm_90 (H100) without a GPU, with their
 resources and an H100 roofline: ``python -m tgattn.bench.gpu_compiled``.
 
-Every configuration the backend launches (:func:`tgattn.engine.triton.aot.configurations`: 4
+Every configuration the backends launch (:func:`tgattn.engine.triton.aot.configurations`: 4
 dtypes x head dims 16-128 x bias / dropout / returned weights / bias gradient / softcap / sinks, forward and
-backward kernels) is compiled by Triton for each target, with ptxas from Triton's wheel, into a
+backward kernels of ``triton``; the tile kernels of ``tc``) is compiled by Triton for each target, with ptxas from Triton's wheel, into a
 fresh cache (nothing is reused across runs). It writes ``compiled.csv`` (one row per
 configuration and target: registers, spills, shared memory, resident warps, compile time) and
 ``compiled.md``: the table per kernel, dtype and head dim (the worst over option sets) and the
@@ -13,7 +13,7 @@ has, or keeps fewer than ``OCCUPANCY_FLOOR_WARPS`` warps resident per SM.
 
 Example::
 
-    python -m tgattn.bench.gpu_compiled --out data/gpu        # the committed table (~15 min of CPU)
+    python -m tgattn.bench.gpu_compiled --out data/gpu        # the committed table (~30 min of CPU)
     python -m tgattn.bench.gpu_compiled --every-option-only   # each kernel's heaviest code only (~45 s)
 """
 from __future__ import annotations
@@ -42,7 +42,6 @@ INDEX_BYTES = 8  # int64 edge ids and node ids
 def compile_all(targets, every_option_only: bool = False, progress=None) -> List[dict]:
     """One row per (target, configuration), compiled into a temporary cache."""
     from tgattn.engine.triton import aot
-    from tgattn.engine.triton.attention import blocks_for
 
     rows = []
     with tempfile.TemporaryDirectory() as cache:
@@ -53,7 +52,7 @@ def compile_all(targets, every_option_only: bool = False, progress=None) -> List
                 launch = aot.launch_of(config)
                 start = time.perf_counter()
                 res, _ = aot.compile_launch(launch, target, cache)
-                block_m, block_n = blocks_for(config.head_dim, config.head_dim, config.dtype, config.softcap) if config.head_dim else (0, 0)
+                block_m, block_n = aot.blocks_of(config)
                 rows.append(dict(
                     target=target.name, kernel=config.kernel, dtype=config.dtype_name, head_dim=config.head_dim,
                     options=config.options, block_m=block_m, block_n=block_n, num_warps=res.num_warps,
@@ -175,7 +174,7 @@ def markdown(rows: Sequence[dict], command: str) -> str:
     return f"""# The Triton kernels compiled for sm_80 and sm_90
 
 Made by `{command}` (triton {triton.__version__}, its own ptxas; no GPU): {len(rows)} compiles,
-{seconds:.0f} s. Every configuration the `triton` backend launches
+{seconds:.0f} s. Every configuration the `triton` and `tc` backends launch
 (`tgattn.engine.triton.aot.configurations`) was compiled for each target:
 {verdict}. Per configuration: `compiled.csv`.
 
@@ -183,7 +182,8 @@ Each line is the worst over the option sets of one kernel, dtype and head dim ("
 many): registers per thread (least-most), spilled bytes (stores + loads), shared memory per
 block, resident warps per SM (the CUDA occupancy rule: registers in units of 256 per warp,
 1 KB of shared memory reserved per block). Warps a block: 2 from head dim 64 up, 4 below
-(`tgattn.engine.triton.kernels.num_warps`). The limits:
+(`tgattn.engine.triton.kernels.num_warps`); 8 for the `tc` backend's tile kernels (`tile_*`, 64 x 64
+tiles of float16 / bfloat16 on tensor cores: `tgattn.engine.triton.tile_kernels.TILE_WARPS`). The limits:
 {limits}.
 The floor of {OCCUPANCY_FLOOR_WARPS} warps per SM, and why: `tgattn/engine/triton/aot.py`.
 

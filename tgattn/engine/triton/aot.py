@@ -5,10 +5,11 @@ GPU compiler takes them (tile shapes, dtype lowering) or what they cost on one (
 spills, shared memory). Triton compiles for an NVIDIA target without the GPU (its wheel ships
 ``ptxas``), so:
 
-* :func:`configurations` lists every configuration the backend launches (each dtype, head
-  dimension and option), building each :class:`~.kernels.Launch` with the launchers the
-  backend runs (:func:`~.kernels.forward_launch`, ...) and the block sizes of
-  :func:`~.attention.blocks_for`, so the list cannot drift from what runs;
+* :func:`configurations` lists every configuration the ``triton`` and ``tc`` backends launch
+  (each dtype, head dimension and option), building each :class:`~.kernels.Launch` with the
+  launchers the backends run (:func:`~.kernels.forward_launch`, :func:`~.tile_kernels.forward_launch`,
+  ...) and the block sizes of :func:`~.attention.blocks_for` and :func:`~.tile_plan.choose_blocks`,
+  so the list cannot drift from what runs;
 * :func:`compile_launch` binds a launch's arguments as Triton's JIT binds them at a launch
   (same signature, specialisation and constants), compiles them for a :class:`Target` and
   reads registers, spills and shared memory from ``ptxas``'s own log.
@@ -30,6 +31,8 @@ import torch
 
 from ..analysis import analyse
 from .attention import DTYPES, blocks_for, kernels_module, walks
+from .tc import TILE_DTYPES, tile_kernels_module
+from .tile_plan import choose_blocks, plan_tiles
 
 # Head dims at powers of two: any other head dim d runs the blocks of next_power_of_2(d) (d itself
 # is a runtime argument).
@@ -38,6 +41,8 @@ BIASES = ("none", "shared", "per-head")  # [E, 1] (a runtime stride 0) and [E, H
 # A representative call: 8 heads, and 37 rows, so that no row count is a multiple of 16 (Triton
 # specialises integers divisible by 16; the general kernel is the one most calls get).
 HEADS, ROWS = 8, 37
+TILE_KERNELS = ("tile_forward_kernel", "tile_dq_kernel", "tile_dkdv_kernel")
+GROUPED = 4  # query heads per key/value head in the grouped-query configurations of the tiles
 RESERVED_SMEM = 1024  # shared memory the CUDA runtime keeps per block on sm_80 and sm_90
 REG_UNIT = 256  # registers are allocated per warp in units of 256
 # The floor: 8 resident warps per SM (12.5 %). The kernels gather key / value rows, so what
@@ -87,12 +92,16 @@ class Config:
     bias_grad: bool = False
     softcap: bool = False
     sinks: bool = False  # forward only: the backward kernels need nothing of the sinks
+    remainder: bool = False  # tile forward: merges in the gathered remainder's output and log-sum-exp
+    group: int = 1  # tiles: query heads per key / value head, packed into the tile's rows
 
     @property
     def every_option(self) -> bool:
         """Whether every option this kernel has is on (its heaviest code)."""
         if self.kernel == "keep_kernel":
             return True
+        if self.kernel in TILE_KERNELS:  # the grouped ones differ in index arithmetic only
+            return self.softcap and self.group == 1 and (self.remainder or self.kernel != "tile_forward_kernel")
         return (self.bias == "per-head" and self.dropout and self.weights and self.softcap
                 and (self.bias_grad or self.kernel != "dq_kernel") and (self.sinks or self.kernel != "forward_kernel"))
 
@@ -103,6 +112,7 @@ class Config:
         names += (["weights"] if self.kernel == "forward_kernel" else ["weights' grad"]) * self.weights
         names += ["bias grad"] * self.bias_grad
         names += ["softcap"] * self.softcap + ["sinks"] * self.sinks
+        names += ["remainder"] * self.remainder + [f"group {self.group}"] * (self.group > 1)
         return ", ".join(names) or "-"
 
     @property
@@ -117,10 +127,14 @@ def configurations() -> Iterator[Config]:
     models (no dropout, no returned weights) and once with every other option on (the heaviest
     code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
 
+    The tile kernels of ``tc`` (float16, bfloat16, float32) come with and without a softcap, the
+    forward with and without a gathered remainder, and once grouped (``GROUPED`` query heads per
+    key / value head) with every option.
+
     Example:
         >>> configs = list(configurations())
         >>> len(configs), sum(c.every_option for c in configs)
-        (993, 49)
+        (1081, 73)
     """
     for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
         for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
@@ -137,20 +151,61 @@ def configurations() -> Iterator[Config]:
         yield Config("forward_kernel", dtype, d, **every, sinks=True)
         yield Config("dq_kernel", dtype, d, **every, bias_grad=True)
         yield Config("dkdv_kernel", dtype, d, **every)
+    for dtype, d in itertools.product(TILE_DTYPES, HEAD_DIMS):
+        for softcap in (False, True):
+            for remainder in (False, True):
+                yield Config("tile_forward_kernel", dtype, d, softcap=softcap, remainder=remainder)
+            yield Config("tile_dq_kernel", dtype, d, softcap=softcap)
+            yield Config("tile_dkdv_kernel", dtype, d, softcap=softcap)
+        yield Config("tile_forward_kernel", dtype, d, softcap=True, remainder=True, group=GROUPED)
+        yield Config("tile_dq_kernel", dtype, d, softcap=True, group=GROUPED)
+        yield Config("tile_dkdv_kernel", dtype, d, softcap=True, group=GROUPED)
     yield Config("keep_kernel", torch.int8, 0)
 
 
+def blocks_of(config: Config) -> Tuple[int, int]:
+    """The blocks the backend launches ``config`` with: ``(BLOCK_M, BLOCK_N)`` of the gather kernels,
+    ``(tile rows, keys)`` of the tiles; ``(0, 0)`` for the dropout mask's kernel."""
+    if config.kernel in TILE_KERNELS:
+        return choose_blocks(config.dtype, config.head_dim)
+    if not config.head_dim:
+        return 0, 0
+    return blocks_for(config.head_dim, config.head_dim, config.dtype, config.softcap)
+
+
 @functools.lru_cache(maxsize=1)
-def _pattern():
-    """A small window set (each query sees itself and 3 keys either side): the CSR walks."""
+def _structure():
+    """A small window set (each query sees itself and 3 keys either side)."""
     i = torch.arange(ROWS)
     keys = (i[:, None] + torch.arange(-3, 4)).clamp(0, ROWS - 1).unique(dim=1)
     edge_index = torch.stack([keys.flatten(), i.repeat_interleave(keys.shape[1])])
-    return walks(analyse(edge_index, ROWS, ROWS))
+    return analyse(edge_index, ROWS, ROWS)
+
+
+def _pattern():
+    """The CSR walks of :func:`_structure`."""
+    return walks(_structure())
+
+
+def _tile_launch(config: Config):
+    """The tile kernels' launch for ``config``: the plan of :func:`_structure` at the backend's blocks."""
+    tk, s, d = tile_kernels_module(), _structure(), config.head_dim
+    block_m, block_n = choose_blocks(config.dtype, d)
+    plan = plan_tiles(s.rowptr, s.src, ROWS, ROWS, block_m=block_m // config.group, block_n=block_n, min_fill=0)
+    q = torch.zeros(ROWS, HEADS, d, dtype=config.dtype)
+    k, v = (torch.zeros(ROWS, HEADS // config.group, d, dtype=config.dtype) for _ in range(2))
+    lse, delta = torch.zeros(HEADS, ROWS), torch.zeros(HEADS, ROWS)
+    softcap = 2.0 if config.softcap else None
+    if config.kernel == "tile_forward_kernel":
+        return tk.forward_launch(q, k, v, plan, 0.125, softcap, (torch.zeros_like(q), lse) if config.remainder else None)[0]
+    launches, _ = tk.backward_launches(q, k, v, torch.zeros_like(q), lse, delta, plan, 0.125, softcap)
+    return launches[0] if config.kernel == "tile_dq_kernel" else launches[1]
 
 
 def launch_of(config: Config):
     """The :class:`~.kernels.Launch` the backend makes for ``config`` (CPU tensors of a small call)."""
+    if config.kernel in TILE_KERNELS:
+        return _tile_launch(config)
     kern = kernels_module()
     rows, cols = _pattern()
     edges, seed, p = rows[1].numel(), 12345, 0.1 if config.dropout else 0.0
@@ -159,7 +214,7 @@ def launch_of(config: Config):
     d = config.head_dim
     q, k, v = (torch.zeros(ROWS, HEADS, d, dtype=config.dtype) for _ in range(3))
     bias = None if config.bias == "none" else torch.zeros(edges, 1 if config.bias == "shared" else HEADS, dtype=config.dtype)
-    blocks = blocks_for(d, d, config.dtype, config.softcap)
+    blocks = blocks_of(config)
     softcap = 2.0 if config.softcap else None
     if config.kernel == "forward_kernel":
         sinks = torch.zeros(HEADS, dtype=torch.float64 if config.dtype == torch.float64 else torch.float32) \

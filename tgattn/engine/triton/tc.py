@@ -3,7 +3,7 @@
 :func:`tc_attention` plans the tiles once per edge set and block shape
 (:func:`~.tile_plan.plan_tiles`, cached on the :class:`~tgattn.engine.analysis.Structure`), runs
 the scattered remainder through the gather forward (:mod:`.kernels`) and then the tiles
-(:mod:`.tile_kernels`), whose online softmax starts from the remainder's output and log-sum-exp:
+(:mod:`.tile_kernels`), whose online softmax takes in the remainder's output and log-sum-exp:
 one exact softmax over all of a row's edges. The backward runs both with the call's
 log-sum-exp and ``delta`` and adds their gradients.
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..analysis import Structure
-from .attention import blocks_for, interpreting, kernels_module, triton_attention, walks
+from .attention import _unit_stride, blocks_for, interpreting, kernels_module, triton_attention, walks
 from .tile_cost import break_even_fill
 from .tile_plan import TilePlan, choose_blocks, plan_tiles
 
@@ -122,10 +122,6 @@ def _gather_backward(q, k, v, grad_out, lse, delta, rest, scale, softcap, group,
         dqg += dq_r
         dk += dk_r
         dv += dv_r
-
-
-def _unit_stride(x: Tensor) -> Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 class TileAttention(torch.autograd.Function):
