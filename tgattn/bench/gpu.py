@@ -275,13 +275,17 @@ def _suite(args: argparse.Namespace, device: torch.device) -> int:
     clock, where, dtype = Clock(args.budget_s, start=args.start), device_name(device), args.dtype or "bfloat16"
     peers = [p for p in SUITE_PEERS if not (args.no_flex and p in FLEX_PEERS)]
     repeats = 0 if args.dry_run else args.repeats
+    written = [args.out / "suite_attention.csv", args.out / "suite_cases.csv"]
+
+    def write_tables(rows: List[dict], cases: List[dict]) -> None:  # after every case: a crash keeps what ran
+        write_csv(rows, written[0], ATTENTION_FIELDS)
+        write_csv(cases, written[1], CASE_FIELDS)
+
     rows, cases = attention_suite(suite_cases(args.cases, dry_run=args.dry_run), peers, device=device, dtype=DTYPES[dtype],
                                   device_name=where, repeats=repeats, clock=clock,
                                   reserve=0.0 if args.no_gnn else STEPS_RESERVE_S, static_flex=args.flex_static,
-                                  progress=not args.no_progress)
-    written = [args.out / "suite_attention.csv", args.out / "suite_cases.csv"]
-    write_csv(rows, written[0], ATTENTION_FIELDS)
-    write_csv(cases, written[1], CASE_FIELDS)
+                                  progress=not args.no_progress, on_case=write_tables)
+    write_tables(rows, cases)
     drawn = plot_rows(rows, cases)
     if drawn:  # none where the budget skipped every case
         written.append(args.out / "suite.png")

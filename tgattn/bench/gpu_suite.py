@@ -14,10 +14,11 @@ more than :data:`SLOW_CALL_S`.
 """
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -387,11 +388,13 @@ DRY_RUN_INTERPRETED = ("tc", "triton")  # through Triton's interpreter: seconds 
 
 def attention_suite(cases: Sequence[Case], peers: Sequence[str], *, device: torch.device, dtype: torch.dtype,
                     device_name: str, repeats: int, clock: Clock, reserve: float = 0.0, static_flex: bool = False,
-                    progress: bool = True) -> Tuple[List[dict], List[dict]]:
+                    progress: bool = True, on_case: Optional[Callable[[List[dict], List[dict]], None]] = None
+                    ) -> Tuple[List[dict], List[dict]]:
     """``(rows, cases)`` of every case in turn (:func:`run_case`), until the budget's time less
     ``reserve`` runs out: the cases left then get rows whose note says so. On a CPU (the dry run)
     each peer runs once; tgattn's Triton paths, through the interpreter, in the first case and the
-    first grouped-query case only.
+    first grouped-query case only. A case that runs out of the card's memory gets rows saying so,
+    and the suite goes on; ``on_case(rows, cases)`` is called after each case (to write partial CSVs).
     """
     from tqdm.auto import tqdm
 
@@ -405,23 +408,37 @@ def attention_suite(cases: Sequence[Case], peers: Sequence[str], *, device: torc
     for case in tqdm(cases, desc="gpu suite", disable=not progress):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # the dry run's eager Flex
-            got, per_mode = _case_or_skip(case, peers, run, interpreted)
+            try:
+                got, per_mode = _case_or_skip(case, peers, run, interpreted)
+            except torch.OutOfMemoryError as err:  # one case too big for the card must not lose the others
+                got, per_mode = _skipped(case, peers, run, f"failed: out of memory ({str(err).splitlines()[0][:80]})")
+        if cuda:
+            gc.collect()
+            torch.cuda.empty_cache()
         rows += got
         cases_out += per_mode
+        if on_case is not None:
+            on_case(rows, cases_out)
+        if not progress:
+            print(f"gpu suite: {case.name} n={case.n} done, {run.clock.left():.0f} s of the budget left", flush=True)
     for r in rows + cases_out:
         r["device"] = device_name
     return rows, cases_out
+
+
+def _skipped(case: Case, peers: Sequence[str], run: Run, note: str) -> Tuple[List[dict], List[dict]]:
+    """Rows of a case that did not run, each with ``note`` saying why."""
+    base = dict(pattern=case.name, family=case.family, n=case.n, heads=case.heads, kv_heads=case.kv_heads,
+                dim=case.dim, dtype=str(run.dtype).replace("torch.", ""))
+    return ([dict(base, peer=peer, mode=mode, note=note) for peer in peers for mode in MODES],
+            [dict(base, mode=mode, plan_note=note) for mode in MODES])
 
 
 def _case_or_skip(case: Case, peers: Sequence[str], run: Run, interpreted: set) -> Tuple[List[dict], List[dict]]:
     """:func:`run_case`, or rows saying why the case did not start (the budget)."""
     left = run.clock.left(run.reserve)
     if left < CASE_MIN_S:
-        note = f"skipped: time budget ({max(left, 0):.0f} s left of {run.clock.budget_s:.0f} s)"
-        base = dict(pattern=case.name, family=case.family, n=case.n, heads=case.heads, kv_heads=case.kv_heads,
-                    dim=case.dim, dtype=str(run.dtype).replace("torch.", ""))
-        return ([dict(base, peer=peer, mode=mode, note=note) for peer in peers for mode in MODES],
-                [dict(base, mode=mode, plan_note=note) for mode in MODES])
+        return _skipped(case, peers, run, f"skipped: time budget ({max(left, 0):.0f} s left of {run.clock.budget_s:.0f} s)")
     skipped = {} if run.cuda or case.name in interpreted else {
         p: "skipped: dry run (Triton's interpreter takes seconds a call: first and grouped-query cases only)"
         for p in DRY_RUN_INTERPRETED}
