@@ -118,7 +118,7 @@ def test_no_edges_and_the_threshold():
     assert empty.rest_ptr.tolist() == [0] * 6 and empty.q_ptr.tolist() == [0, 0, 0]
     # 3 edges a row: diagonal 16 x 16 tiles hold 46 or 47 edges (fill 0.18), the tiles beside them 1
     ptr, col, _ = _csr(builders.window(64, 1), 64, 64)
-    for min_fill, partial in ((0.1, 4), (0.2, 0), (None, 4), (1 / 256, 10)):  # None: MIN_FILL = 1 / 128
+    for min_fill, partial in ((0.1, 4), (0.2, 0), (None, 4), (1 / 256, 10)):  # None: MIN_FILL = 1 / 32
         plan = plan_tiles(ptr, col, 64, 64, block_m=16, block_n=16, min_fill=min_fill)
         assert (plan.n_full, plan.n_partial) == (0, partial)
         assert plan.tc_edges == {0: 0, 4: 184, 10: 190}[partial]

@@ -1,8 +1,10 @@
 """The cost model of the ``tc`` backend: predicted seconds of a :class:`~.tile_plan.TilePlan` on a GPU.
 
-Nothing here is measured: the numbers are the cards' published peaks times one efficiency,
-until a GPU run (``python -m tgattn.bench.gpu``, issue 50 item 4) measures the break-even and
-replaces :data:`TENSOR_EFFICIENCY` and :data:`~.tile_plan.MIN_FILL` by what it saw.
+The numbers are the cards' published peaks times the efficiencies that the first GPU run of the
+suite measured (``python -m tgattn.bench.gpu --suite``, one H100, 2026-11-28,
+data/gpu/h100_suite): :data:`FORWARD_EFFICIENCY`, :data:`BACKWARD_EFFICIENCY`, and from them
+:data:`~.tile_plan.MIN_FILL`. The gathered edge's bytes needed no correction (measured 72-90 ps
+an edge-head forward in bfloat16 at d = 64, predicted 79).
 
 * A tile costs, per head, its arithmetic (``4 d`` FLOP a cell forward: ``Q K^T`` and ``P V``;
   ``10 d`` backward: five products, FlashAttention-2's count) at the tensor-core rate (float32
@@ -15,7 +17,7 @@ replaces :data:`TENSOR_EFFICIENCY` and :data:`~.tile_plan.MIN_FILL` by what it s
 * float32 and float64 calls run wholly on the gather kernels (:func:`~.tile_plan.choose_blocks`):
   their prediction counts every edge gathered, whatever the plan.
 * The roofline of the call: the larger of reading q, k, v and writing the output once, and the
-  edges' own FLOP at the tensor-core rate.
+  edges' own FLOP at the tensor-core peak.
 """
 from __future__ import annotations
 
@@ -41,9 +43,13 @@ CARDS = {
     "h100": Card("H100 SXM", 3.35e12, 989e12, 67e12),
     "h200": Card("H200 SXM", 4.8e12, 989e12, 67e12),
 }
-# The share of the tensor-core peak a FlashAttention-2-style Triton kernel reaches (FA-2 reports
-# 50-73 % of the A100's peak forward, less backward): assumed, to be measured.
-TENSOR_EFFICIENCY = 0.5
+# The share of the tensor-core peak the tile kernels reached on the H100 once the card was full:
+# random 1 % at n = 65,536 (1.03 million 64 x 64 tiles, 8 heads, d = 64, bfloat16) took 8.9 ns a
+# tile and head forward (1.06 ns at the peak: 0.12) and 30 ns backward (2.65 ns: 0.09). Fewer
+# tiles than about 40,000 tile-heads leave the card part idle (window 64 at n = 16,384: 52 ns).
+# FlashAttention-2 reports 50-73 % on dense A100 blocks; these kernels walk per-block tile lists.
+FORWARD_EFFICIENCY = 0.12
+BACKWARD_EFFICIENCY = 0.09
 INDEX_BYTES = 8  # one int64 key id per gathered edge
 
 
@@ -53,8 +59,8 @@ def _card(card: str) -> Card:
     return CARDS[card]
 
 
-def _rate(dtype: torch.dtype, card: Card) -> float:
-    return (card.half_flops if dtype in (torch.float16, torch.bfloat16) else card.fp32_flops) * TENSOR_EFFICIENCY
+def _peak(dtype: torch.dtype, card: Card) -> float:
+    return card.half_flops if dtype in (torch.float16, torch.bfloat16) else card.fp32_flops
 
 
 def tile_seconds(block_m: int, block_n: int, head_dim: int, dtype: torch.dtype, card: str = "h100", *,
@@ -62,13 +68,14 @@ def tile_seconds(block_m: int, block_n: int, head_dim: int, dtype: torch.dtype, 
     """Predicted seconds of one tile and one head: its FLOP, and its mask's bytes if ``partial``.
 
     Example:
-        >>> round(tile_seconds(64, 64, 64, torch.bfloat16) * 1e9, 2)  # ns: 1 MFLOP at half of 989 TFLOP/s
-        2.12
+        >>> round(tile_seconds(64, 64, 64, torch.bfloat16) * 1e9, 2)  # ns: 1 MFLOP at 12 % of 989 TFLOP/s
+        8.84
     """
     c = _card(card)
     flop = (10 if backward else 4) * head_dim * block_m * block_n
     mask = block_m * -(-block_n // WORD_BITS) * 4 if partial else 0
-    return flop / _rate(dtype, c) + mask / c.bandwidth
+    efficiency = BACKWARD_EFFICIENCY if backward else FORWARD_EFFICIENCY
+    return flop / (_peak(dtype, c) * efficiency) + mask / c.bandwidth
 
 
 def edge_seconds(head_dim: int, dtype: torch.dtype, card: str = "h100", *, backward: bool = False) -> float:
@@ -87,8 +94,8 @@ def break_even_fill(block_m: int, block_n: int, head_dim: int, dtype: torch.dtyp
     """The fill (edges / cells) at which a partial tile costs what gathering its edges costs.
 
     Example:
-        >>> round(break_even_fill(64, 64, 64, torch.bfloat16), 4)  # tile_plan.MIN_FILL is 1 / 128 = 0.0078
-        0.007
+        >>> round(break_even_fill(64, 64, 64, torch.bfloat16), 4)  # tile_plan.MIN_FILL is 1 / 32 = 0.031
+        0.0278
     """
     return tile_seconds(block_m, block_n, head_dim, dtype, card, partial=True) / (
         block_m * block_n * edge_seconds(head_dim, dtype, card))
@@ -103,8 +110,8 @@ def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, ba
         >>> from tgattn.engine.triton.tile_plan import plan_tiles
         >>> n = 1024; ptr = torch.arange(n + 1) * n; col = torch.arange(n).repeat(n)  # all pairs
         >>> p = predict(plan_tiles(ptr, col, n, n, block_m=64, block_n=64), heads=8, head_dim=64, dtype=torch.bfloat16)
-        >>> p["gather_s"], round(p["total_s"] / p["roofline_s"], 2)
-        (0.0, 1.0)
+        >>> p["gather_s"], round(p["total_s"] / p["roofline_s"], 2)  # the roofline at the peak, tiles at 12 %
+        (0.0, 8.33)
     """
     size = torch.finfo(dtype).bits // 8
     c = _card(card)
@@ -118,5 +125,5 @@ def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, ba
     passes = 3 if backward else 2  # rows read and written once: q, k, v, out (and their gradients)
     rows = passes * (plan.num_queries + plan.num_keys) * heads * head_dim * size
     flop = (10 if backward else 4) * head_dim * plan.num_edges * heads
-    roofline = max(rows / c.bandwidth, flop / _rate(dtype, c))
+    roofline = max(rows / c.bandwidth, flop / _peak(dtype, c))
     return {"tiles_s": tiles, "gather_s": gather, "total_s": tiles + gather, "roofline_s": roofline}

@@ -30,10 +30,12 @@ import torch
 from torch import Tensor
 
 WORD_BITS = 32  # bits of one mask word (int32)
-# The fill below which a tile's edges are gathered, when the caller gives none: about the cost
-# model's break-even for bfloat16 at d = 64 on an H100 (tile_cost.break_even_fill: 0.70 %; the
-# issue's arithmetic says 0.5-1 %), a prediction until the first GPU run measures it (issue 50, item 4).
-MIN_FILL = 1 / 128
+# The fill below which a tile's edges are gathered, when the caller gives none: the break-even
+# the first GPU run measured (one H100, bfloat16, d = 64, 64 x 64 tiles, data/gpu/h100_suite):
+# random and top-k 1 % at n = 16,384 and 65,536, 1 % full tiles, ran 2.9-3.2x slower on tiles
+# than gathered, forward and forward + backward alike, so tiles pay from about 3 % full. The
+# prediction before the run (0.70 %, and the issue's 0.5-1 %) assumed half the tensor-core peak.
+MIN_FILL = 1 / 32
 
 
 def _int32_bits(words: Tensor) -> Tensor:
