@@ -64,7 +64,8 @@ def graph_attention(
     * Edges may come in any order. A duplicated edge counts once per copy: m copies of
       ``(j, i)`` weigh like one edge with ``log(m)`` added to its score (PyG's convention).
     * NaN in ``q``, ``k``, ``v`` or ``bias`` propagates to the outputs of the queries it
-      touches (and, in backward, to the keys and values of their edges only); ``-inf`` in
+      touches (and, in backward, to the keys and values of their edges only); a NaN sink is in
+      every softmax of its head and makes all of that head's outputs and weights NaN; ``-inf`` in
       ``bias`` removes an edge; ``+inf`` in ``bias`` is an error (on a GPU, where the check
       would make the host wait for the device, it makes its query's output NaN).
     * float16 / bfloat16 inputs are computed in float32 and returned in their own dtype;
@@ -240,7 +241,7 @@ def attention_with_edge_terms(
         maps = tuple(t.weight for t in (key, value) if t is not None)
         if engine.dispatch.edge_terms_on_fused(
             s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
-            sinks=sinks is not None,
+            sinks=sinks,
         ):
             if edge_terms._native(q, k, v, features, *maps):  # the maps inside the kernel's node
                 key_maps = None if key is None else key.weight

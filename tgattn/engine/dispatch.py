@@ -24,7 +24,7 @@ the scattered edges, ``tl.dot`` tiles for the rest. ``tc`` named falls back to `
 the calls its tiles do not take (bias, dropout, returned weights, float64). A NaN key or value
 in a partial tile reaches the tile's other queries on ``tc`` (``0 * nan`` in ``P V``), as on SDPA.
 
-Inputs holding NaN or infinity (and biases holding NaN) always run on ``csr`` on the CPU, which
+Inputs holding NaN or infinity (and biases or sinks holding NaN) always run on ``csr`` on the CPU, which
 touches nothing but the edges, so that a bad key, value or bias reaches exactly the queries that
 attend to it. (The check is one sum per tensor; sums that overflow to infinity also send the
 call to ``csr``: slower, still exact.) On a GPU that check would make the host wait for the
@@ -215,10 +215,12 @@ def run(
         edge_scale=edge_scale is not None, triton=tritonable, softcap=softcap is not None, sinks=sinks is not None,
         tiles=tiles,
     )
-    if chosen not in ("csr", "triton", "tc") and (on_host(q) or chosen == "tile") and not _finite(bias, q, k, v):
+    if chosen not in ("csr", "triton", "tc") and (on_host(q) or chosen == "tile") and not _finite(
+        bias, q, k, v, sinks=sinks
+    ):
         # Dense tiles multiply masked cells by 0; 0 * nan would leak NaN into queries that never
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
-        # oracle keeps (and its max drops a NaN bias). The CSR kernels touch every edge and nothing else.
+        # oracle keeps (and its max drops a NaN bias or sink). The CSR kernels touch every edge and nothing else.
         chosen = "csr"
     bias, edge_scale = _sorted(bias, s), _sorted(edge_scale, s)
     # Triton and the fused kernel read half precision as it is and accumulate in float32 themselves.
@@ -241,10 +243,10 @@ def run(
     return out, _callers_order(weights, s).to(dtype)
 
 
-def _finite(bias: Optional[Tensor], *tensors: Tensor) -> bool:
-    """Whether the tensors are finite and ``bias`` holds no NaN: what the fused kernel and the tiles
-    need to equal the oracle (see :func:`run`)."""
-    return all_finite(*tensors) and (bias is None or not bool(torch.isnan(bias).any()))
+def _finite(bias: Optional[Tensor], *tensors: Tensor, sinks: Optional[Tensor] = None) -> bool:
+    """Whether the tensors are finite and ``bias`` and ``sinks`` hold no NaN (``-inf`` is a valid bias
+    and sink): what the fused kernel and the tiles need to equal the oracle (see :func:`run`)."""
+    return all_finite(*tensors) and not any(t is not None and bool(torch.isnan(t).any()) for t in (bias, sinks))
 
 
 def _sorted(t: Optional[Tensor], s: Structure) -> Optional[Tensor]:
@@ -259,16 +261,17 @@ def _callers_order(weights: Tensor, s: Structure) -> Tensor:
 
 def edge_terms_on_fused(
     s: Structure, backend: str, q: Tensor, k: Tensor, v: Tensor, features: Tensor, maps: Tuple[Tensor, ...],
-    bias: Optional[Tensor], *, edge_scale: bool, softcap: bool, sinks: bool,
+    bias: Optional[Tensor], *, edge_scale: bool, softcap: bool, sinks: Optional[Tensor],
 ) -> bool:
     """Whether a call with per-edge terms in factored form runs them inside the fused kernel: where
     :func:`plan` sends it to ``fused`` once weights are asked for (the value term needs them on every
-    other backend, which keeps it off SDPA and the tiles), and with finite inputs (as :func:`run`
-    checks; the composition then runs on ``csr``)."""
+    other backend, which keeps it off SDPA and the tiles), and with finite inputs and no NaN sink (as
+    :func:`run` checks; the composition then runs on ``csr``)."""
     if q.device.type != "cpu" or s.num_edges == 0:
         return False
-    chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap, sinks=sinks)
-    return chosen == "fused" and _finite(bias, q, k, v, features, *maps)
+    chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap,
+                  sinks=sinks is not None)
+    return chosen == "fused" and _finite(bias, q, k, v, features, *maps, sinks=sinks)
 
 
 def run_edge_terms(

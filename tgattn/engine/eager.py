@@ -127,9 +127,24 @@ def eager_graph_attention(
         out, weights = recompute.gather_attention(
             cast(q), cast(k), cast(v), ei[0], ei[1], q.shape[0], cast(bias), scale, cast(mult), softcap, cast(sinks)
         )
-        return out.to(q.dtype), weights.to(q.dtype) if return_weights else None
+        return nan_sink_heads(out.to(q.dtype), sinks), weights.to(q.dtype) if return_weights else None
     s = edge_index.structure if prepared else structure_of(edge_index, q.shape[0], k.shape[0])
-    return run(
+    out, weights = run(
         q, k, v, s, bias, scale, dropout_p, return_weights, backend, edge_scale=edge_scale, generator=generator,
         softcap=softcap, sinks=sinks,
     )
+    return nan_sink_heads(out, sinks), weights
+
+
+def nan_sink_heads(out: Tensor, sinks) -> Tensor:
+    """``out [Nq, H, dv]`` NaN in every head whose sink is NaN, the same on every backend.
+
+    A NaN sink is in every softmax of its head: the edges' weights are NaN (the edge-wise softmax
+    keeps a NaN denominator; the fused kernel's max would drop the sink, so :func:`run` sends such
+    a call to ``csr``), and so is the output of a query without edges, whose softmax holds the sink
+    alone (Triton's kernel gives that NaN by itself; the edge-wise sums would give 0). On a GPU the
+    NaN is added without reading the sinks back (no host sync).
+    """
+    if sinks is None or (on_host(sinks) and not bool(torch.isnan(sinks).any())):
+        return out
+    return out + torch.where(torch.isnan(sinks), sinks, 0).to(out.dtype).view(1, -1, 1)

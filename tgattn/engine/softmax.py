@@ -13,7 +13,8 @@ def edge_softmax(scores: Tensor, index: Tensor, num_nodes: int, sinks: Optional[
     Edges with score ``-inf`` get weight 0; a target whose edges are all ``-inf`` gets all-zero
     weights (and zero gradient) instead of NaN. ``sinks`` (``[H]``, gpt-oss's ``s_aux``) adds one
     logit per head to every target's max and denominator, with no edge: the weights then sum to
-    ``1 - exp(sink - max) / denom``.
+    ``1 - exp(sink - max) / denom``. A NaN score or sink makes its target's denominator, hence all
+    of its weights, NaN (not a denominator of 1 that would leave the weights unnormalised).
     """
     h = scores.shape[1]
     idx = index.unsqueeze(-1).expand(-1, h)
@@ -27,5 +28,5 @@ def edge_softmax(scores: Tensor, index: Tensor, num_nodes: int, sinks: Optional[
     denom = scores.new_zeros(num_nodes, h).index_add_(0, index, expd)
     if sinks is not None:
         denom = denom + torch.exp(sinks - row_max)  # [n, H]
-    denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    denom = torch.where(denom == 0, torch.ones_like(denom), denom)  # empty rows; NaN stays NaN
     return expd / denom[index]
