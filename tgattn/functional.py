@@ -118,7 +118,9 @@ def graph_attention(
         edge_value: a per-edge value term :math:`v^e_{ij}`, ``[E, H, dv]`` or
             ``(features [E, F], weight [H * dv, F])`` (default: None).
         softcap: logit soft-capping ``c``, a positive finite number: ``c * tanh(s / c)`` on the
-            scaled scores, before the bias (default: None). Not combined with ``edge_key``.
+            scaled scores, before the bias (default: None). Not combined with ``edge_key``. It must
+            be a normal number of the dtype the scores are computed in (float32 for float16 /
+            bfloat16 inputs): a cap that would round to 0 or overflow there is a ``ValueError``.
         sinks: one learned logit per head ``[H]`` in every softmax's denominator (attention
             sinks), of ``q``'s dtype or float32, differentiable (default: None). The returned
             weights are the edges' shares of that denominator: a query's weights sum to one
@@ -211,6 +213,8 @@ def attention_with_edge_terms(
     kernel's seed) that both value terms share.
     """
     check_qkv(q, k, v)
+    if softcap is not None:
+        check_softcap(softcap, q.dtype)
     compiling = torch.compiler.is_compiling()
     prepared = isinstance(edge_index, EdgeSet) and not compiling
     if prepared:

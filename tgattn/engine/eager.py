@@ -67,11 +67,26 @@ def check_bias(bias: Tensor, num_edges: int, q: Tensor) -> Tensor:
     return bias
 
 
-def check_softcap(softcap) -> None:
+def check_softcap(softcap, dtype=None) -> None:
+    """A positive finite number; with ``dtype`` (q's) also a normal number of the dtype the scores are
+    computed in (float32 for half precision): a cap that rounds to 0 or to infinity there has no
+    meaning the kernels could honour (0 reads as "no cap" in the fused kernel, infinity gives NaN).
+
+    Example:
+        >>> check_softcap(1e-46, torch.bfloat16)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: softcap must be within [1.1754943508222875e-38, 3.4028234663852886e+38] for ... (got 1e-46)
+    """
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap must be a positive finite number or None (got {type(softcap).__name__} {softcap!r})")
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap must be a positive finite number (got {softcap})")
+    if dtype is not None:
+        info = torch.finfo(compute_dtype(dtype))
+        if not info.tiny <= softcap <= info.max:
+            raise ValueError(f"softcap must be within [{info.tiny}, {info.max}] for {dtype} inputs, whose scores are "
+                             f"computed in {compute_dtype(dtype)} (got {softcap})")
 
 
 def check_sinks(sinks: Tensor, q: Tensor) -> Tensor:
@@ -111,7 +126,7 @@ def eager_graph_attention(
     if edge_scale is not None:
         edge_scale = check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     if softcap is not None:
-        check_softcap(softcap)
+        check_softcap(softcap, q.dtype)
     if sinks is not None:
         sinks = check_sinks(sinks, q)
     if scale is None:
