@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as _nn_module
+from torch.nn.parameter import is_lazy
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import add_self_loops as add_loops
@@ -14,6 +15,7 @@ from torch_geometric.utils import remove_self_loops
 
 from .. import functional
 from ..edgeset import EdgeSet, as_edge_set, checked_edges, edge_tensor, num_edges, prepare, self_looped
+from ..engine.dispatch import all_finite
 from . import _adjacency, _checkpoint
 from .explain import explain_edge_scale
 
@@ -251,6 +253,8 @@ class GraphAttentionConv(MessagePassing):
         plain = not (messages or return_attention_weights or self._explain or p > 0 or bias is not None
                      or self.lin_edge is not None)
         rows = _attended_rows(edge_index, *size) if plain else None
+        if rows is not None and not self._finite_scores(x_j, x_i):
+            rows = None  # a NaN or infinite score gives its one-edge row NaN, not the edge's value
         q, k, v, root = self._project(x_j, x_i, size[1], None if rows is None else rows.queries)
         # q [Nq or R, H, C], k [Nk, H, C], v [Nk, H, C], root term [Nq, H*C or C] or None
         if messages:
@@ -316,6 +320,15 @@ class GraphAttentionConv(MessagePassing):
         else:
             q = outs_i.pop(0).view(-1, H, C)  # [Nq, H, C]
         return q, k, v, outs_i[0] if skip_lin is not None else None
+
+    def _finite_scores(self, x_j: Tensor, x_i: Optional[Tensor]) -> bool:
+        """Whether every score is finite (up to an overflow of finite numbers): the features and the
+        query and key projections' parameters are, which the one-edge rows' shortcut needs to equal
+        the softmax (a single NaN or infinite score has weight NaN there, as in ``TransformerConv``)."""
+        lins = [self.lin_query] + ([] if self.lin_key is None else [self.lin_key])
+        params = [t for lin in lins for t in (lin.weight, lin.bias) if t is not None and not is_lazy(t)]
+        features = [x_j] + ([] if x_i is None or x_i is x_j else [x_i])
+        return all_finite(*features, *params)
 
     def _check_edge_attr(self, edge_attr: Optional[Tensor], num_edges: int) -> Optional[Tensor]:
         """``edge_attr`` as ``[E, F]``, checked against the width the conv was built for."""
