@@ -67,7 +67,9 @@ def graph_attention(
       touches (and, in backward, to the keys and values of their edges only); a NaN sink is in
       every softmax of its head and makes all of that head's outputs and weights NaN; ``-inf`` in
       ``bias`` removes an edge; ``+inf`` in ``bias`` is an error (on a GPU, where the check
-      would make the host wait for the device, it makes its query's output NaN).
+      would make the host wait for the device, it makes its query's output NaN). A ``+inf``
+      score from the inputs (an infinite key or ``edge_key`` feature) is NaN, the softmax's
+      answer, in its query's output of that head.
     * float16 / bfloat16 inputs are computed in float32 and returned in their own dtype;
       autocast is off inside. Works under ``torch.no_grad``, ``torch.inference_mode`` and
       ``torch.compile`` (as one custom op, ``torch.ops.tgattn.graph_attention``).

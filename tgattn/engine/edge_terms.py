@@ -272,12 +272,20 @@ def shared_features(key: Optional[Term], value: Optional[Term]) -> Optional[Tens
 
 
 def key_scores(q: Tensor, dst: Tensor, term: Term, scale: float) -> Tensor:
-    """``scale * <q_i, ek_ij>`` per edge and head ``[E, H]``; ``q`` is ``[Nq, H, d]``, ``dst`` the queries i."""
+    """``scale * <q_i, ek_ij>`` per edge and head ``[E, H]``; ``q`` is ``[Nq, H, d]``, ``dst`` the queries i.
+
+    They join the scores as a bias, where ``+inf`` is refused (a caller's ``+inf`` bias has no softmax).
+    Here ``+inf`` comes from infinite inputs (edge features, queries): it becomes NaN, what the softmax
+    of a ``+inf`` score is, so that its query's output is NaN on every backend, as with an infinite key
+    or ``TransformerConv``'s edge features; ``-inf`` gives its edge weight 0, as in the softmax.
+    """
     heads = q.shape[1]
     if term.factored():
         per_edge = key_features(q, per_head(term, q.dtype)).index_select(0, dst)  # [E, H, F]
-        return torch.bmm(per_edge, term.values.to(q.dtype).unsqueeze(-1)).view(-1, heads) * scale  # [E, H]
-    return (q.index_select(0, dst) * term.vectors().to(q.dtype)).sum(-1) * scale  # [E, H]
+        scores = torch.bmm(per_edge, term.values.to(q.dtype).unsqueeze(-1)).view(-1, heads) * scale  # [E, H]
+    else:
+        scores = (q.index_select(0, dst) * term.vectors().to(q.dtype)).sum(-1) * scale  # [E, H]
+    return torch.where(scores == float("inf"), float("nan"), scores)
 
 
 def value_sum(used: Tensor, dst: Tensor, term: Term, num_queries: int) -> Tensor:

@@ -345,6 +345,8 @@ class GraphAttentionConv(MessagePassing):
 
     def _score_bias(self, edge_attr: Optional[Tensor], edge_bias: Optional[Tensor]) -> Optional[Tensor]:
         bias = self.lin_edge_bias(edge_attr) if self.lin_edge_bias is not None else None  # [E, H]
+        if bias is not None:  # +inf from infinite features: NaN, the softmax of +inf (a given +inf bias is refused)
+            bias = torch.where(bias == float("inf"), float("nan"), bias)
         if edge_bias is not None:
             bias = edge_bias if bias is None else bias + (edge_bias.view(-1, 1) if edge_bias.dim() == 1 else edge_bias)
         return bias
