@@ -21,6 +21,7 @@ from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks,
 from .engine.edgeset import EdgeSet
 from .engine.gate import beta_mix  # noqa: F401  (public: GraphAttentionConv's beta gate)
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
+from .engine.validate import check_device
 from .engine.validate import check_edge_index, check_ranges  # noqa: F401  (check_edge_index: public, builders use it)
 
 BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton", "tc")
@@ -227,15 +228,15 @@ def attention_with_edge_terms(
         # Under torch.compile the op validates the edges; reading them here would break the graph. The node ids
         # are checked where the edges are first read: by structure_of on the kernel's path, else below.
         es, ei = None, edge_index if compiling else check_edge_index(edge_index, k.shape[0], q.shape[0], ranges=False)
+    check_device("edge_index", ei, q)
     num_edges, heads = ei.shape[1], q.shape[1]
     work = engine.dispatch.compute_dtype(q.dtype)  # half precision: the terms in float32, as the kernels
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if edge_scale is not None:
         edge_scale = check_edge_tensor("edge_scale", edge_scale, num_edges, q)
     shared = _same_term(edge_key, edge_value) and v.shape[2] == q.shape[2]  # one term for keys and values
-    key = None if edge_key is None else edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q.dtype)
-    value = None if edge_value is None else edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2],
-                                                            q.dtype)
+    key = None if edge_key is None else edge_terms.read("edge_key", edge_key, num_edges, heads, q.shape[2], q)
+    value = None if edge_value is None else edge_terms.read("edge_value", edge_value, num_edges, heads, v.shape[2], q)
     mods = dict(softcap=softcap, sinks=sinks)
     features = None if compiling or backend == "gather" else edge_terms.shared_features(key, value)
     if features is not None:

@@ -14,7 +14,7 @@ from . import recompute
 from .analysis import on_host
 from .dispatch import compute_dtype, run
 from .edgeset import EdgeSet, structure_of
-from .validate import check_edge_index
+from .validate import check_device, check_edge_index
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -27,6 +27,11 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             raise ValueError(f"{name} must have shape [N, H, d] (got {list(t.shape)})")
         if t.dtype not in FLOATS:
             raise ValueError(f"{name} must be a floating-point tensor (got {t.dtype})")
+    if q.device.type == "meta":
+        raise ValueError("q is on the meta device, which holds no values: attention needs them (the edges' analysis, "
+                         "the softmax)")
+    check_device("k", k, q)
+    check_device("v", v, q)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
     if not (q.shape[1] == k.shape[1] == v.shape[1]):
@@ -49,6 +54,7 @@ def check_edge_tensor(name: str, t: Tensor, num_edges: int, q: Tensor) -> Tensor
         raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
     if t.dtype not in FLOATS:
         raise ValueError(f"{name} must be a floating-point tensor (got {t.dtype})")
+    check_device(name, t, q)
     if t.dtype not in (q.dtype, torch.float32):
         raise ValueError(f"{name} must have q's dtype or float32 (got {name} {t.dtype} with q {q.dtype})")
     if t.dim() == 1:
@@ -95,6 +101,7 @@ def check_sinks(sinks: Tensor, q: Tensor) -> Tensor:
         raise TypeError(f"sinks must be a torch.Tensor (got {type(sinks).__name__})")
     if sinks.dtype not in (q.dtype, torch.float32) or not sinks.is_floating_point():
         raise ValueError(f"sinks must have q's dtype or float32 (got sinks {sinks.dtype} with q {q.dtype})")
+    check_device("sinks", sinks, q)
     if sinks.shape != (q.shape[1],):
         raise ValueError(f"sinks must have shape [H] = [{q.shape[1]}] (got {list(sinks.shape)})")
     if on_host(sinks) and torch.isposinf(sinks).any():  # on a GPU: NaN outputs instead of a host sync
@@ -120,6 +127,7 @@ def eager_graph_attention(
     else:
         if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             check_edge_index(edge_index, k.shape[0], q.shape[0])  # raises, naming what is wrong
+        check_device("edge_index", edge_index, q)
         num_edges = edge_index.shape[1]
     if bias is not None:
         bias = check_bias(bias, num_edges, q)

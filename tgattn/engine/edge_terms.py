@@ -33,6 +33,7 @@ from torch import Tensor
 from .fused import backward_pattern, textbook
 from .native import takes
 from .recompute import recompute_grads
+from .validate import check_device
 
 # What a caller passes: the vectors [E, H, d], or (features [E, F], weight [H * d, F]).
 EdgeTerm = Union[Tensor, Tuple[Tensor, Tensor]]
@@ -56,14 +57,17 @@ class Term(NamedTuple):
         return (self.values @ self.weight.reshape(heads * dim, num_features).T).view(-1, heads, dim)
 
 
-def read(name: str, term: EdgeTerm, num_edges: int, heads: int, dim: int, dtype: torch.dtype) -> Term:
-    """Check a caller's term against ``[E, H, d]`` and ``q``'s dtype; raise naming what is wrong."""
+def read(name: str, term: EdgeTerm, num_edges: int, heads: int, dim: int, q: Tensor) -> Term:
+    """Check a caller's term against ``[E, H, d]`` and ``q``'s dtype and device; raise naming what is wrong."""
+    dtype = q.dtype
     if isinstance(term, (tuple, list)):
         if len(term) != 2 or not all(isinstance(t, Tensor) for t in term):
             raise TypeError(f"{name} must be a tensor [E, H, d] or a pair of tensors (features, weight)")
         features, weight = term
         _check_dtype(name, features, dtype)
         _check_dtype(name, weight, dtype)
+        check_device(f"{name} features", features, q)
+        check_device(f"{name} weight", weight, q)
         if features.dim() != 2 or features.shape[0] != num_edges:
             raise ValueError(f"{name} features must have shape [E, F] with E = {num_edges} (got {list(features.shape)})")
         if weight.shape != (heads * dim, features.shape[1]):
@@ -76,6 +80,7 @@ def read(name: str, term: EdgeTerm, num_edges: int, heads: int, dim: int, dtype:
         raise TypeError(f"{name} must be a tensor [E, H, d] or a pair of tensors (features, weight) "
                         f"(got {type(term).__name__})")
     _check_dtype(name, term, dtype)
+    check_device(name, term, q)
     if term.shape != (num_edges, heads, dim):
         raise ValueError(f"{name} must have shape [E, H, d] = [{num_edges}, {heads}, {dim}] (got {list(term.shape)})")
     return Term(term, None)

@@ -49,3 +49,18 @@ def check_ranges(edge_index: Tensor, num_keys: int, num_queries: int) -> None:
             raise ValueError(f"edge_index refers to key/source node {src_max}, but there are {num_keys} key nodes")
         if dst_max >= num_queries:
             raise ValueError(f"edge_index refers to query/target node {dst_max}, but there are {num_queries} query nodes")
+
+
+def check_device(name: str, t: Tensor, q: Tensor) -> None:
+    """Raise a ValueError naming ``name`` and its device when tensor ``t`` is not on ``q``'s device (the kernels
+    read every tensor of a call on one device; a meta tensor holds no values to read).
+
+    Example:
+        >>> check_device("edge_key features", torch.zeros(2, device="meta"), torch.zeros(2))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: edge_key features is on the meta device, but q is on cpu: ...
+    """
+    if t.device != q.device:
+        raise ValueError(f"{name} is on the {t.device} device, but q is on {q.device}: every tensor of the call "
+                         f"must be on q's device")

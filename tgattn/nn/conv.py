@@ -239,6 +239,8 @@ class GraphAttentionConv(MessagePassing):
                 f"(edge_dim={self.edge_dim}, edge_bias_dim={self.edge_bias_dim}; edge_attr "
                 f"{'missing' if edge_attr is None else 'given'})"
             )
+        if edge_attr is not None and edge_attr.device != x_j.device:
+            raise ValueError(f"edge_attr is on the {edge_attr.device} device, but x is on {x_j.device}")
         if edge_bias is not None and self.add_self_loops:
             raise ValueError("edge_bias needs add_self_loops=False (it must match the edges passed in)")
         if self.add_self_loops:
