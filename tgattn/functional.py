@@ -21,6 +21,7 @@ from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks,
 from .engine.edgeset import EdgeSet
 from .engine.gate import beta_mix  # noqa: F401  (public: GraphAttentionConv's beta gate)
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)
+from .engine.touched import on_touched_keys
 from .engine.validate import check_device
 from .engine.validate import check_edge_index, check_ranges  # noqa: F401  (check_edge_index: public, builders use it)
 
@@ -250,6 +251,7 @@ def attention_with_edge_terms(
             s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
             sinks=sinks,
         ):
+            s, k, v = on_touched_keys(s, k, v)
             if edge_terms._native(q, k, v, features, *maps):  # the maps inside the kernel's node
                 key_maps = None if key is None else key.weight
                 value_maps = None if value is None else key_maps if shared else value.weight

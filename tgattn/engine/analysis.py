@@ -251,6 +251,15 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     return s
 
 
+def with_keys(s: Structure, src: Tensor, n_k: int) -> Structure:
+    """``s`` with its keys renumbered: ``src [E]`` the sorted edges' new key ids among ``n_k`` keys, in an
+    order-preserving renumbering (the edges stay sorted by (target, source), with the same permutation
+    and duplicates), analysed for its kind."""
+    renumbered = Structure(s.n_q, n_k, s.num_edges, s.perm, src, s.dst, s.rowptr, s.duplicates)
+    _classify(renumbered)
+    return renumbered
+
+
 # Devices whose tensors the host reads without waiting (a content check costs one pass). On
 # the others (CUDA), the steady path of a call never reads a value back: see device_stamp.
 HOST_DEVICES = frozenset({"cpu"})

@@ -14,6 +14,7 @@ from . import recompute
 from .analysis import on_host
 from .dispatch import compute_dtype, run
 from .edgeset import EdgeSet, structure_of
+from .touched import on_touched_keys
 from .validate import check_device, check_edge_index
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -152,6 +153,7 @@ def eager_graph_attention(
         )
         return nan_sink_heads(out.to(q.dtype), sinks), weights.to(q.dtype) if return_weights else None
     s = edge_index.structure if prepared else structure_of(edge_index, q.shape[0], k.shape[0])
+    s, k, v = on_touched_keys(s, k, v)
     out, weights = run(
         q, k, v, s, bias, scale, dropout_p, return_weights, backend, edge_scale=edge_scale, generator=generator,
         softcap=softcap, sinks=sinks,
