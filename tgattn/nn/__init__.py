@@ -3,7 +3,8 @@ graph-transformer layers built on them.
 
 * :class:`GraphAttention` (:mod:`tgattn.nn.attention`): multi-head attention over an edge set;
 * :class:`GraphAttentionConv` (:mod:`tgattn.nn.conv`): ``TransformerConv``'s interface, with its
-  PyG glue (adjacency forms, explainer masks: :mod:`tgattn.nn.explain`);
+  PyG glue (adjacency forms, explainer masks: :mod:`tgattn.nn.explain`); :class:`TransformerConv`,
+  the same layer under PyG's name, repr and attributes (:mod:`tgattn.nn.transformer_conv`);
 * :class:`GPSConv`, :class:`ExphormerConv`, :class:`VirtualNodes` and the structural attention
   biases (:class:`CentralityEncoding`, :class:`SpatialEncoding`).
 
@@ -17,6 +18,7 @@ from .conv import GraphAttentionConv
 from .exphormer import EDGE_KINDS, ExphormerConv, VirtualNodes, exphormer_edge_kinds
 from .gps import GPSConv, check_gps, full_per_graph
 from .structural import CentralityEncoding, SpatialEncoding, shortest_path_distance
+from .transformer_conv import TransformerConv
 
 __all__ = [
     "EDGE_KINDS",
@@ -26,6 +28,7 @@ __all__ = [
     "GraphAttention",
     "GraphAttentionConv",
     "SpatialEncoding",
+    "TransformerConv",
     "VirtualNodes",
     "check_gps",
     "exphormer_edge_kinds",
