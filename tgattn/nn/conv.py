@@ -15,7 +15,6 @@ from torch_geometric.utils import remove_self_loops
 
 from .. import functional
 from ..edgeset import EdgeSet, as_edge_set, checked_edges, edge_tensor, num_edges, prepare, self_looped
-from ..engine.dispatch import all_finite
 from . import _adjacency, _checkpoint
 from .explain import explain_edge_scale
 
@@ -330,7 +329,7 @@ class GraphAttentionConv(MessagePassing):
         lins = [self.lin_query] + ([] if self.lin_key is None else [self.lin_key])
         params = [t for lin in lins for t in (lin.weight, lin.bias) if t is not None and not is_lazy(t)]
         features = [x_j] + ([] if x_i is None or x_i is x_j else [x_i])
-        return all_finite(*features, *params)
+        return functional.all_finite(*features, *params)
 
     def _check_edge_attr(self, edge_attr: Optional[Tensor], num_edges: int) -> Optional[Tensor]:
         """``edge_attr`` as ``[E, F]``, checked against the width the conv was built for."""
