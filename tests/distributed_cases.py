@@ -203,3 +203,18 @@ def run_job(rank: int, world: int, data_root: str):
         results[2] = run_cases(pair, pair_halo, data)
     dist.barrier()
     return results
+
+
+def rank_one_fails(rank: int, world: int, how: str) -> float:
+    """Rank 1 ends as ``how`` says (``"kill"``: SIGKILL, ``"stop"``: SIGSTOP, ``"raise"``: ValueError)
+    while the others wait for it in an all-reduce (tests/test_distributed_hangs.py)."""
+    import os
+    import signal
+
+    if rank == 1:
+        if how == "raise":
+            raise ValueError("rank one's own error")
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    return float(total)
