@@ -113,7 +113,7 @@ def gpt_case(world: int, group, halo_group):
     """One context-parallel step through DDP vs the single-process GPT: loss and gradients."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from tgattn.distributed.gpt import ContextParallelGPT, context_plan
+    from tgattn.distributed.context_parallel import ContextParallelGPT, context_plan
     from tgattn.models import GPT, GPTConfig
 
     torch.manual_seed(0)

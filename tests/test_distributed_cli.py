@@ -15,6 +15,8 @@ import pytest
 from conftest import REPO, one_line_error
 from tgattn.distributed import gnn, gpt
 
+launch_module = sys.modules["tgattn.distributed.launch"]  # the attribute tgattn.distributed.launch is the function
+
 COMMANDS = [
     (gpt, "Tiny Shakespeare", "tinyshakespeare/input.txt"),
     (gnn, "Planetoid Cora", "planetoid/Cora/raw"),
@@ -27,8 +29,7 @@ def no_launch(monkeypatch):
     def launch(*args, **kwargs):
         raise AssertionError("processes started without the data set")
 
-    monkeypatch.setattr(gpt, "launch", launch)
-    monkeypatch.setattr(gnn, "launch", launch)
+    monkeypatch.setattr(launch_module, "launch", launch)
 
 
 @pytest.mark.parametrize("module, name, inside", COMMANDS, ids=["gpt", "gnn"])
@@ -78,3 +79,29 @@ def test_gnn_ends_by_naming_its_file(data_root, tmp_path):
     *_, summary, last = run.stdout.splitlines()
     assert summary.startswith("Cora on 1 rank: test accuracy ") and last == f"wrote {tmp_path / 'gnn_cora_1.json'}"
     assert (tmp_path / "gnn_cora_1.json").is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "argument --steps: must be an integer >= 1 (got '0')"),
+    (["--length", "0"], "argument --length: must be an integer >= 1 (got '0')"),
+    (["--nproc", "0"], "argument --nproc: must be an integer >= 1 (got '0')"),
+    (["--nproc", "-1"], "argument --nproc: must be an integer >= 1 (got '-1')"),
+    (["--timeout", "0"], "argument --timeout: must be a number > 0 (got '0')"),
+    (["--pattern", "ring"], "argument --pattern: invalid choice: 'ring'"),
+    (["--n-embd", "30", "--n-head", "4"], "--n-embd must be divisible by --n-head (got --n-embd=30, --n-head=4)"),
+])
+def test_gpt_refuses_bad_arguments_in_one_line_before_any_rank(argv, message, cli, no_launch, data_root):
+    # Before: --steps 0 ended in a traceback, --length 0 in a traceback inside a rank, --nproc 0 / -1
+    # exited 0 having done nothing.
+    status, err = cli(gpt.main, ["--data", str(data_root), *argv])
+    assert status == 2 and one_line_error(err, "python -m tgattn.distributed.gpt").startswith(message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "argument --epochs: must be an integer >= 1 (got '0')"),
+    (["--nproc", "-1"], "argument --nproc: must be an integer >= 1 (got '-1')"),
+    (["--partition", "ring"], "--partition must be one of auto, metis, louvain, bandwidth, contiguous (got 'ring')"),
+])
+def test_gnn_refuses_bad_arguments_in_one_line_before_any_rank(argv, message, cli, no_launch, data_root):
+    status, err = cli(gnn.main, ["--data", str(data_root), *argv])
+    assert status == 2 and one_line_error(err, "python -m tgattn.distributed.gnn").startswith(message)

@@ -32,8 +32,8 @@ multi-node plan (NCCL, overlap, partitions, halo vs ring): ``data/distributed/PL
 benchmark: ``python -m tgattn.bench.distributed``.
 
 Example:
-    >>> import torch
     >>> from tgattn import builders
+    >>> from tgattn.distributed import contiguous, make_plans
     >>> part = contiguous(12, 3)
     >>> [p.halo_rows for p in make_plans(builders.window(12, 2, causal=True), part)]  # w rows per boundary
     [0, 2, 2]
@@ -42,12 +42,8 @@ Layer "applications" (with models, lm, hf, distributed, analysis, verify): built
 below, never importing a benchmark or a command line (docs/conventions.md, "Layering"). Its command lines
 (:mod:`tgattn.distributed.gnn`, :mod:`tgattn.distributed.gpt`) sit with the benchmarks.
 """
-from .attention import exchange_keys_values, graph_attention
-from .exchange import halo_exchange
-from .launch import init, launch, spawn
-from .nn import DistributedGraphAttention, DistributedGraphAttentionConv, distribute
-from .partition import Partition, bandwidth, contiguous, halo_rows, louvain, metis, partition_graph
-from .plan import ExchangeStats, HaloPlan, make_plan, make_plans
+from .._lazy import lazy_exports
+from .launch import init, launch, spawn  # here, not lazily: the function launch shares its module's name
 
 __all__ = [
     "DistributedGraphAttention",
@@ -71,3 +67,16 @@ __all__ = [
     "partition_graph",
     "spawn",
 ]
+
+# The rest is imported on first use (tgattn._lazy): the command lines answer --help before torch is imported.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(["exchange_keys_values", "graph_attention"], "attention"),
+        "halo_exchange": "exchange",
+        **dict.fromkeys(["DistributedGraphAttention", "DistributedGraphAttentionConv", "distribute"], "nn"),
+        **dict.fromkeys(["Partition", "bandwidth", "contiguous", "halo_rows", "louvain", "metis", "partition_graph"],
+                        "partition"),
+        **dict.fromkeys(["ExchangeStats", "HaloPlan", "make_plan", "make_plans"], "plan"),
+    },
+)

@@ -13,8 +13,10 @@ exchange and the all-reduce never share a communicator.
 
 Writes ``<out>/gnn_<dataset>_<world>.json``: the test accuracy at the best validation
 accuracy, time per epoch, and per rank the nodes, halo rows and bytes exchanged; prints the
-accuracy and the file's path. The data set is loaded before any process starts: without it,
-the command ends on one line saying where it looked and how to get it (exit status 2).
+accuracy and the file's path. The arguments are checked and the data set is loaded before any
+process starts: a bad value, or a missing data set, ends on one line (exit status 2). A rank
+that is gone or stopped ends the job within ``--timeout`` seconds, on one line naming it. torch
+and PyG are imported after the arguments are parsed: ``--help`` and argument errors answer at once.
 """
 from __future__ import annotations
 
@@ -24,18 +26,17 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from .._cli import out_help, positive_float, positive_int, run, runs_dir, seed_int
+from .launch import PEER_TIMEOUT_S, TIMEOUT_HELP
 
-from .._cli import out_help, run, runs_dir
-from ..bench.models import Net, prepare
-from .launch import launch
-from .nn import DistributedGraphAttentionConv
-from .partition import Partition, partition_graph
-from .plan import ExchangeStats, HaloPlan, make_plan
+if TYPE_CHECKING:  # torch and PyG come with the first call, not with the command line's parser
+    from torch import Tensor, nn
+
+    from ..bench.models import Net
+    from .partition import Partition
+    from .plan import HaloPlan
 
 
 def graph_with_loops(data) -> Tensor:
@@ -47,6 +48,8 @@ def graph_with_loops(data) -> Tensor:
 
 def distributed_net(in_channels: int, num_classes: int, *, dropout: float = 0.6) -> Net:
     """The GAT-protocol :class:`~tgattn.bench.models.Net` built from distributed convs."""
+    from ..bench.models import Net
+    from .nn import DistributedGraphAttentionConv
 
     def conv(i, o, heads, concat):
         return DistributedGraphAttentionConv(i, o, heads, concat=concat, dropout=dropout, root_weight=False)
@@ -56,6 +59,9 @@ def distributed_net(in_channels: int, num_classes: int, *, dropout: float = 0.6)
 
 def shard(data, partition: Partition, rank: int, *, group=None) -> Tuple[HaloPlan, Dict[str, Tensor]]:
     """This rank's plan (collective) and its rows of the prepared features, labels and masks."""
+    from ..bench.models import prepare
+    from .plan import make_plan
+
     plan = make_plan(partition.local_edges(graph_with_loops(data), rank), partition, group=group)
     nodes = plan.nodes
     x = prepare(data).x.to_dense()[nodes].to_sparse_csr()  # row-normalized bag of words, ~1 % non-zero
@@ -66,12 +72,17 @@ def shard(data, partition: Partition, rank: int, *, group=None) -> Tuple[HaloPla
 
 def loss_share(logits: Tensor, rows: Dict[str, Tensor], split: str, total: int) -> Tensor:
     """This rank's share of the mean cross-entropy over the ``split`` nodes of all ranks."""
+    import torch.nn.functional as F
+
     mask = rows[split]
     return F.cross_entropy(logits[mask], rows["y"][mask], reduction="sum") / total
 
 
 def _counts(net: nn.Module, rows, plan) -> Tensor:
     """Correct predictions and sizes of train / val / test, and the validation loss sum."""
+    import torch
+    import torch.nn.functional as F
+
     net.eval()
     with torch.no_grad():
         logits = net(rows["x"], plan)
@@ -85,8 +96,12 @@ def _counts(net: nn.Module, rows, plan) -> Tensor:
 
 
 def _train(rank: int, world: int, args, data) -> None:
+    import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
+    from .partition import partition_graph
+    from .plan import ExchangeStats
 
     torch.set_num_threads(args.threads)
     partition = partition_graph(data.edge_index, data.num_nodes, world, method=args.partition)
@@ -131,14 +146,15 @@ def _train(rank: int, world: int, args, data) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.distributed.gnn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=1, help="local processes when not under torchrun (default: 1)")
+    parser.add_argument("--nproc", type=positive_int, default=1, help="local processes when not under torchrun (default: 1)")
     parser.add_argument("--dataset", default="Cora", help="Planetoid data set (default: Cora)")
-    parser.add_argument("--partition", default="auto", help="auto, metis, bandwidth or contiguous (default: auto)")
-    parser.add_argument("--epochs", type=int, default=200, help="training epochs (default: 200)")
-    parser.add_argument("--lr", type=float, default=0.005, help="Adam learning rate (default: 0.005)")
+    parser.add_argument("--partition", default="auto", help="auto, metis, louvain, bandwidth or contiguous (default: auto)")
+    parser.add_argument("--epochs", type=positive_int, default=200, help="training epochs (default: 200)")
+    parser.add_argument("--lr", type=positive_float, default=0.005, help="Adam learning rate (default: 0.005)")
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="(default: 5e-4)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
+    parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default: 1)")
+    parser.add_argument("--timeout", type=positive_float, default=PEER_TIMEOUT_S, help=TIMEOUT_HELP)
     parser.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
     parser.add_argument("--out", default=runs_dir("distributed"), help=out_help("distributed"))
     args = parser.parse_args(argv)
@@ -147,9 +163,13 @@ def main(argv=None) -> int:
 
 def _load_and_launch(args) -> int:
     from ..datasets import load_planetoid
+    from .launch import launch
+    from .partition import METHODS
 
+    if args.partition not in METHODS:
+        raise ValueError(f"--partition must be one of {', '.join(METHODS)} (got {args.partition!r})")
     data = load_planetoid(args.dataset, args.data)[0]  # here, so that a missing data set is one line
-    launch(_train, args.nproc, args, data, threads=args.threads)
+    launch(_train, args.nproc, args, data, threads=args.threads, peer_timeout_s=args.timeout)
     return 0
 
 

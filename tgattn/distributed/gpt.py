@@ -15,8 +15,12 @@ same sequence needs ``H * T^2`` scores per layer in one place::
 
 Writes ``<out>/gpt_cp_<world>.csv`` (one row per step: loss, seconds, exchange seconds) and
 ``gpt_cp_<world>.json`` (per rank: tokens, halo rows, peak RSS; the final validation loss), and
-ends by printing the losses and the two paths. The corpus is read before any process starts:
-without it, the command ends on one line saying where it looked and how to get it (exit 2).
+ends by printing the losses and the two paths. The arguments are checked and the corpus is
+read before any process starts: a bad value, or a missing corpus, ends on one line (exit 2).
+A rank that is gone (killed, crashed) or stuck (stopped) ends the job within ``--timeout``
+seconds (default 60), on one line naming the rank and why (:func:`tgattn.distributed.launch.spawn`).
+The model is :class:`~tgattn.distributed.context_parallel.ContextParallelGPT`. torch is imported
+after the arguments are parsed: ``--help`` and argument errors answer at once.
 """
 from __future__ import annotations
 
@@ -27,75 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-
-from .._cli import out_help, run, runs_dir
-from ..bench.report import write_csv
-from ..models import GPT, GPTConfig
-from .launch import launch
-from .nn import distribute
-from .partition import contiguous
-from .plan import ExchangeStats, HaloPlan, make_plan
-
-
-class ContextParallelGPT(nn.Module):
-    """A :class:`~tgattn.models.GPT` (graph attention) that runs on one rank's tokens.
-
-    Its forward returns this rank's share of the loss, ``sum of its tokens' cross-entropy /
-    total``: the shares of all ranks add up to the single-process mean loss, and so do their
-    gradients (sum them, or let DDP average them and scale the shares by the world size).
-
-    Args:
-        model: the GPT; its attention layers are swapped, in place, for distributed ones with
-            the same weights (so ``model`` itself then takes plans, not batches).
-
-    Example:
-        >>> gpt = GPT(GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=2, n_embd=8))
-        >>> idx = torch.randint(5, (2, 8))
-        >>> loss = gpt(idx, idx)[1]
-        >>> cp = ContextParallelGPT(gpt)
-        >>> plan = context_plan(cp, batch=2, length=8)  # one rank: no process group
-        >>> share = cp(idx.view(-1)[plan.nodes], idx.view(-1)[plan.nodes], plan, length=8, total=16)
-        >>> torch.allclose(share, loss)
-        True
-    """
-
-    def __init__(self, model: GPT):
-        super().__init__()
-        if model.config.attention != "graph":
-            raise ValueError(f"context parallelism needs graph attention (got attention={model.config.attention!r})")
-        self.model = distribute(model)
-
-    def forward(self, idx: Tensor, targets: Tensor, plan: HaloPlan, *, length: int, total: int) -> Tensor:
-        """Loss share of this rank's tokens.
-
-        Args:
-            idx: token ids of this rank's nodes ``[N_r]`` (``idx.view(-1)[plan.nodes]``).
-            targets: their next-token ids ``[N_r]`` (``-1`` = ignore).
-            plan: the plan of :func:`context_plan`.
-            length: sequence length T of the packed batch.
-            total: targets counted over all ranks (not ``-1``): the mean's denominator.
-        """
-        m = self.model
-        pos = plan.nodes % length  # [N_r] positions within each sequence
-        x = m.transformer.drop(m.transformer.wte(idx) + m.transformer.wpe(pos))  # [N_r, D]
-        for block in m.transformer.h:
-            x, _ = block(x, plan)
-        logits = m.lm_head(m.transformer.ln_f(x))  # [N_r, V]
-        return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum") / total
-
-
-def context_plan(cp: ContextParallelGPT, *, batch: int, length: int, group=None) -> HaloPlan:
-    """This rank's plan for ``batch`` sequences of ``length`` tokens cut into contiguous ranges
-    (collective; the model's pattern decides the edges)."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
-    part = contiguous(batch * length, world)
-    return make_plan(part.local_edges(cp.model.edges(batch, length), rank), part, group=group)
+from .._cli import non_negative_int, out_help, positive_float, positive_int, run, runs_dir, seed_int
+from ..models.config import PATTERNS, GPTConfig
+from .launch import PEER_TIMEOUT_S, TIMEOUT_HELP
 
 
 def _peak_rss_mb() -> float:
@@ -103,10 +41,14 @@ def _peak_rss_mb() -> float:
 
 
 def _train(rank: int, world: int, args, text: str) -> None:
+    import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from ..lm.data import CharTokenizer, get_batch, split
+    from ..models import GPT, GPTConfig
+    from .context_parallel import ContextParallelGPT, context_plan
+    from .plan import ExchangeStats
 
     torch.set_num_threads(args.threads)
     tok = CharTokenizer.from_text(text)
@@ -154,6 +96,8 @@ def _train(rank: int, world: int, args, text: str) -> None:
 
 
 def _report(args, world: int, rows, ranks, val_loss: float) -> None:
+    from ..bench.report import write_csv
+
     out = Path(args.out)
     write_csv(rows, out / f"gpt_cp_{world}.csv", list(rows[0]))
     summary = {"world": world, "length": args.length, "batch": args.batch, "pattern": args.pattern,
@@ -168,29 +112,36 @@ def _report(args, world: int, rows, ranks, val_loss: float) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.distributed.gpt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=1, help="local processes when not under torchrun (default: 1)")
-    parser.add_argument("--length", type=int, default=65536, help="sequence length T (default: 65536)")
-    parser.add_argument("--batch", type=int, default=1, help="sequences per step (default: 1)")
-    parser.add_argument("--pattern", default="window", help="GPTConfig pattern (default: window)")
-    parser.add_argument("--window", type=int, default=64, help="window radius w (default: 64)")
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default: 30)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
+    parser.add_argument("--nproc", type=positive_int, default=1, help="local processes when not under torchrun (default: 1)")
+    parser.add_argument("--length", type=positive_int, default=65536, help="sequence length T (default: 65536)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step (default: 1)")
+    parser.add_argument("--pattern", default="window", choices=PATTERNS, help="GPTConfig pattern (default: window)")
+    parser.add_argument("--window", type=non_negative_int, default=64, help="window radius w (default: 64)")
+    parser.add_argument("--n-layer", type=positive_int, default=4)
+    parser.add_argument("--n-head", type=positive_int, default=4)
+    parser.add_argument("--n-embd", type=positive_int, default=128)
+    parser.add_argument("--steps", type=positive_int, default=30, help="optimizer steps (default: 30)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
+    parser.add_argument("--seed", type=seed_int, default=1337)
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default: 1)")
+    parser.add_argument("--timeout", type=positive_float, default=PEER_TIMEOUT_S, help=TIMEOUT_HELP)
     parser.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
     parser.add_argument("--out", default=runs_dir("distributed"), help=out_help("distributed"))
     args = parser.parse_args(argv)
+    try:  # the model's settings, checked before any process starts
+        GPTConfig(block_size=args.length, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                  pattern=args.pattern, window=args.window)
+    except ValueError as err:
+        parser.error(str(err).replace("n_embd", "--n-embd").replace("n_head", "--n-head"))
     return run(parser, _load_and_launch, args)
 
 
 def _load_and_launch(args) -> int:
     from ..datasets import load_tiny_shakespeare
+    from .launch import launch
 
     text = load_tiny_shakespeare(args.data)  # here, so that a missing corpus is one line
-    launch(_train, args.nproc, args, text, threads=args.threads)
+    launch(_train, args.nproc, args, text, threads=args.threads, peer_timeout_s=args.timeout)
     return 0
 
 
