@@ -72,12 +72,16 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
     Args:
         model: a transformers ``PreTrainedModel``.
         builder: ``lengths -> LongTensor[2, E]``, e.g.
-            ``lambda n: builders.bigbird(n, 8, 1, 2, generator=g)`` (default: none).
+            ``lambda n: builders.bigbird(n, 8, 1, 2, causal=True, generator=g)`` (default:
+            none). Its result is checked at each forward (:func:`tgattn.hf.patterns.check_built`):
+            an integer ``[2, E]`` tensor of token ids in range, each edge inside one document
+            and, when causal, never from a later key to an earlier query.
         window: shortcut for ``builders.window(lengths, window, causal=...)``: keys with
             ``|i - j| <= window`` (``0 <= i - j <= window`` when causal), i.e. transformers'
             causal ``sliding_window = window + 1``.
-        causal: for ``window``: ``None`` (default) follows the model (causal when its own
-            mask never lets a query see the next token).
+        causal: ``True``, ``False`` or ``None`` (default: follow the model, causal when its own
+            mask never lets a query see the next token). For ``window``: its direction; for a
+            ``builder``: whether a later key is refused (``False`` lets it through).
         topk: keys kept per query and head in every self-attention call, ``>= 1`` (default:
             all that the pattern allows).
         name: the registered implementation to use (default: ``"tgattn"``).
@@ -86,6 +90,8 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         ``model``.
 
     Raises:
+        TypeError, ValueError: naming the argument and its value, before anything changes; a
+            builder's bad edges at the first forward.
         ValueError: naming the class, for a model whose attention tgattn cannot run
             (:func:`tgattn.hf.support.unsupported`: BLOOM, GPT-J, Falcon, ...), which
             ``set_attn_implementation`` alone would leave on its own attention.
@@ -104,7 +110,11 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         >>> model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape
         torch.Size([1, 5, 32])
     """
+    from transformers import PreTrainedModel
+
     choice = make_choice(builder, window, causal, topk)
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers PreTrainedModel (got {type(model).__name__})")
     register(name)
     select(model, name)
     set_choice(model, choice)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -47,8 +47,52 @@ def _window(lengths, causal_model: bool, *, w: int, causal: Optional[bool]) -> T
     return builders.window(lengths, w, causal=causal_model if causal is None else causal)
 
 
-def _builder(lengths, causal_model: bool, *, builder: Callable) -> Tensor:
-    return builder(lengths)
+def _builder(lengths, causal_model: bool, *, builder: Callable, causal: Optional[bool]) -> Tensor:
+    return check_built(builder(lengths), lengths, causal_model if causal is None else causal)
+
+
+def check_built(edge_index, lengths: List[int], causal: bool) -> Tensor:
+    """A builder's ``edge_index`` over packed documents of ``lengths``, or a one-line error naming the fault.
+
+    It must be an integer tensor ``[2, E]`` of token ids ``0 .. sum(lengths) - 1`` whose edges stay
+    inside one document, and (``causal``) never lead from a later key to an earlier query: a
+    ``[E, 2]`` tensor read as ``[2, E]``, or a negative id, would otherwise be other edges, silently.
+
+    Example:
+        >>> check_built(torch.tensor([[0, 0, 1], [0, 1, 1]]), [2], causal=True).shape
+        torch.Size([2, 3])
+        >>> check_built(torch.tensor([[1], [0]]), [2], causal=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: the builder's edge 0 leads from key 1 to the earlier query 0 of a causal model (pass causal=False to allow it)
+    """
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"the builder must return a LongTensor edge_index [2, E] (got {type(edge_index).__name__})")
+    if edge_index.dtype == torch.bool or edge_index.is_floating_point() or edge_index.is_complex():
+        raise TypeError(f"the builder must return integer token ids (got a {edge_index.dtype} tensor)")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"the builder must return edge_index of shape [2, E] (got {list(edge_index.shape)})")
+    edge_index = edge_index.long()
+    total = sum(lengths)
+    if edge_index.numel() and not (0 <= int(edge_index.min()) and int(edge_index.max()) < total):
+        bad = int(edge_index.min()) if int(edge_index.min()) < 0 else int(edge_index.max())
+        raise ValueError(f"the builder's edges refer to token {bad}, but the batch's {len(lengths)} "
+                         f"document{'s' * (len(lengths) > 1)} hold tokens 0 .. {total - 1}")
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=edge_index.device),
+                                  torch.as_tensor(lengths, device=edge_index.device))  # [N] document of each token
+    src, dst = edge_index
+    crossing = (doc[src] != doc[dst]).nonzero()
+    if crossing.numel():
+        e = int(crossing[0])
+        raise ValueError(f"the builder's edge {e} joins token {int(src[e])} of document {int(doc[src[e]])} to token "
+                         f"{int(dst[e])} of document {int(doc[dst[e]])} (lengths {lengths}): a builder over lengths "
+                         "must keep each document to itself")
+    future = (src > dst).nonzero() if causal else None
+    if future is not None and future.numel():
+        e = int(future[0])
+        raise ValueError(f"the builder's edge {e} leads from key {int(src[e])} to the earlier query {int(dst[e])} of "
+                         "a causal model (pass causal=False to allow it)")
+    return edge_index
 
 
 def make_choice(builder: Optional[Callable], window: Optional[int], causal: Optional[bool],
@@ -58,12 +102,16 @@ def make_choice(builder: Optional[Callable], window: Optional[int], causal: Opti
         raise ValueError(f"give builder or window, not both (got builder={builder!r}, window={window!r})")
     if builder is not None and not callable(builder):
         raise TypeError(f"builder must be a callable lengths -> edge_index (got {builder!r})")
+    if causal is not None and not isinstance(causal, bool):
+        raise TypeError(f"causal must be True, False or None (got {causal!r})")
+    if causal is not None and builder is None and window is None:
+        raise ValueError(f"causal applies to a builder or a window, and neither was given (got causal={causal!r})")
     if builder is None and window is None:
         pattern = None
     elif window is not None:
         pattern = partial(_window, w=check_count("window", window), causal=causal)
     else:
-        pattern = partial(_builder, builder=builder)
+        pattern = partial(_builder, builder=builder, causal=causal)
     return Choice(pattern, None if topk is None else check_count("topk", topk, 1))
 
 
@@ -118,10 +166,6 @@ def pattern_edges(pattern: Pattern, rule: Callable, batch_size: int, q_length: i
     lengths, slots = documents(rule, real, q_offset, q_length)
     causal = causal_model(rule, batch_size, q_offset, q_length, end, device)
     edge_index = pattern(lengths.tolist(), causal).to(real.device)
-    if edge_index.numel() and int(edge_index.max()) >= slots.shape[0]:
-        raise ValueError(f"the pattern refers to token {int(edge_index.max())}, but the batch has {slots.shape[0]}")
     (b_k, pos_k), (b_q, pos_q) = slots[edge_index[0]].unbind(1), slots[edge_index[1]].unbind(1)
-    if not bool((b_k == b_q).all()):
-        raise ValueError("the pattern joins tokens of two rows of the batch; a builder over lengths must be block-diagonal")
     keep = (pos_q >= q_offset) & (pos_q < q_offset + q_length) & (pos_k >= kv_offset)
     return torch.stack([b_k * kv_length + pos_k - kv_offset, b_q * q_length + pos_q - q_offset])[:, keep]
