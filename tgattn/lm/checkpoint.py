@@ -10,6 +10,7 @@ would otherwise load silently) and :func:`load_checkpoint` verifies it.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import warnings
@@ -77,9 +78,33 @@ def save_checkpoint(path: Union[str, Path], state: dict) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        raise
+        failed = _write_failure(err)
+        if failed is None:
+            raise
+        raise OSError(failed.errno, f"{failed.strerror}: checkpoint {path} was not written "
+                                    "(the previous one, if any, is kept)") from None
+
+
+def _write_failure(err: BaseException):
+    """The ``OSError`` behind torch's zip writer's ``RuntimeError`` (``unexpected pos ...``), or ``None``.
+
+    On a full disk ``torch.save`` does not raise the ``OSError`` of the failed write: its zip
+    writer raises ``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos 832 vs
+    726`` with the ``OSError`` (``ENOSPC``) only as its context. (EFBIG reaches the caller as an
+    ``OSError`` itself.)
+    """
+    if not isinstance(err, RuntimeError):
+        return None
+    seen = err.__context__
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__context__
+    if seen is not None:
+        return seen
+    if "inline_container" in str(err) or "unexpected pos" in str(err):  # the write failed without an OSError
+        return OSError(errno.EIO, "the checkpoint's zip writer failed (" + " ".join(str(err).split()) + ")")
+    return None
 
 
 def load_checkpoint(path: Union[str, Path]) -> dict:

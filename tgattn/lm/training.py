@@ -42,6 +42,48 @@ def resume_point(state: dict, checkpoint) -> int:
     return state["iter"]
 
 
+def check_training_state(state: dict, checkpoint, optimizer: torch.optim.Optimizer) -> None:
+    """Raise ``CheckpointError`` naming ``checkpoint`` when its training state does not fit this run.
+
+    Checked as the model's tensors are (:func:`tgattn.lm.checkpoint_config`): the random states
+    (``rng``: the batch sampler's and torch's) are byte tensors of the generator's state size,
+    ``best_val`` is a number, and the optimizer state has this optimizer's parameter groups,
+    with each moment shaped as its parameter. Otherwise ``load_state_dict`` and
+    ``set_rng_state`` raised tracebacks, or wrong moments loaded and failed at the first step.
+    """
+    where = f"checkpoint {checkpoint} cannot be resumed"
+    size = torch.get_rng_state().shape
+    rng = state["rng"]
+    if not isinstance(rng, dict) or sorted(rng) != ["batches", "torch"]:
+        raise CheckpointError(f"{where}: its rng is not a dict of 'batches' and 'torch' random states (got {_kind(rng)})")
+    for key, value in rng.items():
+        if not isinstance(value, Tensor) or value.dtype != torch.uint8 or value.shape != size:
+            raise CheckpointError(f"{where}: its rng {key!r} is {_kind(value)}, not a uint8 random state of shape {list(size)}")
+    if not isinstance(state["best_val"], (int, float)) or isinstance(state["best_val"], bool):
+        raise CheckpointError(f"{where}: its best_val is {state['best_val']!r}, not a number")
+    saved, mine = state["optimizer"], optimizer.state_dict()
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict) \
+            or not isinstance(saved.get("param_groups"), list):
+        raise CheckpointError(f"{where}: its optimizer state is not an optimizer's state dict (got {_kind(saved)})")
+    counts = [len(group.get("params", ())) if isinstance(group, dict) else None for group in saved["param_groups"]]
+    if counts != [len(group["params"]) for group in mine["param_groups"]]:
+        raise CheckpointError(f"{where}: its optimizer has parameter groups of {counts} tensors, this model's "
+                              f"{[len(group['params']) for group in mine['param_groups']]}")
+    params = dict(zip((i for group in saved["param_groups"] for i in group["params"]),
+                      (p for group in optimizer.param_groups for p in group["params"])))
+    for index, moments in saved["state"].items():
+        if index not in params or not isinstance(moments, dict):
+            raise CheckpointError(f"{where}: its optimizer holds state for parameter {index!r}, which it does not list")
+        for name, value in moments.items():
+            if name != "step" and (not isinstance(value, Tensor) or value.shape != params[index].shape):
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} is {_kind(value)}, "
+                                      f"the parameter is {list(params[index].shape)}")
+
+
+def _kind(value) -> str:
+    return f"{value.dtype} {list(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+
+
 def lr_at(it: int, cfg: TrainConfig) -> float:
     """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at ``lr_decay_iters``.
 
@@ -107,7 +149,8 @@ def train(
             (validation would fail after training), the checkpoint's vocabulary differs or the
             checkpoint is past ``cfg.max_iters`` (resuming never takes a run back).
         CheckpointError: when resuming from a damaged checkpoint, one whose config does not
-            match its weights, or one without training state.
+            match its weights, or one without training state or with a training state of other
+            shapes (:func:`check_training_state`).
     """
     torch.manual_seed(cfg.seed)
     batches = torch.Generator().manual_seed(cfg.seed)
@@ -131,6 +174,7 @@ def train(
     if state is not None:
         if state["vocab"] != vocab:
             raise ValueError(f"checkpoint {checkpoint} was trained with another vocabulary")
+        check_training_state(state, checkpoint, optimizer)
         model.load_state_dict(state["model"])  # its names and shapes checked by checkpoint_config
         optimizer.load_state_dict(state["optimizer"])
         start, best_val = state["iter"], state["best_val"]
