@@ -51,6 +51,12 @@ class Arch:
     silent: bool = False  # built with attn_implementation="tgattn" it never calls tgattn: refused on selection only
     untested: Optional[str] = None  # why it is not run
     note: str = ""
+    variant: str = ""  # a second configuration of the same class (its layer order, ...)
+    padded_generate: Optional[str] = None  # the refusal of generate() from a padded batch, when it is refused
+
+    @property
+    def name(self) -> str:
+        return f"{self.cls}[{self.variant}]" if self.variant else self.cls
 
     @property
     def attention_calls(self) -> int:
@@ -137,7 +143,12 @@ SPECIAL = [  # exact ones with their own sizes or call counts, and the refused o
     (D, "minicpm3", MLA),
     (D, "diffllama", dict(calls=4, note="two attention calls per layer (differential attention)")),
     (D, "hrm_text", dict(calls=16, note="layers run in recurrent cycles: 16 attention calls")),
-    (D, "minimax", dict(calls=1, note="layers 1-2: one linear, one softmax attention")),
+    (D, "minimax", dict(calls=1, note="layers: one softmax, one linear attention")),
+    (D, "minimax", dict(calls=1, variant="linear first", config=dict(layer_types=["linear_attention", "full_attention"]),
+                        padded_generate="MiniMaxModel cannot generate from a padded batch on attn_implementation='tgattn'",
+                        note="layers: one linear, one softmax attention (MiniMax-Text-01's order); generate() from a "
+                             "padded batch refused: transformers sizes decoding masks by the first layer's empty cache, "
+                             "which drops the padding (eager and sdpa ignore it)")),
     (D, "nemotron_h", dict(calls=1, note="layers 1-2: one Mamba, one attention")),
     (D, "olmo_hybrid", dict(calls=1, note="layers 1-2: one linear, one softmax attention")),
     (D, "qwen3_5_text", dict(calls=1, config=dict(layer_types=["linear_attention", "full_attention"]),
@@ -217,8 +228,9 @@ def markdown_table() -> str:
              f"(transformers {__import__('transformers').__version__}):", "",
              "| model class | kind | result | why / note |", "|---|---|---|---|"]
     order = {"exact": 0, "refused": 1, "not tested": 2}
-    for arch in sorted(ARCHITECTURES, key=lambda a: (order[a.result], a.cls)):
-        lines.append(f"| `{arch.cls}` | {arch.kind} | {arch.result} | {arch.why} |")
+    for arch in sorted(ARCHITECTURES, key=lambda a: (order[a.result], a.name)):
+        variant = f" ({arch.variant})" if arch.variant else ""
+        lines.append(f"| `{arch.cls}`{variant} | {arch.kind} | {arch.result} | {arch.why} |")
     return "\n".join(lines)
 
 

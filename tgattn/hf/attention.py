@@ -12,6 +12,7 @@ from ..builders.scored import best_per_target, edge_scores
 from ..functional import graph_attention
 from .masks import EdgeMask, causal_rule, edge_mask, from_dense, full_rule
 from .patterns import NO_CHOICE, choice_of
+from .support import first_layer_keeps_no_keys, mask_request
 
 Layer = Tuple[Tensor, Tensor]
 _RECORD: ContextVar[Optional[List[Layer]]] = ContextVar("tgattn_hf_record", default=None)
@@ -66,6 +67,36 @@ def _as_edge_mask(mask, module, batch_size: int, q_length: int, kv_length: int, 
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     return edge_mask(batch_size, q_length, kv_length, q_offset=kv_length - q_length,
                      mask_function=causal_rule if causal else full_rule)
+
+
+def _sized(mask: EdgeMask, module, batch_size: int, q_length: int, kv_length: int) -> EdgeMask:
+    """``mask``, when it is for the call's sizes; the mask a decoding step should have had, when
+    transformers sized it by an empty first layer (:func:`tgattn.hf.support.first_layer_keeps_no_keys`).
+
+    MiniMax with ``layer_types = ["linear_attention", ...]`` (the layout of MiniMax-Text-01) keeps
+    no keys in its first layer, and transformers sizes each decoding step's mask by that layer's
+    cache: one key for the whole cache. Eager attention broadcasts that one cell over every key:
+    right without padding (a new token sees the whole cache), wrong with it (the padding is lost).
+    So a causal mask over the whole cache is built here, and a padded batch is refused.
+    """
+    if (mask.batch_size, mask.q_length, mask.kv_length) == (batch_size, q_length, kv_length):
+        return mask
+    config = getattr(module, "config", None)
+    first = first_layer_keeps_no_keys(config)
+    if first is None or (mask.batch_size, mask.q_length, mask.kv_length) != (batch_size, q_length, q_length):
+        raise ValueError(f"the mask is for [B, Tq, Tk] = {[mask.batch_size, mask.q_length, mask.kv_length]}, "
+                         f"but the call has {[batch_size, q_length, kv_length]}")
+    request = mask_request()
+    name = type(request.model).__name__ if request.model is not None else type(module).__name__
+    cause = (f"its first layer is {first!r}, which keeps no keys, and transformers sizes the masks of decoding steps "
+             f"by that layer's empty cache ({mask.kv_length} key for the {kv_length} of this step)")
+    if mask.padded:
+        raise ValueError(f"{name} cannot generate from a padded batch on attn_implementation='tgattn': {cause}, so the "
+                         "padding is lost (eager and sdpa ignore it silently); generate each sequence unpadded")
+    if getattr(config, "sliding_window", None) is not None:
+        raise ValueError(f"{name} cannot generate on attn_implementation='tgattn' with sliding_window="
+                         f"{config.sliding_window}: {cause}, and the window cannot be recovered from it")
+    return edge_mask(batch_size, q_length, kv_length, q_offset=kv_length - q_length, config=config)
 
 
 def edge_bias(position_bias: Tensor, mask: EdgeMask) -> Tensor:
@@ -183,10 +214,8 @@ def attention_forward(
     kv_heads, kv_length = key.shape[1], key.shape[2]
     if heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
-    mask = _as_edge_mask(attention_mask, module, batch_size, q_length, kv_length, is_causal)
-    if (mask.batch_size, mask.q_length, mask.kv_length) != (batch_size, q_length, kv_length):
-        raise ValueError(f"the mask is for [B, Tq, Tk] = {[mask.batch_size, mask.q_length, mask.kv_length]}, "
-                         f"but the call has {[batch_size, q_length, kv_length]}")
+    mask = _sized(_as_edge_mask(attention_mask, module, batch_size, q_length, kv_length, is_causal), module,
+                  batch_size, q_length, kv_length)
     groups = heads // kv_heads
     dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     bias = _score_bias(mask, kwargs.get("position_bias"), heads, dtype)  # [E, Hq], [E] or None

@@ -41,6 +41,7 @@ class EdgeMask:
         bias: additive score of each edge ``[E]``, or ``[E, H]`` per head (a custom float mask), or ``None``.
         topk: keys each query head keeps in each attention call (the ``topk`` of
             :func:`tgattn.hf.use_pattern`; self-attention only), or ``None``: all.
+        padded: the 2-D padding mask it was built from marks some token as padding.
     """
 
     edge_index: Tensor
@@ -49,6 +50,7 @@ class EdgeMask:
     kv_length: int
     bias: Optional[Tensor] = None
     topk: Optional[int] = None
+    padded: bool = False
 
     # transformers prepares the mask before the forward when generating with a static cache,
     # then hands it back to the mask builder: it takes a prepared mask for 4-D and copies it.
@@ -271,6 +273,7 @@ def edge_mask(
     q_offset, kv_offset = int(q_offset), int(kv_offset)
     end = kv_offset + kv_length
     pad = padding_of(attention_mask, end, device)
+    padded = attention_mask is not None and not bool(attention_mask.bool().all())
     choice = choice_of(None if request.cross else config)
     pattern = choice.pattern
     if pattern is not None:
@@ -289,7 +292,7 @@ def edge_mask(
     if pad is not None and not request.cross and q_offset + q_length <= end:
         dst = edge_index[1]
         edge_index = _drop(edge_index, pad[dst // q_length, dst % q_length + q_offset])
-    return EdgeMask(edge_index, batch_size, q_length, kv_length, topk=choice.topk)
+    return EdgeMask(edge_index, batch_size, q_length, kv_length, topk=choice.topk, padded=padded)
 
 
 def from_dense(mask: Tensor) -> EdgeMask:

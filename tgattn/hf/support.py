@@ -42,6 +42,24 @@ def unsupported(cls: type) -> Optional[str]:
     return None
 
 
+# Layer kinds that keep keys and values in the cache (transformers' names in config.layer_types).
+ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def first_layer_keeps_no_keys(config) -> Optional[str]:
+    """The kind of ``config``'s first layer when it keeps no keys (``"linear_attention"``), else ``None``.
+
+    Example:
+        >>> from transformers import MiniMaxConfig
+        >>> first_layer_keeps_no_keys(MiniMaxConfig(layer_types=["linear_attention", "full_attention"]))
+        'linear_attention'
+        >>> first_layer_keeps_no_keys(MiniMaxConfig(layer_types=["full_attention", "linear_attention"])) is None
+        True
+    """
+    kinds = getattr(config, "layer_types", None) or [None]
+    return kinds[0] if kinds[0] is not None and kinds[0] not in ATTENTION_LAYERS else None
+
+
 def check_class(cls: type, name: str = "tgattn") -> None:
     """Raise ``ValueError`` naming ``cls`` when its models cannot run on tgattn (:func:`unsupported`)."""
     reason = unsupported(cls)
