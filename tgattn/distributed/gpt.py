@@ -1,14 +1,6 @@
-"""Context parallel training of the tiny GPT: one long sequence split across ranks.
-
-The packed batch (node ``b * T + t`` = token t of sequence b) is cut into contiguous token
-ranges, one per rank (:func:`~tgattn.distributed.partition.contiguous`). Every rank holds the
-whole model and runs embeddings, MLPs and the head on its own tokens only; each attention
-layer fetches the key / value rows its pattern reads across a boundary (a causal window of
-radius w: w rows from the previous rank). Gradients are averaged by DDP over a second process
-group, so the halo exchange and DDP's all-reduce never share a communicator.
-
-Memory per rank is that of ``T / world`` tokens plus the halo, while dense attention over the
-same sequence needs ``H * T^2`` scores per layer in one place::
+"""Context parallel training of the tiny GPT: one long sequence split across ranks, each rank
+running its own contiguous token range and fetching the key / value rows its attention reads
+across a boundary (:mod:`tgattn.distributed.context_parallel`), DDP averaging the gradients::
 
     python -m tgattn.distributed.gpt --nproc 2 --length 65536 --steps 30
     torchrun --nproc-per-node 4 -m tgattn.distributed.gpt --length 65536 --steps 30
