@@ -51,9 +51,10 @@ def first_layer_keeps_no_keys(config) -> Optional[str]:
 
     Example:
         >>> from transformers import MiniMaxConfig
-        >>> first_layer_keeps_no_keys(MiniMaxConfig(layer_types=["linear_attention", "full_attention"]))
+        >>> linear_first = MiniMaxConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+        >>> first_layer_keeps_no_keys(linear_first)
         'linear_attention'
-        >>> first_layer_keeps_no_keys(MiniMaxConfig(layer_types=["full_attention", "linear_attention"])) is None
+        >>> first_layer_keeps_no_keys(MiniMaxConfig(num_hidden_layers=2)) is None  # full, linear
         True
     """
     kinds = getattr(config, "layer_types", None) or [None]
