@@ -26,7 +26,7 @@ def oracle_mask(**kw):
 
 def capped_sink_attention(q, k, v, keep, bias, scale, softcap=None, sinks=None):
     """Dense attention of one batch row ``q [H, Tq, d]``, ``k``, ``v [H, Tk, d]``, ``keep`` / ``bias``
-    ``[H, Tq, Tk]``, with logit soft-capping and sinks.
+    ``[H, Tq, Tk]``, with logit soft-capping and sinks (``[H]``, or ``[H, Tq, 1]``: one per query).
 
     The scaled scores are capped, ``c * tanh(s / c)``, then the bias is added and the masked keys
     removed; a sink adds one more logit per head (value 0) to the softmax, dropped afterwards. A
@@ -36,8 +36,8 @@ def capped_sink_attention(q, k, v, keep, bias, scale, softcap=None, sinks=None):
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     scores = (scores + bias).masked_fill(~keep, float("-inf"))
-    sink = torch.full_like(scores[..., :1], float("-inf")) if sinks is None else sinks.view(-1, 1, 1).expand_as(
-        scores[..., :1]).to(scores.dtype)
+    sink = torch.full_like(scores[..., :1], float("-inf")) if sinks is None else sinks.view(
+        sinks.shape[0], -1, 1).expand_as(scores[..., :1]).to(scores.dtype)  # [H] or [H, Tq, 1]
     logits = torch.cat([scores, sink], dim=-1)  # [H, Tq, Tk + 1]
     nothing = (logits == float("-inf")).all(-1, keepdim=True)
     probs = logits.masked_fill(nothing, 0.0).softmax(-1).masked_fill(nothing, 0.0)[..., :-1]
@@ -89,7 +89,8 @@ def oracle_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     sinks = s_aux if s_aux is not None else sinks
     if softcap is not None or sinks is not None:
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        rows = [capped_sink_attention(query[b], key[b], value[b], keep[b], bias[b], scale, softcap, sinks)
+        rows = [capped_sink_attention(query[b], key[b], value[b], keep[b], bias[b], scale, softcap,
+                                      sinks[b] if sinks is not None and sinks.dim() == 4 else sinks)  # one per query
                 for b in range(batch_size)]
         return torch.stack(rows), None
     rows = [dense_attention(query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1), keep[b],

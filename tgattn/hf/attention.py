@@ -137,6 +137,31 @@ def _score_bias(mask: EdgeMask, position_bias: Optional[Tensor], heads: int, dty
     return bias.to(dtype)
 
 
+def _with_sink_keys(sinks: Tensor, k: Tensor, v: Tensor, mask: EdgeMask, bias: Optional[Tensor], heads: int, module):
+    """Sinks of one logit per query (``[B, Hq, Tq, 1]``, Inkling 2) as one extra key per query.
+
+    A sink is a logit in the softmax's denominator without a value: a key of zeros (score 0,
+    after soft-capping too) whose edge to its query carries the sink as its bias, with a value
+    of zeros. Returns the keys and values with ``Nq`` such rows appended, the edges with one
+    more per query (the mask's first) and the bias ``[E + Nq, Hq]``.
+    """
+    num_queries = mask.num_queries
+    if tuple(sinks.shape) != (mask.batch_size, heads, mask.q_length, 1):
+        raise ValueError(f"sinks must have shape [Hq] = [{heads}] or [B, Hq, Tq, 1] = "
+                         f"{[mask.batch_size, heads, mask.q_length, 1]} (got {list(sinks.shape)})")
+    if mask.topk is not None:
+        caller = type(module).__name__ if module is not None else "attention_forward"
+        raise NotImplementedError(f"{caller}: use_pattern's topk with a sink per query is not supported; "
+                                  "call use_pattern(model, topk=None)")
+    queries = torch.arange(num_queries, device=k.device)
+    edge_index = torch.cat([mask.edge_index, torch.stack([queries + mask.num_keys, queries])], dim=1)
+    sink_bias = sinks[..., 0].permute(0, 2, 1).reshape(num_queries, heads)  # [Nq, Hq]
+    edge_bias = torch.zeros(mask.edge_index.shape[1], heads, dtype=sink_bias.dtype, device=k.device) if bias is None \
+        else bias.view(bias.shape[0], -1).expand(-1, heads)
+    zeros = k.new_zeros(num_queries, *k.shape[1:]), v.new_zeros(num_queries, *v.shape[1:])
+    return torch.cat([k, zeros[0]]), torch.cat([v, zeros[1]]), edge_index, torch.cat([edge_bias, sink_bias])
+
+
 def best_keys(q: Tensor, k: Tensor, mask: EdgeMask, bias: Optional[Tensor], scale: Optional[float],
               softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     """Each query head's ``mask.topk`` keys with the largest logits, as the softmax sees them.
@@ -193,7 +218,9 @@ def attention_forward(
         softcap: logit soft-capping (Gemma 2, VaultGemma, T5Gemma): ``c * tanh(s / c)`` on the
             scaled scores, before the mask's bias, as their eager attention.
         s_aux: attention sinks ``[Hq]`` (gpt-oss and others; also accepted as ``sinks``): one
-            logit per query head in each softmax's denominator, without a value.
+            logit per query head in each softmax's denominator, without a value; or
+            ``[B, Hq, Tq, 1]``, one per query and head (Inkling 2), run as one more key per query
+            (:func:`_with_sink_keys`).
 
     A mask with ``topk`` (:func:`tgattn.hf.use_pattern`) keeps each query head's ``topk`` keys
     with the largest logits (:func:`best_keys`); recorded weights are 0 on the others.
@@ -220,16 +247,20 @@ def attention_forward(
     dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     bias = _score_bias(mask, kwargs.get("position_bias"), heads, dtype)  # [E, Hq], [E] or None
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
-    sinks = None if sinks is None else sinks.to(dtype)  # [Hq]
+    sinks = None if sinks is None else sinks.to(dtype)  # [Hq], or [B, Hq, Tq, 1]: one per query (Inkling 2)
     q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim)  # [Nq, Hkv, G, d]
     k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim)  # [Nk, Hkv, d]
     v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1])  # [Nk, Hkv, dv]
+    per_query = sinks is not None and sinks.dim() > 1
+    if per_query:
+        k, v, sink_edges, bias = _with_sink_keys(sinks, k, v, mask, bias, heads, module)
     record = _RECORD.get()
     outs, weights = [], []
     for g in range(groups):
         group_bias = bias[:, g::groups] if bias is not None and bias.dim() == 2 else bias  # [E, Hkv]: heads h % G == g
-        group_sinks = None if sinks is None else sinks[g::groups]  # [Hkv]
-        group_q, edge_index, used = q[:, :, g].contiguous(), mask.edge_set, None
+        group_sinks = None if sinks is None or per_query else sinks[g::groups]  # [Hkv]
+        group_q, used = q[:, :, g].contiguous(), None
+        edge_index = sink_edges if per_query else mask.edge_set
         if mask.topk is not None:
             edge_index, group_bias, used = best_keys(group_q, k, mask, group_bias, scaling, kwargs.get("softcap"))
         result = graph_attention(group_q, k, v, edge_index, bias=group_bias, scale=scaling,
@@ -237,6 +268,7 @@ def attention_forward(
                                  softcap=kwargs.get("softcap"), sinks=group_sinks)
         if record is not None:
             result, alpha = result
+            alpha = alpha[:mask.edge_index.shape[1]]  # without the sink keys' weights
             weights.append(alpha if used is None else alpha.new_zeros(used.shape[0], alpha.shape[1]).index_copy_(
                 0, used.nonzero().view(-1), alpha))  # [E, Hkv]: 0 on the keys no head of the group kept
         outs.append(result)  # [Nq, Hkv, dv]
