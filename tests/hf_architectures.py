@@ -141,6 +141,7 @@ SPECIAL = [  # exact ones with their own sizes or call counts, and the refused o
     (D, "deepseek_v2", MLA),
     (D, "glm4_moe_lite", MLA),
     (D, "minicpm3", MLA),
+    (D, "sarvam_mla", {**MLA, "since": (5, 24)}),  # transformers' DeepSeek-V3 classes
     (D, "diffllama", dict(calls=4, note="two attention calls per layer (differential attention)")),
     (D, "hrm_text", dict(calls=16, note="layers run in recurrent cycles: 16 attention calls")),
     (D, "minimax", dict(calls=1, note="layers: one softmax, one linear attention")),
@@ -166,6 +167,13 @@ SPECIAL = [  # exact ones with their own sizes or call counts, and the refused o
     (D, "gemma2", dict(config=SOFTCAP, note=SOFTCAP_NOTE)),
     (D, "vaultgemma", dict(config=SOFTCAP, note=SOFTCAP_NOTE)),
     (D, "gpt_oss", dict(note="attention sinks")),
+    (D, "inkling2_loop_text", dict(untested="its MoE router computes in float32 on float32 weights: no float64 run "
+                                            "(its sinks, one per query, are tested in tests/test_hf_sinks.py)",
+                                   since=(5, 24))),
+    (D, "dory", dict(untested="recurrent loops over copies of its cache: the tiny sizes need a config of its own",
+                     since=(5, 24))),
+    (S, "omniasr", dict(untested="needs pixel or audio inputs (multimodal)", since=(5, 24))),
+    (D, "lara_mini", dict(calls=1, note="layers: one linear, one sliding-window attention", since=(5, 24))),
     (D, "flint", dict(note="attention sinks")),
     (D, "granite_swa", dict(note="attention sinks")),
     (D, "granitemoe_swa", dict(note="attention sinks")),
@@ -206,11 +214,34 @@ UNTESTED = {
 }
 
 
+# What changed with a release (the matrix holds for 5.23 and for the newest): the model types
+# exact from it on (new in it, or moved onto the attention interface), and SPECIAL entries that
+# held before it only (a SPECIAL entry new in a release says since=).
+EXACT_FROM = {
+    (5, 24): {D: "apertus1p5_text codegen gptj"},  # (exaone, sarvam_moe: Llama's and GLM-4-MoE's classes)
+}
+BEFORE = {  # (model type, the SPECIAL fields) -> the release from which on it no longer holds
+    ("codegen", "refused"): (5, 24),  # 5.24 moved CodeGen and GPT-J onto the attention interface
+}
+
+
+def version() -> tuple:
+    """The installed transformers' (major, minor)."""
+    import transformers
+
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2])
+
+
 def _arches():
     import transformers.models.auto.modeling_auto as auto
 
     classes = {kind: getattr(auto, name) for kind, name in MAPPINGS.items()}
-    listed = [(kind, model_type, {}) for kind, names in EXACT.items() for model_type in names.split()] + SPECIAL
+    listed = [(kind, model_type, {}) for kind, names in EXACT.items() for model_type in names.split()]
+    listed += [(kind, model_type, {}) for since, new in EXACT_FROM.items() if version() >= since
+               for kind, names in new.items() for model_type in names.split()]
+    listed += [(kind, model_type, {key: value for key, value in fields.items() if key != "since"})
+               for kind, model_type, fields in SPECIAL if version() >= fields.get("since", (5, 0))
+               and not any(version() >= until for (name, key), until in BEFORE.items() if name == model_type and key in fields)]
     for why, names in UNTESTED.items():
         for model_type in names.split():
             kind = next(kind for kind in MAPPINGS if model_type in classes[kind])

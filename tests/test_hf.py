@@ -61,7 +61,8 @@ def test_edge_mask_equals_transformers_mask(rule, padded, offsets):
 def test_packed_sequences_and_overlays_equal_transformers_mask():
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
     seq = masking.find_packed_sequence_indices(position_ids)
-    rule = masking.packed_sequence_compatibility_function(masking.causal_mask_function, position_ids, seq)
+    rule = masking.and_masks(masking.remap_positions_for_packed_sequence(masking.causal_mask_function, position_ids),
+                             masking.packed_sequence_mask_function(seq))  # what create_causal_mask makes of them
     assert as_set(edge_mask(1, 9, 9, mask_function=rule).edge_index) == hf_edges(rule, 1, 9, 9)
     assert as_set(edge_mask(1, 9, 9, mask_function=rule).edge_index) == as_set(builders.causal([3, 2, 4]))
     # An overlay (use_vmap=True) may break the one-range-per-query rule: evaluated exactly.
@@ -432,7 +433,11 @@ OFF_INTERFACE = {  # models whose attention tgattn cannot run: (config, model cl
 }
 
 
-@pytest.mark.parametrize("name", ["Bloom", "GPTJ", "Falcon", "Doge"])
+# transformers 5.24 moved these onto the attention interface (exact there: tests/test_hf_matrix.py).
+JOINED_524 = {"GPTJ", "CodeGen"} if tuple(map(int, transformers.__version__.split(".")[:2])) >= (5, 24) else set()
+
+
+@pytest.mark.parametrize("name", sorted({"Bloom", "GPTJ", "Falcon", "Doge"} - JOINED_524))
 def test_use_pattern_refuses_a_model_it_cannot_switch(name):
     config, cls = OFF_INTERFACE[name]()
     model = cls(config).eval()
@@ -444,7 +449,7 @@ def test_use_pattern_refuses_a_model_it_cannot_switch(name):
     assert model.config._attn_implementation == before
 
 
-@pytest.mark.parametrize("name", ["Bloom", "CodeGen", "MPNet", "RoFormer", "Mpt", "XGLM", "Doge"])
+@pytest.mark.parametrize("name", sorted({"Bloom", "CodeGen", "MPNet", "RoFormer", "Mpt", "XGLM", "Doge"} - JOINED_524))
 def test_selecting_tgattn_on_a_model_off_the_interface_raises_naming_it(name):
     # transformers offers no per-model hook for a registered name: the model is built, and the
     # first forward is refused by the mask builder before any attention reads the edge set

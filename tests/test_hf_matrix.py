@@ -163,4 +163,8 @@ def test_refused_architecture(arch):
 
 
 def test_docs_table_is_generated():
-    assert docs_table(DOCS.read_text()) == markdown_table(), "run: python tests/hf_architectures.py"
+    table = docs_table(DOCS.read_text())
+    made_on = re.search(r"\(transformers ([\d.]+)\)", table).group(1)
+    if made_on != transformers.__version__:  # the matrix holds on 5.23 and the newest; the table is the newest's
+        pytest.skip(f"docs/hf.md's table is of transformers {made_on}, this is {transformers.__version__}")
+    assert table == markdown_table(), "run: python tests/hf_architectures.py"

@@ -20,7 +20,7 @@
   builds itself (float or boolean, per head, broadcast over queries) are read at the edges: the
   engine's per-edge ``bias``, exact, with gradients to the dense bias.
 * Models tgattn cannot run exactly are refused, naming the model and the reason, never run
-  wrong: attention off the interface (BLOOM, GPT-J, Falcon, CodeGen, MPNet, RoFormer, MPT,
+  wrong: attention off the interface (BLOOM, Falcon, MPNet, RoFormer, MPT,
   XGLM, ...) or a mask reworked by the model (Doge; any model that indexes or adds to the mask,
   which is an edge set, not a tensor) raise ``ValueError`` (:mod:`tgattn.hf.support`); an
   attention call with indexer-selected keys (DeepSeek V3.2's ``indices``) raises

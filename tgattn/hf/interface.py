@@ -93,7 +93,7 @@ def use_pattern(model, builder: Optional[Callable] = None, *, window: Optional[i
         TypeError, ValueError: naming the argument and its value, before anything changes; a
             builder's bad edges at the first forward.
         ValueError: naming the class, for a model whose attention tgattn cannot run
-            (:func:`tgattn.hf.support.unsupported`: BLOOM, GPT-J, Falcon, ...), which
+            (:func:`tgattn.hf.support.unsupported`: BLOOM, Falcon, MPT, ...), which
             ``set_attn_implementation`` alone would leave on its own attention.
 
     Example:
