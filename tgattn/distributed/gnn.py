@@ -15,7 +15,7 @@ Writes ``<out>/gnn_<dataset>_<world>.json``: the test accuracy at the best valid
 accuracy, time per epoch, and per rank the nodes, halo rows and bytes exchanged; prints the
 accuracy and the file's path. The arguments are checked and the data set is loaded before any
 process starts: a bad value, or a missing data set, ends on one line (exit status 2). A rank
-that is gone or stopped ends the job within ``--timeout`` seconds, on one line naming it. torch
+that is gone or stopped ends the job within ``--timeout`` seconds, on one line naming it (``train_rank on 2 ranks ended: rank 1 was killed by SIGKILL``). torch
 and PyG are imported after the arguments are parsed: ``--help`` and argument errors answer at once.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _counts(net: nn.Module, rows, plan) -> Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-def _train(rank: int, world: int, args, data) -> None:
+def train_rank(rank: int, world: int, args, data) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -169,7 +169,7 @@ def _load_and_launch(args) -> int:
     if args.partition not in METHODS:
         raise ValueError(f"--partition must be one of {', '.join(METHODS)} (got {args.partition!r})")
     data = load_planetoid(args.dataset, args.data)[0]  # here, so that a missing data set is one line
-    launch(_train, args.nproc, args, data, threads=args.threads, peer_timeout_s=args.timeout)
+    launch(train_rank, args.nproc, args, data, threads=args.threads, peer_timeout_s=args.timeout)
     return 0
 
 

@@ -32,7 +32,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _train(rank: int, world: int, args, text: str) -> None:
+def train_rank(rank: int, world: int, args, text: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -133,7 +133,7 @@ def _load_and_launch(args) -> int:
     from .launch import launch
 
     text = load_tiny_shakespeare(args.data)  # here, so that a missing corpus is one line
-    launch(_train, args.nproc, args, text, threads=args.threads, peer_timeout_s=args.timeout)
+    launch(train_rank, args.nproc, args, text, threads=args.threads, peer_timeout_s=args.timeout)
     return 0
 
 
