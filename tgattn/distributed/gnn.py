@@ -15,8 +15,9 @@ Writes ``<out>/gnn_<dataset>_<world>.json``: the test accuracy at the best valid
 accuracy, time per epoch, and per rank the nodes, halo rows and bytes exchanged; prints the
 accuracy and the file's path. The arguments are checked and the data set is loaded before any
 process starts: a bad value, or a missing data set, ends on one line (exit status 2). A rank
-that is gone or stopped ends the job within ``--timeout`` seconds, on one line naming it (``train_rank on 2 ranks ended: rank 1 was killed by SIGKILL``). torch
-and PyG are imported after the arguments are parsed: ``--help`` and argument errors answer at once.
+that is gone or stopped ends the job within ``--timeout`` seconds, on one line naming it
+(``train_rank on 2 ranks ended: rank 1 was killed by SIGKILL``). torch and PyG are imported
+after the arguments are parsed: ``--help`` and argument errors answer at once.
 """
 from __future__ import annotations
 
