@@ -30,6 +30,9 @@ PEER_TIMEOUT_S = 60.0
 TIMEOUT_HELP = ("seconds a rank waits for the others (to join, and in each exchange) before the job ends, naming "
                 "the rank that is gone or stopped (default: %(default)s)")
 POLL_S = 0.2  # how often spawn looks at its processes
+# What a collective says when it lost a peer (gloo: "Connection closed by peer", "Read error ...: Connection
+# reset by peer", "Timed out waiting ...ms for recv", each "... caused by a remote worker ..."; NCCL; torch's DistError).
+LOST_PEER = ("gloo", "NCCL", "torch.distributed.", "by peer", "remote worker", "Timed out", "Broken pipe")
 CAUSE_WAIT_S = 3.0  # how long spawn waits for the rank that made its peers fail
 
 
@@ -194,7 +197,7 @@ def _tidy(message: str) -> str:
 
 def _lost_peer(why: str) -> bool:
     """Whether a rank's failure (:func:`_why`) is a collective that lost or waited out a peer: an effect, not the cause."""
-    return any(word in why for word in ("gloo", "NCCL", "torch.distributed.", "Connection closed by peer", "Timed out"))
+    return any(word in why for word in LOST_PEER)
 
 
 def _stop_all(processes) -> None:
