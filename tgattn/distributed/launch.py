@@ -33,7 +33,7 @@ POLL_S = 0.2  # how often spawn looks at its processes
 # What a collective says when it lost a peer (gloo: "Connection closed by peer", "Read error ...: Connection
 # reset by peer", "Timed out waiting ...ms for recv", each "... caused by a remote worker ..."; NCCL; torch's DistError).
 LOST_PEER = ("gloo", "NCCL", "torch.distributed.", "by peer", "remote worker", "Timed out", "Broken pipe")
-CAUSE_WAIT_S = 3.0  # how long spawn waits for the rank that made its peers fail
+CAUSE_WAIT_S = 10.0  # how long spawn waits for the rank that made its peers fail (its exit may lag on a busy machine)
 
 
 def free_port() -> int:
