@@ -3,7 +3,7 @@ import torch
 
 from tgattn import builders
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 # Three tokens, causal, one head, two layers. Edges of builders.causal(3) as (j, i):
 # (0,0) (0,1) (1,1) (0,2) (1,2) (2,2). Layer attention matrices A[i, j] (rows = queries):

@@ -5,7 +5,7 @@ import torch
 
 from tgattn import GraphAttention, builders
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = dict(rtol=0.0, atol=1e-10)  # float64
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 

@@ -1,7 +1,7 @@
 """A dense float64 oracle for transformers models, registered under the name ``"dense_oracle"``.
 
 transformers' own boolean mask (``sdpa_mask``, never skipped) and
-:func:`tgattn.verify.reference.dense_attention` on it, one row of the batch at a time, with the
+:func:`tgattn.reference.dense_attention` on it, one row of the batch at a time, with the
 call's score bias (T5's ``position_bias``, a float mask) added densely. (transformers' eager
 attention runs its softmax in float32 and gives NaN on left padding in float64, so it cannot be
 the float64 reference.) Importing this module registers it.
@@ -10,7 +10,7 @@ import torch
 import transformers
 from transformers import masking_utils as masking
 
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 NAME = "dense_oracle"
 CALLS = [0]  # attention calls the oracle has run (tests compare it with tgattn's)

@@ -5,7 +5,7 @@ import torch
 from builder_checks import TOL, assert_edge_set
 from tgattn import builders
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def qk(n, heads=3, dim=4, seed=0, integer=False):

@@ -4,7 +4,7 @@ import torch
 
 from builder_checks import TOL, assert_edge_set, assert_matches_dense, ij
 from tgattn import GraphAttention, builders
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def full_twin(n_q, n_k):

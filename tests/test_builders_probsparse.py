@@ -7,7 +7,7 @@ import torch
 from builder_checks import TOL, assert_edge_set, ij
 from tgattn import builders
 from tgattn.builders.informer import lazy_values, probsparse_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def informer_port(Q, K, V, factor, index_sample, causal):

@@ -5,7 +5,7 @@ import torch
 from builder_checks import TOL, assert_edge_set
 from tgattn import GraphAttention, builders
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def qkv(n_q, n_k, heads=3, seed=0, requires_grad=False):

@@ -4,7 +4,7 @@ from torch_geometric.nn import TransformerConv
 from torch_geometric.utils import add_self_loops
 
 from tgattn import GraphAttentionConv, builders
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 

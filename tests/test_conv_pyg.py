@@ -23,7 +23,7 @@ from torch_geometric.utils import (
 )
 
 from tgattn import GraphAttentionConv
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def twin(conv: GraphAttentionConv) -> TransformerConv:

@@ -11,7 +11,7 @@ import torch
 from torch_geometric.nn import TransformerConv
 
 from tgattn import GraphAttentionConv, builders
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5)}
 H, C, F_EDGE = 2, 3, 4

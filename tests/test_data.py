@@ -6,7 +6,7 @@ from torch_geometric.data import Batch, Data
 from builder_checks import TOL
 from tgattn import GraphAttention, builders
 from tgattn.data import from_padded, sequence_to_graph, to_padded
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def test_single_sequence_ids_and_features():

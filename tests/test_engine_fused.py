@@ -8,7 +8,7 @@ import torch
 from tgattn import builders, engine
 from tgattn.engine import fused, native
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 from tgattn.verify import random_edges
 
 from engine_helpers import TOL, inputs, max_err, oracle

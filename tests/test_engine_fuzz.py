@@ -6,7 +6,7 @@ window), then perhaps duplicates some edges, shuffles them, empties some queries
 with any strides; a bias ``[E]`` or ``[E, H]`` (q's dtype or float32) with ``-inf`` entries
 and queries whose edges are all ``-inf``; any finite scale (0, negative and below float32's range included); logits
 of ~1e4 (float64); returned weights. Forward, the returned weights and the gradients of q,
-k, v and the bias are compared with the oracle's: :func:`tgattn.verify.reference.dense_attention`
+k, v and the bias are compared with the oracle's: :func:`tgattn.reference.dense_attention`
 over the dense twin of the edge set (``engine_helpers.dense_twin``: m copies of an edge weigh
 like one cell with ``log(m)`` added). Examples are derandomized: every run draws the same ones.
 """
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tgattn import builders
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 from engine_helpers import dense_twin
 

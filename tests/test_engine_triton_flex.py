@@ -8,7 +8,7 @@ import torch
 
 from tgattn import builders, engine
 from tgattn.engine.triton.flex import block_mask, flex_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 from tgattn.verify import random_edges
 
 from engine_helpers import inputs, max_err

@@ -6,7 +6,7 @@ import torch
 
 from tgattn import builders
 from tgattn.functional import graph_attention
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 from tgattn.verify import random_edges
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}

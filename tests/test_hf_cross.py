@@ -1,7 +1,7 @@
 """tgattn.hf on encoder-decoders: cross attention over a padded encoder, and patterns on self-attention only.
 
 The reference is the dense float64 oracle of tests/hf_oracle.py, registered with transformers
-as "dense_oracle": transformers' own boolean mask and :func:`tgattn.verify.reference.dense_attention` on it.
+as "dense_oracle": transformers' own boolean mask and :func:`tgattn.reference.dense_attention` on it.
 """
 import pytest
 import torch

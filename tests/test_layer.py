@@ -5,7 +5,7 @@ from torch import nn
 from torch_geometric.data import Batch, Data
 
 from tgattn import GraphAttention, builders
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 

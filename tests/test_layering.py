@@ -6,11 +6,7 @@ analysis / verify < bench and the command lines (docs/conventions.md, "Layering"
 cycle, and still reaches upward. The checks name both files of each offending import.
 """
 import ast
-import importlib
-import warnings
 from pathlib import Path
-
-import pytest
 
 from conftest import REPO
 
@@ -25,7 +21,7 @@ LAYERS = [
     ("builders", ["tgattn.builders"]),
     ("nn", ["tgattn.nn", "tgattn.data", "tgattn.datasets"]),
     ("applications", ["tgattn.models", "tgattn.lm", "tgattn.hf", "tgattn.distributed", "tgattn.analysis",
-                      "tgattn.verify"]),
+                      "tgattn.verify", "tgattn.reference"]),  # reference: the dense oracle that verify runs
     ("bench / commands", ["tgattn", "tgattn.bench"]),  # the package root names every room (lazily)
 ]
 # Command lines inside a lower room, in the top layer (as is every __main__ and module with a
@@ -35,17 +31,6 @@ COMMANDS = {"tgattn.analysis.show", "tgattn.lm.bench"}
 # benchmarks share (measure, report, models, patterns, peers, ...). No module imports a benchmark
 # but the __main__ of the command line that runs it.
 LM_BENCHMARK = "tgattn.lm.bench"
-
-# Old paths kept one release by a shim that warns (tgattn._lazy.moved); nothing in tgattn imports them.
-MOVED = {
-    "tgattn.layer": "tgattn.nn.attention",
-    "tgattn.conv": "tgattn.nn.conv",
-    "tgattn.explain": "tgattn.nn.explain",
-    "tgattn.custom_op": "tgattn.engine.custom_op",
-    "tgattn.reference": "tgattn.verify.reference",
-    "tgattn.probsparse": "tgattn.builders.informer",
-    "tgattn.molecules": "tgattn.datasets.molecules",
-}
 
 
 def module_files(root: Path = PACKAGE):
@@ -73,7 +58,7 @@ def _strings(node):
 
 def imports(module: str, path: Path, modules):
     """``[(imported module, line)]`` of every import of tgattn in ``path``, at any depth, plus the
-    names a lazy package exports (``lazy_exports``) and the module a shim forwards to (``moved``)."""
+    names a lazy package exports (``lazy_exports``)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -91,8 +76,6 @@ def imports(module: str, path: Path, modules):
             # every string of the table: the submodules it names, and public names that resolve
             # to the package itself (no edge)
             names = [f"{module}.{target}" for target in _strings(node.args[1])]
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "moved":
-            names = _strings(node.args[1])
         for name in names:
             if name == "tgattn" or name.startswith("tgattn."):
                 target = _resolve(name, modules)
@@ -180,9 +163,6 @@ def layer_problems(modules, edges):
             if lb > la:
                 problems.append(f"{rel(modules[a])}:{line} ({LAYERS[la][0]}) imports {rel(modules[b])}, "
                                 f"a layer above it ({LAYERS[lb][0]})")
-            if b in MOVED and a not in MOVED:
-                problems.append(f"{rel(modules[a])}:{line} imports the deprecated {rel(modules[b])} "
-                                f"(use {MOVED[b]})")
     return problems
 
 
@@ -287,17 +267,8 @@ def test_the_checks_name_both_files_of_a_cycle_an_upward_import_and_a_benchmark_
     ]
 
 
-@pytest.mark.parametrize("old, new", sorted(MOVED.items()))
-def test_an_old_path_still_imports_and_warns_naming_the_new_one(old, new):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        shim = importlib.import_module(old)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        shim = importlib.reload(shim)  # the first import may have happened earlier in this process
-    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
-        f"{old} is deprecated: import from {new} (the old path goes in the next release)"
-    ]
-    target = importlib.import_module(new)
-    public = [name for name in dir(target) if not name.startswith("__")]
-    assert public and all(getattr(shim, name) is getattr(target, name) for name in public)
+def test_the_package_top_holds_at_most_five_loose_modules():
+    """A newcomer's first look at the package: the rooms, and few modules beside them (no re-exports
+    of moved modules: an unreleased package keeps one path per name)."""
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(loose) <= 5, loose

@@ -7,7 +7,7 @@ import torch
 from tgattn import builders
 from tgattn.models import GPT, GPTConfig
 from tgattn.models.indexer import SelectedAttention, indexer_kl
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 SMALL = GPTConfig(block_size=12, vocab_size=11, n_layer=2, n_head=2, n_embd=16, indexer_heads=3, indexer_dim=4)
 B, T = 2, 12

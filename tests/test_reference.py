@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 
 def _qkv(nq, nk, h, dk, dv, dtype=torch.float64):

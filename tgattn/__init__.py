@@ -2,7 +2,7 @@
 
 Attention patterns (full, causal, window, ...) are edge sets built by :mod:`tgattn.builders`;
 :class:`GraphAttention` and :func:`tgattn.functional.graph_attention` attend along them and
-equal dense masked attention (:func:`tgattn.verify.reference.dense_attention`).
+equal dense masked attention (:func:`tgattn.reference.dense_attention`).
 
 The package is layered, each role in one room importing only from the rooms below it:
 engine < functional < builders < nn (with data, datasets) < models / lm / hf / distributed /

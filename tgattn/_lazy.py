@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import warnings
 from typing import Callable, Dict, List, Tuple
 
 
@@ -45,18 +44,3 @@ def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable[[str],
 
     return __getattr__, __dir__
 
-
-def moved(old: str, new: str) -> Callable[[str], object]:
-    """The ``__getattr__`` of a module left at an old path: warns once, on import, that ``old``
-    moved to ``new`` (a ``DeprecationWarning``; the old path goes in the next release), imports
-    ``new`` (with its side effects: ``tgattn.custom_op`` registers the ops) and serves every
-    name of ``new`` from ``old``.
-    """
-    warnings.warn(f"{old} is deprecated: import from {new} (the old path goes in the next release)",
-                  DeprecationWarning, stacklevel=3)
-    module = importlib.import_module(new)
-
-    def __getattr__(name: str):
-        return getattr(module, name)
-
-    return __getattr__

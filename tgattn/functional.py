@@ -61,7 +61,7 @@ def graph_attention(
     each head's softmax has one more logit :math:`t_h` without a value (gpt-oss's ``s_aux``),
     :math:`a_{ij} = e^{s_{ij}} / (e^{t_h} + \sum_{l \in N(i)} e^{s_{il}})`.
 
-    Equal to :func:`tgattn.verify.reference.dense_attention` with ``mask = builders.to_mask(edge_index)``.
+    Equal to :func:`tgattn.reference.dense_attention` with ``mask = builders.to_mask(edge_index)``.
 
     * A query without incoming edges (or whose edges all have bias ``-inf``) outputs 0.
     * Edges may come in any order. A duplicated edge counts once per copy: m copies of

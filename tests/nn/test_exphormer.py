@@ -3,7 +3,7 @@ import torch
 
 from tgattn import builders
 from tgattn.nn import EDGE_KINDS, ExphormerConv, VirtualNodes, exphormer_edge_kinds
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = dict(rtol=0.0, atol=1e-10)
 

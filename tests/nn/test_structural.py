@@ -6,7 +6,7 @@ import torch
 from tgattn import builders
 from tgattn.functional import graph_attention
 from tgattn.nn import CentralityEncoding, SpatialEncoding, shortest_path_distance
-from tgattn.verify.reference import dense_attention
+from tgattn.reference import dense_attention
 
 TOL = dict(rtol=0.0, atol=1e-10)  # float64
 

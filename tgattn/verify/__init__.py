@@ -1,7 +1,7 @@
 """``python -m tgattn verify``: prove on this machine that graph attention equals dense attention.
 
-Verification in one room: the dense oracle every test compares with
-(:func:`tgattn.verify.reference.dense_attention`) and the cases run here.
+The cases run here, each against the dense oracle every test compares with
+(:func:`tgattn.reference.dense_attention`).
 
 Each case builds an edge set, runs :func:`tgattn.functional.graph_attention` and the dense
 oracle on the same random float64 inputs, and compares outputs and input gradients.
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .. import builders
 from ..functional import graph_attention
-from .reference import dense_attention
+from ..reference import dense_attention
 
 TOLERANCE = 1e-10  # float64
 
