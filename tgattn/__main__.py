@@ -1,39 +1,62 @@
-"""Command line: ``python -m tgattn <command>``."""
+"""Command line: ``python -m tgattn <command>``.
+
+Its help, argument errors and unknown commands come from argparse before torch or PyG is
+imported (``import tgattn`` is lazy): each command imports what it runs once its arguments
+parse. Only ``show`` needs its own module to describe its arguments.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ._cli import missing_plot_extra, run
+from ._cli import BACKENDS, missing_plot_extra, run
 
 DESCRIPTION = ("tgattn's commands: check that graph attention equals dense attention on this machine, "
-               "or draw which tokens influence a token.")
+               "compile the fused C++ kernel ahead of the first call, or draw which tokens influence a token.")
 VERIFY = ("Check, on this machine, that graph attention equals dense attention: one case per builder family "
           "(float64, 4 heads), outputs and input gradients against the dense oracle within 1e-10. Prints one line "
-          "per case; exit status 1 if any case fails. The first run compiles the fused C++ kernel (15-60 s, once).")
+          "per case; exit status 1 if any case fails. Compiles the fused C++ kernel first if it is not built yet "
+          "(see the build command).")
+BUILD = ("Compile tgattn's C++ kernels now, so that no later call waits for them: prints what is being built "
+         "and its progress, then the time it took. Does nothing when they are built for this source and this "
+         "torch already.")
 SHOW = ("Draw which tokens influence a token: attention, rollout and flow over the layers of random graph "
         "attention layers, a tiny GPT checkpoint (--checkpoint) or a transformers model (--hf). Writes a picture "
         "(--out) and prints the token's top influencers, or writes an interactive HTML page (--html): hover a "
         "token to see what it attends to and what influences it.")
 
 
-def main(argv=None) -> int:
-    from .analysis.show import add_arguments as show_arguments
-    from .functional import BACKENDS
-
-    parser = argparse.ArgumentParser(prog="python -m tgattn", description=DESCRIPTION)
-    commands = parser.add_subparsers(dest="command", required=True)
+def parser(command=None):
+    """``(parser, the show subparser)``; show's arguments are added only when ``command`` is ``"show"``."""
+    top = argparse.ArgumentParser(prog="python -m tgattn", description=DESCRIPTION)
+    commands = top.add_subparsers(dest="command", required=True)
     verify = commands.add_parser("verify", help="check graph attention against dense attention on every builder",
                                  description=VERIFY)
     verify.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend to verify (default: auto)")
+    commands.add_parser("build", help="compile the fused C++ kernel now (a no-op when built)", description=BUILD)
     show = commands.add_parser("show", help="draw which tokens influence a token (attention, rollout, flow)",
                                description=SHOW)
-    show_arguments(show)
-    args = parser.parse_args(argv)
+    if command == "show":
+        from .analysis.show import add_arguments
+
+        add_arguments(show)
+    return top, show
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)  # the top level has no option but -h
+    top, show = parser(command)
+    args = top.parse_args(argv)
     if args.command == "verify":
         from .verify import main as verify_main
 
         return verify_main(backend=args.backend)
+    if args.command == "build":
+        from .engine.build import prebuild
+
+        prebuild(progress=True)
+        return 0
     from .analysis.show import main as show_main
 
     if missing_plot_extra() and not args.html:  # before any work; the page needs no matplotlib

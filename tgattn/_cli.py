@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
+# The backends tgattn.functional.graph_attention accepts (it re-exports this tuple): defined here,
+# where no torch is imported, so that ``python -m tgattn verify --help`` lists them at once.
+BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton", "tc")
+
 
 def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
     def parse(text: str):

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from . import engine
+from ._cli import BACKENDS  # noqa: F401  (public here; kept there so that command lines list it without torch)
 from .engine import edge_terms
 from .engine.edge_terms import EdgeTerm
 from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks, check_softcap, eager_graph_attention
@@ -26,7 +27,6 @@ from .engine.touched import on_touched_keys
 from .engine.validate import check_device
 from .engine.validate import check_edge_index, check_ranges  # noqa: F401  (check_edge_index: public, builders use it)
 
-BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton", "tc")
 
 
 def graph_attention(
