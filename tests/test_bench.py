@@ -9,7 +9,7 @@ import pytest
 
 from conftest import one_line_error
 from tgattn import builders, engine
-from tgattn.bench import __main__ as bench_main
+from tgattn.bench import attention
 from tgattn.bench.__main__ import main
 from tgattn.bench.report import read_csv, targets
 
@@ -100,13 +100,13 @@ def test_floor_peer_runs_and_its_ceiling_is_printed(tmp_path, capsys, monkeypatc
     ],
 )
 def test_bad_arguments_are_one_line_errors_before_the_sweep(cli, monkeypatch, argv, message):
-    monkeypatch.setattr(bench_main, "sweep", None)  # never reached
+    monkeypatch.setattr(attention, "sweep", None)  # never reached
     status, err = cli(main, ["--patterns", "causal", *argv] if "--patterns" not in argv else argv)
     assert status == 2 and one_line_error(err, "python -m tgattn.bench").startswith(message)
 
 
 def test_without_matplotlib_the_extra_is_named_before_the_sweep(cli, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    monkeypatch.setattr(bench_main, "sweep", None)
+    monkeypatch.setattr(attention, "sweep", None)
     status, err = cli(main, ["--quick", "--out", str(tmp_path)])
     assert status == 2 and 'pip install "tgattn[plot]"' in one_line_error(err, "python -m tgattn.bench")

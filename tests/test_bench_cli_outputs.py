@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REPO
 from tgattn.bench import __main__ as bench_main
+from tgattn.bench import attention, report
 
 # Each command line that takes --out, and the folder name of its default.
 OUT_CLIS = {
@@ -94,8 +95,8 @@ def test_one_timed_repeat_prints_numbers_without_verdicts(argv, judged, monkeypa
         repeats.append(kw["repeats"])
         return _rows()
 
-    monkeypatch.setattr(bench_main, "sweep", sweep)
-    monkeypatch.setattr(bench_main, "plot", lambda rows, path, device: None)
+    monkeypatch.setattr(attention, "sweep", sweep)
+    monkeypatch.setattr(report, "plot", lambda rows, path, device: None)
     assert bench_main.main([*argv, "--patterns", "window64", "--out", str(tmp_path), "--no-progress"]) == 0
     assert repeats == [3 if judged else 1]
     out = capsys.readouterr().out

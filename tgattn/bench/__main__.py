@@ -18,15 +18,13 @@ import argparse
 import platform
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .._cli import missing_plot_extra, out_help, positive_int, run, runs_dir
-from .attention import sizes_for, sweep
-from .gpu import GNN_FIELDS, check_device, gnn_steps, gpu_targets
-from .patterns import patterns
 from .peers import CPU_PEERS, GPU_PEERS, PEERS
-from .report import plot, ratio_table, targets, write_csv
+
+if TYPE_CHECKING:
+    import torch
 
 GPU_PATTERNS = ("window64", "random0.01", "topk0.01")
 
@@ -49,6 +47,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-gnn", action="store_true", help="on CUDA: skip the GNN training steps")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     args = parser.parse_args(argv)
+    # imported once the arguments parse: --help and argument errors answer without torch
+    from .gpu import check_device
+    from .patterns import patterns
+
     try:
         device = check_device(args.device)
     except ValueError as err:
@@ -74,7 +76,13 @@ def main(argv=None) -> int:
 
 
 def _bench(args: argparse.Namespace, device: torch.device, names) -> int:
+    import torch
+
     from ..datasets import load_planetoid
+    from .attention import sizes_for, sweep
+    from .gpu import GNN_FIELDS, gnn_steps, gpu_targets
+    from .patterns import patterns
+    from .report import plot, ratio_table, targets, write_csv
 
     cuda, available = device.type == "cuda", patterns()
     # the data set first: a missing one is one line (_cli.run) before any work

@@ -49,15 +49,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from .._cli import out_help, positive_float, positive_int, run, runs_dir, seed_int
-from .measure import (failed_allocation, memory_capped, release_free_memory, reset_rss_high_water, rss_high_water_mb,
-                      rss_mb)
-from .report import verdict, write_csv
+
+if TYPE_CHECKING:
+    import torch
 
 PRODUCTS_NODES, PRODUCTS_EDGES = 2_449_029, 61_859_140  # ogbn-products (Hu et al. 2020)
 EDGES_PER_NODE = PRODUCTS_EDGES / PRODUCTS_NODES  # 25.26
@@ -97,6 +94,8 @@ def power_law_graph(nodes: int, seed: int = 0, edges_per_node: float = EDGES_PER
         >>> bool((edge_index[0] != edge_index[1]).all())
         True
     """
+    import torch
+
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < CLASSES:
         raise ValueError(f"nodes must be an int >= {CLASSES} (one per class at least; got {nodes!r})")
     g = torch.Generator().manual_seed(seed)
@@ -148,7 +147,6 @@ def expected_edges(nodes: int) -> int:
 def _conv(name: str):
     def make(i: int, o: int, heads: int, concat: bool) -> torch.nn.Module:
         from torch_geometric.nn import GATConv, TransformerConv
-
         from tgattn import GraphAttentionConv
 
         if name in ("tgattn", SHARED):
@@ -179,6 +177,8 @@ def network(conv: str) -> torch.nn.Module:
 
 
 def _train_step(net, opt, x, edge_index, y, rows=None) -> float:
+    import torch.nn.functional as F
+
     opt.zero_grad()
     out = net(x, edge_index)
     loss = F.cross_entropy(out if rows is None else out[:rows], y if rows is None else y[:rows])
@@ -197,6 +197,10 @@ def full_point(conv: str, nodes: int, steps: int, seed: int = 0) -> dict:
         >>> row["status"], row["steps"], row["peak_mb"] >= row["inputs_mb"]
         ('ok', 2, True)
     """
+    import torch
+
+    from .measure import failed_allocation, release_free_memory, reset_rss_high_water, rss_high_water_mb, rss_mb
+
     torch.set_num_threads(1)
     row = dict(conv=conv, nodes=nodes, edges=expected_edges(nodes), phase="inputs", steps=0)
     torch.manual_seed(seed)
@@ -246,11 +250,14 @@ def fanout_batch(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, f
     ids, source to target, as ``NeighborLoader`` gives them.
 
     Example:
+        >>> import torch
         >>> colptr, row = torch.tensor([0, 2, 3, 4, 4]), torch.tensor([1, 2, 3, 0])  # 1->0, 2->0, 3->1, 0->2
         >>> nodes, edge_index = fanout_batch(colptr, row, torch.tensor([0]), [2, 1], torch.Generator().manual_seed(0))
         >>> nodes.tolist(), edge_index.tolist()
         ([0, 1, 2, 3], [[1, 2, 3, 0], [0, 0, 1, 2]])
     """
+    import torch
+
     local = torch.full((colptr.shape[0] - 1,), -1, dtype=torch.long)  # global id -> batch id
     local[seeds] = torch.arange(len(seeds))
     nodes, frontier, srcs, dsts = [seeds], seeds, [], []
@@ -278,6 +285,8 @@ def fanout_batch(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, f
 def _batches(x, edge_index, y, sampler: str, batch_size: int, fanout: Sequence[int], count: int, seed: int):
     """``count`` mini-batches ``(x, edge_index, y, seeds, seconds)`` (the ``seeds`` seed nodes first), from ``NeighborLoader`` or
     :func:`fanout_batch`; ``seconds``: the time the batch took to draw."""
+    import torch
+
     nodes = y.shape[0]
     if sampler == "pyg":
         from torch_geometric.data import Data
@@ -316,6 +325,8 @@ def minibatch_point(nodes: int, batches: int, batch_size: int, fanout: Sequence[
         >>> [r["conv"] for r in rows], rows[0]["batches"]
         (['tgattn', 'gat', 'transformer'], 4)
     """
+    import torch
+
     if sampler not in ("pyg", "own"):
         raise ValueError(f"sampler must be 'pyg' or 'own' (got {sampler!r})")
     torch.set_num_threads(1)
@@ -379,6 +390,8 @@ def run_capped(call: str, args: dict, cap_gb: float, wait_s: float = 600) -> obj
     data-segment cap; returns its JSON result, or raises ``ChildProcessError`` with the child's
     exit status and last line of error output where it ended without one. It starts only once the machine has ``cap_gb``
     available (waiting up to ``wait_s`` seconds), so that the child can never push other work out."""
+    from .measure import memory_capped
+
     waited = 0.0
     while available_gb() < cap_gb:
         if waited >= wait_s:
@@ -404,6 +417,8 @@ def run_capped(call: str, args: dict, cap_gb: float, wait_s: float = 600) -> obj
 
 def full_sweep(sizes: Sequence[int], convs: Sequence[str], steps: int, cap_gb: float, seed: int, out: Path) -> List[dict]:
     """:func:`full_point` for each size (ascending) and conv, each in a fresh capped process."""
+    from .report import write_csv
+
     rows: List[dict] = []
     failed = set()
     for nodes in sorted(sizes):
@@ -438,6 +453,8 @@ def full_sweep(sizes: Sequence[int], convs: Sequence[str], steps: int, cap_gb: f
 
 def full_summary(rows: List[dict]) -> str:
     """The full-batch table, and its targets where tgattn and both peers ran."""
+    from .report import verdict
+
     lines = ["| nodes | edges | conv | status | peak MB | step MB | s / step | loss first -> last |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -494,6 +511,8 @@ def _num(value, scale: float = 1.0, fmt: str = ",.0f") -> str:
 
 def mini_summary(rows: List[dict]) -> str:
     """The mini-batch table and its target."""
+    from .report import verdict
+
     r0 = rows[0]
     lines = [f"N = {int(r0['nodes']):,}, E = {int(r0['edges']):,}, {r0['sampler']} sampler, fan-out {r0['fanout']}, "
              f"batch {r0['batch_size']}, {r0['batches']} batches (mean {int(r0['batch_nodes']):,} nodes, "
@@ -579,6 +598,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _bench(args) -> int:
+    import torch
+
+    from .report import write_csv
+
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, {platform.machine()}, one thread; cap {args.cap_gb} GB per child "
           f"(RLIMIT_DATA); {available_gb():.1f} of {total_gb():.1f} GB available; load average {os.getloadavg()[0]:.1f}",

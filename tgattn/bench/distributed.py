@@ -23,16 +23,12 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
-
-import torch
+from typing import TYPE_CHECKING, Dict, List
 
 from .._cli import out_help, run, runs_dir
-from .. import builders
-from ..distributed import ExchangeStats, contiguous, graph_attention, halo_rows, make_plan, make_plans, spawn
-from ..distributed.partition import partition_graph
-from .measure import _LiveBytes
-from .report import figure, write_csv
+
+if TYPE_CHECKING:
+    import torch
 
 ATTENTION_FIELDS = ("case", "n", "edges", "heads", "dim", "world", "rank", "queries", "local_edges", "halo_rows",
                     "min_rows", "ring_rows", "bytes_per_step", "total_ms", "exchange_ms", "compute_ms", "peak_mb",
@@ -47,10 +43,14 @@ def causal_window_edges(lo: int, hi: int, w: int) -> torch.Tensor:
     everywhere), so that no rank builds the whole edge set.
 
     Example:
+        >>> import torch
+        >>> from tgattn import builders
         >>> full = builders.window(30, 3, causal=True)
         >>> torch.equal(causal_window_edges(10, 20, 3), full[:, (full[1] >= 10) & (full[1] < 20)])
         True
     """
+    from .. import builders
+
     start = max(lo - w, 0)
     local = builders.window(hi - start, w, causal=True) + start
     return local[:, local[1] >= lo]
@@ -58,6 +58,10 @@ def causal_window_edges(lo: int, hi: int, w: int) -> torch.Tensor:
 
 def pattern_edges(pattern: str, n: int) -> torch.Tensor:
     """The whole edge set of a benchmark pattern (random draws seeded with 0)."""
+    import torch
+
+    from .. import builders
+
     gen = torch.Generator().manual_seed(0)
     if pattern == "window64":
         return builders.window(n, 64, causal=True)
@@ -83,6 +87,8 @@ def cases(quick: bool, big: int) -> Dict[str, dict]:
 
 
 def _local_edges(spec: dict, part, rank: int) -> torch.Tensor:
+    import torch
+
     if spec["pattern"] != "window64":
         return part.local_edges(pattern_edges(spec["pattern"], spec["n"]), rank)
     nodes = part.nodes(rank)
@@ -90,6 +96,11 @@ def _local_edges(spec: dict, part, rank: int) -> torch.Tensor:
 
 
 def _measure(name: str, spec: dict, rank: int, world: int, repeats: int) -> dict:
+    import torch
+
+    from ..distributed import ExchangeStats, contiguous, graph_attention, halo_rows, make_plan
+    from .measure import _LiveBytes
+
     import torch.distributed as dist
 
     n, heads, dim = spec["n"], spec["heads"], spec["dim"]
@@ -132,6 +143,8 @@ def _job(rank: int, world: int, specs: Dict[str, dict], repeats: int) -> List[di
 
 def partition_rows(data_root, graphs=("Cora", "CiteSeer"), parts=(2, 4, 8, 16), n: int = 16384) -> List[dict]:
     """The halo of every partitioner on each graph, and of sequence patterns cut into ranges."""
+    from ..distributed import contiguous
+    from ..distributed.partition import partition_graph
     from ..datasets import load_planetoid
 
     loaded = {name: load_planetoid(name, data_root) for name in graphs}  # all before any work: a missing one fails first
@@ -150,6 +163,8 @@ def partition_rows(data_root, graphs=("Cora", "CiteSeer"), parts=(2, 4, 8, 16), 
 
 
 def _partition_row(graph: str, edge_index, part, num: int) -> dict:
+    from ..distributed import make_plans
+
     halo = [p.halo_rows for p in make_plans(edge_index, part)]
     sizes = part.sizes()
     return {"graph": graph, "nodes": num, "edges": edge_index.shape[1], "method": part.method,
@@ -176,6 +191,8 @@ def summary(rows: List[dict]) -> str:
 def plot(rows: List[dict], path: Path) -> None:
     """Per case and world size: bytes moved per step (halo, and a ring's for the same ranks),
     the slowest rank's time split, and the peak tensor memory per rank."""
+    from .report import figure
+
     keys = list(dict.fromkeys((r["case"], r["world"]) for r in rows))
     labels = [f"{c} P={w}" for c, w in keys]
     sel = [[r for r in rows if (r["case"], r["world"]) == k] for k in keys]
@@ -217,6 +234,11 @@ def main(argv=None) -> int:
 
 
 def _bench(args) -> int:
+    import torch
+
+    from ..distributed import spawn
+    from .report import write_csv
+
     if not args.no_partitions:  # first: it reads Cora and CiteSeer, so a missing data set is one line before any run
         rows = partition_rows(args.data, parts=(2, 4) if args.quick else (2, 4, 8, 16))
         write_csv(rows, args.out / "partition.csv", PARTITION_FIELDS)

@@ -44,12 +44,7 @@ import time
 from pathlib import Path
 from typing import List
 
-import torch
-
 from .._cli import out_help, runs_dir
-from .engine_sections import AUTO_SIZES, auto_vs_best, backward_floor, cache_on_off, plan_of, ratios, scaling, threads
-from .measure import os_usage, reset_rss_high_water, rss_high_water_mb, rss_mb
-from .report import write_csv
 
 FIELDS = ("section", "pattern", "n", "edges", "heads", "dim", "backend", "mode", "threads", "ms", "cpu_ms",
           "sys_ms", "faults", "ns_per_edge_head", "peak_gb", "note")
@@ -63,6 +58,10 @@ def probe(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = F
     ``heads * dim``) instead of the attention core. ``warm``: then a second call, timed
     (``warm_seconds`` wall, ``warm_cpu`` thread CPU), with the analysis cached.
     """
+    import torch
+
+    from .measure import os_usage, reset_rss_high_water, rss_high_water_mb, rss_mb
+
     import gc
 
     from .. import builders
@@ -128,6 +127,7 @@ def memory(heads: int, dim: int, points=((32768, "fwd"), (131072, "fwd+bwd")), m
     thread CPU time goes to ``cpu_ms`` and ``ns_per_edge_head`` (as in the scaling section).
     """
     from ..engine import empty_cache
+    from .engine_sections import plan_of
 
     rows = []
     for n, mode in points:
@@ -163,6 +163,12 @@ def main(argv=None) -> int:
     parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # imported once the arguments parse: --help and argument errors answer without torch
+    import torch
+
+    from .engine_sections import AUTO_SIZES, auto_vs_best, backward_floor, cache_on_off, ratios, scaling, threads
+    from .report import write_csv
+
     if args.probe:
         n, mode, backend = args.probe
         print(json.dumps(probe(int(n), mode, backend, args.heads, args.dim, args.model, args.warm)))

@@ -28,17 +28,16 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
-
-import torch
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._cli import out_help, positive_int, runs_dir
-from .measure import interleaved, run_once
-from .patterns import patterns
-from .report import SINGLE_REPEAT_NOTE, verdict, write_csv
+from .patterns import NAMES
+
+if TYPE_CHECKING:
+    import torch
 
 PATTERNS = ("window64", "random0.01", "topk0.01")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
 MODES = ("fwd", "fwd+bwd")
 PEERS = ("fused", "floor", "compute")
 PEER_MODES = {"fused": MODES, "floor": MODES, "compute": ("fwd",)}
@@ -59,8 +58,12 @@ def target(pattern: str, mode: str) -> float:
 
 def _calls(pattern: str, n: int, heads: int, dim: int, dtypes: Sequence[str]):
     """``({(dtype, peer, mode): fn}, edges)``: every timed call of one pattern."""
+    import torch
+
     from ..engine import fused, structure_of
     from ..functional import graph_attention
+    from .measure import run_once
+    from .patterns import patterns
 
     edge_index = patterns()[pattern].make(n)
     s = structure_of(edge_index, n, n)
@@ -69,7 +72,7 @@ def _calls(pattern: str, n: int, heads: int, dim: int, dtypes: Sequence[str]):
     base = [torch.randn(n, heads, dim, generator=g) for _ in range(4)]
     calls: Dict[Tuple[str, str, str], Callable[[int], None]] = {}
     for name in dtypes:
-        q, k, v, grad = (t.to(DTYPES[name]).requires_grad_(i < 3) for i, t in enumerate(base))
+        q, k, v, grad = (t.to(getattr(torch, name)).requires_grad_(i < 3) for i, t in enumerate(base))
         leaves = [q, k, v]
         rows = tuple(t.detach() for t in leaves)
         attend = {
@@ -90,16 +93,23 @@ def in_first_keys(s) -> torch.Tensor:
     ``compute`` peer): every row keeps its degree, and the rows it reads stay in L1.
 
     Example:
+        >>> import torch
         >>> from tgattn.engine import structure_of
         >>> in_first_keys(structure_of(torch.tensor([[5, 7, 2], [0, 0, 3]]), 4, 8)).tolist()
         [[0, 1, 0], [0, 0, 3]]
     """
+    import torch
+
     rows = torch.repeat_interleave(torch.arange(s.n_q), s.rowptr.diff().long())
     return torch.stack([torch.arange(rows.numel()) - s.rowptr.long()[rows], rows])
 
 
 def measure(pattern: str, n: int, heads: int, dim: int, rounds: int, dtypes: Sequence[str]) -> List[dict]:
     """Rows ``(pattern, dtype, peer, mode, cpu_ms)`` of one pattern, one thread."""
+    import torch
+
+    from .measure import interleaved
+
     calls, edges = _calls(pattern, n, heads, dim, dtypes)
     # the order reversed every other round: no call always follows the same one
     _, best, _ = interleaved(calls, rounds, dict.fromkeys(calls, 1), alternate=True)
@@ -120,6 +130,8 @@ def summary(rows: List[dict], verdicts: bool = True) -> str:
         >>> print(summary(rows).splitlines()[-1])
         random0.01 fwd      bfloat16 1.100 ms 0.55x | floor 1.000 ms 0.67x | kernel / floor 1.10  target <= 0.6 met
     """
+    from .report import SINGLE_REPEAT_NOTE, verdict
+
     lines = [] if verdicts else [SINGLE_REPEAT_NOTE]
     idx = {(r["pattern"], r["dtype"], r["peer"], r["mode"]): r["cpu_ms"] for r in rows}
     for pattern in dict.fromkeys(r["pattern"] for r in rows):
@@ -151,7 +163,7 @@ def summary(rows: List[dict], verdicts: bool = True) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgattn.bench.half", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=sorted(patterns()))
+    parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=sorted(NAMES))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                         help="dtypes to time (default: all three; ratios need float32)")
     parser.add_argument("--n", type=positive_int, default=4096, help="tokens (default: 4096)")
@@ -160,7 +172,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=20, help="interleaved timed rounds, minimum kept (default: 20)")
     parser.add_argument("--out", type=Path, default=runs_dir("half"), help=out_help("half"))
     args = parser.parse_args(argv)
+    # imported once the arguments parse: --help and argument errors answer without torch
+    import torch
+
     from ..engine import fused
+    from .report import write_csv
 
     if not fused.available():
         print("the fused C++ kernel is unavailable here (see the warning of its build): nothing to time", file=sys.stderr)

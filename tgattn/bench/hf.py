@@ -26,11 +26,7 @@ import platform
 import sys
 from pathlib import Path
 
-import torch
-
 from .._cli import out_help, runs_dir
-from .measure import _LiveBytes, best_time, reset_rss_high_water, rss_high_water_mb, rss_mb
-from .report import write_csv
 
 FIELDS = ("peer", "n", "window", "edges", "ms", "tensor_mb", "rss_mb", "load", "note")
 PEERS = ("tgattn", "sdpa", "eager")
@@ -44,6 +40,7 @@ def tiny_model(window: int, max_length: int, *, model: str = "mistral", layers: 
                heads: int = 4, kv_heads: int = 2, seed: int = 0):
     """A seeded random ``MistralModel`` (grouped-query attention, RoPE, sliding window ``window``), or a
     ``Gemma2Model`` of the same sizes whose layers are all sliding windows, with soft-capped logits."""
+    import torch
     import transformers
 
     common = dict(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -62,6 +59,10 @@ def tiny_model(window: int, max_length: int, *, model: str = "mistral", layers: 
 
 def measure(model, peer: str, n: int, *, repeats: int, budget_s: float = 60.0) -> dict:
     """Time and peak memory of one forward of ``model`` with attention ``peer`` over ``n`` tokens."""
+    import torch
+
+    from .measure import _LiveBytes, best_time, reset_rss_high_water, rss_high_water_mb, rss_mb
+
     model.set_attn_implementation(peer)
     ids = torch.randint(model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
 
@@ -81,7 +82,6 @@ def measure(model, peer: str, n: int, *, repeats: int, budget_s: float = 60.0) -
 def run(sizes, window: int, peers, *, repeats: int = 3, mask_gb: float = 2.0, progress: bool = True, **model_kw):
     """One row per (n, peer): measured, or skipped with the reason."""
     from tqdm.auto import tqdm
-
     import tgattn.hf
 
     tgattn.hf.register()
@@ -127,6 +127,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=runs_dir("hf"), help=out_help("hf"))
     args = parser.parse_args(argv)
+    # imported once the arguments parse: --help and argument errors answer without torch
+    import torch
+
+    from .report import write_csv
+
     torch.set_num_threads(args.threads)
     rows = run(args.sizes, args.window, args.peers, repeats=args.repeats, mask_gb=args.mask_gb,
                progress=not args.no_progress, layers=args.layers, model=args.model)

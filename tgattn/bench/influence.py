@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable, Iterator, List
-from unittest import mock
+from typing import TYPE_CHECKING, Callable, Iterator, List
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from .. import builders
-from ..analysis import attention_flow, attention_rollout
-from ..analysis.flow import flow_cone, top_flow
-from ..analysis.maxflow import Network
-from ..analysis.weights import layer_csr
-from ..functional import edge_softmax
 
 TOP = 8  # influencers ranked by top_flow
 
@@ -37,6 +31,11 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
 
 def random_layers(n: int, w: int, layers: int, heads: int, seed: int = 0) -> List:
     """``layers`` x ``(window(n, w), softmax of random scores [E, heads])``."""
+    import torch
+
+    from .. import builders
+    from ..functional import edge_softmax
+
     g = torch.Generator().manual_seed(seed)
     edge_index = builders.window(n, w)
     return [(edge_index, edge_softmax(torch.randn(edge_index.shape[1], heads, generator=g), edge_index[1], n))
@@ -45,6 +44,8 @@ def random_layers(n: int, w: int, layers: int, heads: int, seed: int = 0) -> Lis
 
 def dense_rollout(stack, n: int) -> torch.Tensor:
     """The textbook rollout with dense matrices, for the side-by-side ratio."""
+    import torch
+
     result = torch.eye(n, dtype=torch.float64)
     for edge_index, alpha in stack:
         a = torch.zeros(n, n, dtype=torch.float64)
@@ -56,6 +57,15 @@ def dense_rollout(stack, n: int) -> torch.Tensor:
 
 def run(sizes, windows, layers: int, heads: int, repeats: int, max_flow_edges: int) -> Iterator[str]:
     """Measure; yield the table as markdown lines, one row per (n, w) as soon as it is measured."""
+    from unittest import mock
+
+    import torch
+
+    from ..analysis import attention_flow, attention_rollout
+    from ..analysis.flow import flow_cone, top_flow
+    from ..analysis.maxflow import Network
+    from ..analysis.weights import layer_csr
+
     yield from [
         f"L = {layers} layers, H = {heads} heads, float64 rollout, torch threads = {torch.get_num_threads()}",
         "",
@@ -102,6 +112,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-flow-edges", type=int, default=20000, help="skip flow on larger cones (default: 20000)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     args = parser.parse_args(argv)
+    # imported once the arguments parse: --help and argument errors answer without torch
+    import torch
+
     torch.set_num_threads(args.threads)
     for line in run(args.sizes, args.windows, args.layers, args.heads, args.repeats, args.max_flow_edges):
         print(line, flush=True)

@@ -34,13 +34,12 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
-
-import torch
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from .._cli import out_help, positive_int, runs_dir
-from .measure import interleaved
-from .report import SINGLE_REPEAT_NOTE, verdict, write_csv
+
+if TYPE_CHECKING:
+    import torch
 
 CASES = ("molecules", "molecules_distinct", "indexer_topk")
 FIELDS = ("case", "nodes", "edges", "heads", "dim", "backend", "part", "cpu_ms", "rounds", "note")
@@ -50,6 +49,8 @@ TARGET = 1.05
 def molecule_edges(distinct: bool = False) -> Tuple[int, torch.Tensor]:
     """``(nodes, edge_index)`` of the first batch :mod:`tgattn.bench.gnn` trains on; ``distinct``:
     without repeated edges, sorted by (source, target) as PyG's ``coalesce`` leaves them."""
+    import torch
+
     from .models import molecule_batches
 
     x, edge_index, _ = next(molecule_batches(1))
@@ -63,6 +64,8 @@ def molecule_edges(distinct: bool = False) -> Tuple[int, torch.Tensor]:
 def indexer_edges(n: int, k: int, seed: int = 0) -> torch.Tensor:
     """The causal lightning-indexer selection of ``k`` keys per query over random inputs (4
     indexer heads of 32 features)."""
+    import torch
+
     from .. import builders
 
     g = torch.Generator().manual_seed(seed)
@@ -71,6 +74,8 @@ def indexer_edges(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 
 def _inputs(n: int, heads: int, dim: int):
+    import torch
+
     g = torch.Generator().manual_seed(1)
     return tuple(torch.randn(n, heads, dim, generator=g) for _ in range(3))
 
@@ -78,6 +83,8 @@ def _inputs(n: int, heads: int, dim: int):
 def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
     """The timed calls of one case: never-seen and cached calls, and (``with_parts``) the steps of
     the never-seen call alone."""
+    import torch
+
     from .. import engine
     from ..edgeset import prepare
     from ..engine import analysis, dispatch
@@ -129,6 +136,7 @@ def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
 def measure(case: str, rounds: int, with_parts: bool, n_tokens: int = 16384, k_top: int = 256) -> List[dict]:
     """Rows ``(case, part, cpu_ms)`` of one case, one thread."""
     from .. import engine
+    from .measure import interleaved
 
     if case == "indexer_topk":
         n, edge_index, heads, dim = n_tokens, indexer_edges(n_tokens, k_top), 8, 64
@@ -148,6 +156,8 @@ def measure(case: str, rounds: int, with_parts: bool, n_tokens: int = 16384, k_t
 
 def summary(rows: List[dict], verdicts: bool = True) -> str:
     """Never-seen / prepared per case against the target (and never-seen / cached), then the parts of each case."""
+    from .report import SINGLE_REPEAT_NOTE, verdict
+
     lines = [] if verdicts else [SINGLE_REPEAT_NOTE]
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["part"]: r for r in rows if r["case"] == case}
@@ -176,6 +186,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--parts", action="store_true", help="time the parts of each never-seen call as well")
     parser.add_argument("--out", type=Path, default=runs_dir("never_seen"), help=out_help("never_seen"))
     args = parser.parse_args(argv)
+    # imported once the arguments parse: --help and argument errors answer without torch
+    import torch
+
+    from .report import write_csv
+
     rows: List[dict] = []
     rounds = {}
     for case in args.cases:

@@ -27,15 +27,12 @@ callable that runs the forward pass (``None`` when the peer cannot run this case
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+if TYPE_CHECKING:
+    from torch import Tensor
+    from .patterns import Pattern
 
-from .. import builders
-from ..functional import graph_attention
-from .patterns import Pattern
 
 PEERS = ("tgattn", "gather", "transformerconv", "sdpa_mask", "sdpa", "flex", "floor", "triton", "gatconv", "flex_csr", "tc")
 CPU_PEERS = PEERS[:7]  # the default on CPU (triton and tc need CUDA)
@@ -51,6 +48,8 @@ def _heads_first(*ts: Tensor):
 
 
 def tgattn(q, k, v, ei, pattern: Pattern) -> Callable:
+    from ..functional import graph_attention
+
     return lambda: graph_attention(q, k, v, ei)
 
 
@@ -59,6 +58,7 @@ def require_backend(backend: str, q: Tensor) -> None:
     like ``q`` here; else a ``ValueError`` saying why.
 
     Example:
+        >>> import torch
         >>> require_backend("no such", torch.zeros(2, 1, 4))
         Traceback (most recent call last):
         ...
@@ -77,10 +77,14 @@ def require_backend(backend: str, q: Tensor) -> None:
 
 
 def triton(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    from ..functional import graph_attention
+
     return (lambda: graph_attention(q, k, v, ei, backend="triton")) if q.is_cuda else None
 
 
 def tc(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    from ..functional import graph_attention
+
     if not q.is_cuda:
         return None
     require_backend("tc", q)
@@ -88,10 +92,13 @@ def tc(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
 
 
 def gather(q, k, v, ei, pattern: Pattern) -> Callable:
+    from ..functional import graph_attention
+
     return lambda: graph_attention(q, k, v, ei, backend="gather")
 
 
 def transformerconv(q, k, v, ei, pattern: Pattern) -> Callable:
+    from torch import nn
     from torch_geometric.nn import TransformerConv
 
     n, h, d = q.shape
@@ -101,6 +108,7 @@ def transformerconv(q, k, v, ei, pattern: Pattern) -> Callable:
 
 
 def gatconv(q, k, v, ei, pattern: Pattern) -> Callable:
+    from torch import nn
     from torch_geometric.nn import GATConv
 
     n, h, d = q.shape
@@ -110,12 +118,18 @@ def gatconv(q, k, v, ei, pattern: Pattern) -> Callable:
 
 
 def sdpa_mask(q, k, v, ei, pattern: Pattern) -> Callable:
+    import torch.nn.functional as F
+
+    from .. import builders
+
     mask = builders.to_mask(ei, q.shape[0], k.shape[0])
     qh, kh, vh = _heads_first(q, k, v)
     return lambda: F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
 
 
 def sdpa(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    import torch.nn.functional as F
+
     if pattern.dense is None:
         return None
     qh, kh, vh = _heads_first(q, k, v)
@@ -123,6 +137,8 @@ def sdpa(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
 
 
 def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    import torch
+
     if pattern.mask_mod is None:
         return None
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -138,6 +154,7 @@ def flex(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
 
 
 def flex_csr(q, k, v, ei, pattern: Pattern) -> Optional[Callable]:
+    import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     from ..engine import structure_of
