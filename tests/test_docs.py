@@ -29,11 +29,11 @@ def test_readme_stays_short_and_names_the_pieces():
     assert len(text.splitlines()) <= 250
     for name in ("GraphAttentionConv", "GraphAttention", "graph_attention", "tgattn.hf", "tgattn.nn", "tgattn.distributed"):
         assert name in text
-    # both quick-start commands install torch first and pinned, then the package
+    # both quick-start commands install torch first and pinned, then the package, then build the kernel
     commands = re.findall(r"^python3 -m venv .*$", text, flags=re.M)
     assert [c.split(" && ")[2:] for c in commands] == [
-        ["pip install torch==2.13.0", 'pip install -e ".[plot]"', "python -m tgattn verify"],
-        ["pip install torch==2.13.0", 'pip install -e ".[test]"', "python -m pytest"],
+        ["pip install torch==2.13.0", 'pip install -e ".[plot]"', "python -m tgattn build", "python -m tgattn verify"],
+        ["pip install torch==2.13.0", 'pip install -e ".[test]"', "python -m tgattn build", "python -m pytest"],
     ]
 
 
