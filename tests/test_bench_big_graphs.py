@@ -19,6 +19,7 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 def test_cli_tiny_run_writes_every_output(tmp_path, capsys):
     code = big_graphs.main(["--nodes", "300", "--cap-gb", "4", "--steps", "2", "--minibatch-nodes", "800",
                             "--batches", "2", "--batch-size", "32", "--fanout", "4", "3", "--sampler", "own",
@@ -40,6 +41,7 @@ def test_cli_tiny_run_writes_every_output(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 def test_a_child_over_its_cap_reports_the_failed_allocation(tmp_path):
     # 1.2 GB holds python, torch, PyG and the graph (4 million edges), not GATConv's [E, H, C] messages
     row = big_graphs.run_capped("full_point", dict(conv="gat", nodes=160_000, steps=1), cap_gb=1.2)
@@ -47,6 +49,7 @@ def test_a_child_over_its_cap_reports_the_failed_allocation(tmp_path):
     assert row["tried_mb"] > 0 and row["inputs_mb"] < row["peak_mb"] < 1.3 * 1024
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 def test_run_capped_raises_when_the_child_ends_without_a_report():
     with pytest.raises(ChildProcessError, match="exit status 1.*unknown conv"):
         big_graphs.run_capped("full_point", dict(conv="nope", nodes=100, steps=1), cap_gb=4)

@@ -49,6 +49,7 @@ def _public_names():
     return names
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path, capfd):
     """One build (about 20 s): Sphinx with -W --keep-going, then its inventory and its pages."""
     pytest.importorskip("sphinx")

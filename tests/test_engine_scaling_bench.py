@@ -7,6 +7,7 @@ from tgattn import builders
 from tgattn.bench import engine_scaling, engine_sections
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_memory_probe_sees_what_the_call_allocates():
     # in a fresh process, as the benchmark runs it: a used heap would serve the call from freed pages
@@ -56,6 +57,7 @@ def test_auto_section_times_every_backend_that_runs_the_set_and_names_the_best()
             assert mine["auto"]["note"] == f"auto runs {engine.plan(s)}; best {best}; auto / best {ratio:.2f}"
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_warm_probe_times_a_second_call_per_edge_and_head():
     (row,) = engine_scaling.memory(2, 16, ((2048, "fwd"),), warm=True)

@@ -84,6 +84,7 @@ def test_scaling_point_reports_time_and_memory():
     assert row["ms"] > 0 and row["peak_mb"] >= 0 and row["steps"] == 1
 
 
+@pytest.mark.slow  # a child process or a build: tens of seconds
 def test_scaling_point_runs_out_of_memory_under_its_cap():
     # all pairs of 6000 nodes: 36M edges, >= 576 MB of indices alone; the cap is 200 MB
     (row,) = measure_scaling([6000], limit_mb=200, models=("gps_tgattn",))
