@@ -65,8 +65,8 @@ print(json.dumps({"status": status, "heavy": [name for name in heavy if name in 
 def answer(module, argv):
     """``(exit status, the heavy packages imported, stdout + stderr)`` of ``python -m module *argv``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", PROBE, module, json.dumps(argv), json.dumps(HEAVY)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
+    done = subprocess.run([sys.executable, "-c", PROBE, module, json.dumps(argv), json.dumps(HEAVY)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert done.stdout.strip(), done.stderr  # the probe prints its report last, unless the command crashed
     report = json.loads(done.stdout.splitlines()[-1])
     return report["status"], report["heavy"], done.stdout + done.stderr
