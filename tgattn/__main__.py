@@ -1,8 +1,8 @@
 """Command line: ``python -m tgattn <command>``.
 
 Its help, argument errors and unknown commands come from argparse before torch or PyG is
-imported (``import tgattn`` is lazy): each command imports what it runs once its arguments
-parse. Only ``show`` needs its own module to describe its arguments.
+imported (``import tgattn`` is lazy, and so is :mod:`tgattn.analysis.show`, which describes
+show's arguments): each command imports what it runs once its arguments parse.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from ._cli import BACKENDS, missing_plot_extra, run
+from .analysis.show import add_arguments as show_arguments
 
 DESCRIPTION = ("tgattn's commands: check that graph attention equals dense attention on this machine, "
                "compile the fused C++ kernel ahead of the first call, or draw which tokens influence a token.")
@@ -26,28 +27,17 @@ SHOW = ("Draw which tokens influence a token: attention, rollout and flow over t
         "token to see what it attends to and what influences it.")
 
 
-def parser(command=None):
-    """``(parser, the show subparser)``; show's arguments are added only when ``command`` is ``"show"``."""
-    top = argparse.ArgumentParser(prog="python -m tgattn", description=DESCRIPTION)
-    commands = top.add_subparsers(dest="command", required=True)
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tgattn", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True)
     verify = commands.add_parser("verify", help="check graph attention against dense attention on every builder",
                                  description=VERIFY)
     verify.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend to verify (default: auto)")
     commands.add_parser("build", help="compile the fused C++ kernel now (a no-op when built)", description=BUILD)
     show = commands.add_parser("show", help="draw which tokens influence a token (attention, rollout, flow)",
                                description=SHOW)
-    if command == "show":
-        from .analysis.show import add_arguments
-
-        add_arguments(show)
-    return top, show
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((arg for arg in argv if not arg.startswith("-")), None)  # the top level has no option but -h
-    top, show = parser(command)
-    args = top.parse_args(argv)
+    show_arguments(show)
+    args = parser.parse_args(argv)
     if args.command == "verify":
         from .verify import main as verify_main
 
