@@ -15,7 +15,7 @@ PACKAGE = REPO / "tgattn"
 # Lowest first. A module belongs to the layer of its longest listed prefix; anything in a layer
 # may import from its own layer (when that makes no cycle) and from the layers below.
 LAYERS = [
-    ("helpers", ["tgattn._lazy", "tgattn._cli"]),  # import nothing of tgattn; every room uses them
+    ("helpers", ["tgattn._cli"]),  # imports nothing of tgattn; every room uses it
     ("engine", ["tgattn.engine"]),
     ("functional", ["tgattn.functional", "tgattn.edgeset"]),  # edgeset: the prepared set's public face
     ("builders", ["tgattn.builders"]),

@@ -8,10 +8,10 @@ The package is layered, each role in one room importing only from the rooms belo
 engine < functional < builders < nn (with data, datasets) < models / lm / hf / distributed /
 analysis / verify < bench and the command lines (docs/conventions.md, "Layering").
 
-Names are imported on first use (:mod:`tgattn._lazy`): ``import tgattn`` loads neither torch
+Names are imported on first use (:func:`tgattn._cli.lazy_exports`): ``import tgattn`` loads neither torch
 nor PyG, so the command lines answer ``--help`` and bad arguments at once.
 """
-from ._lazy import lazy_exports
+from ._cli import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["GraphAttention", "GraphAttentionConv", "builders", "data", "functional"]

@@ -1,4 +1,8 @@
-"""Shared pieces of tgattn's command lines: argument types, the plot extra, one-line errors.
+"""Shared pieces of tgattn's command lines: lazy exports, argument types, the plot extra, one-line errors.
+
+Lazy exports (PEP 562, :func:`lazy_exports`): a package names its public objects, each imported
+on first use, so that ``import tgattn`` and every ``--help`` cost no torch or PyG import; the
+first ``tgattn.GraphAttention`` imports :mod:`tgattn.nn.attention` and keeps the result.
 
 Every command line turns bad input into argparse's one-line ``error:`` and exit status 2:
 values are checked as they are parsed (the types below), settings when the command starts,
@@ -9,15 +13,51 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 # The backends tgattn.functional.graph_attention accepts (it re-exports this tuple): defined here,
 # where no torch is imported, so that ``python -m tgattn verify --help`` lists them at once.
 BACKENDS = ("auto", "gather", "dense", "tile", "fused", "csr", "triton", "tc")
+
+
+def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable[[str], object], Callable[[], List[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``.
+
+    Args:
+        package: the package's ``__name__``.
+        exports: public name -> the submodule (relative to ``package``) that defines it; a
+            name equal to its submodule's is the submodule itself. Other submodules are
+            imported on attribute access too (``tgattn.engine``), as an eager package did.
+
+    Example:
+        >>> getattr_, dir_ = lazy_exports("json", {"JSONDecoder": "decoder", "scanner": "scanner"})
+        >>> getattr_("JSONDecoder").__name__, getattr_("scanner").__name__, "JSONDecoder" in dir_()
+        ('JSONDecoder', 'json.scanner', True)
+    """
+
+    def __getattr__(name: str):
+        if name.startswith("_"):
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        target = exports.get(name, name)
+        try:
+            module = importlib.import_module(f"{package}.{target}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{package}.{target}":
+                raise
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = module if target == name else getattr(module, name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> List[str]:
+        return sorted(set(vars(sys.modules[package])) | set(exports))
+
+    return __getattr__, __dir__
 
 
 def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:

@@ -18,7 +18,7 @@ Names are imported on first use, so the command line answers ``--help`` without 
 Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
 below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
 """
-from .._lazy import lazy_exports
+from .._cli import lazy_exports
 
 __all__ = [
     "Influencers",

@@ -4,7 +4,7 @@ Layer "applications" (with models, lm, hf, distributed, analysis, verify): built
 below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
 Its benchmark, :mod:`tgattn.lm.bench`, sits with the benchmarks.
 """
-from .._lazy import lazy_exports
+from .._cli import lazy_exports
 
 __all__ = [
     "CharTokenizer",

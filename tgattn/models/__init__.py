@@ -3,7 +3,7 @@
 Layer "applications" (with models, lm, hf, distributed, analysis, verify): built on the layers
 below, never importing a benchmark or a command line (docs/conventions.md, "Layering").
 """
-from .._lazy import lazy_exports
+from .._cli import lazy_exports
 
 __all__ = ["GPT", "GPTConfig", "PATTERNS", "generate", "make_pattern"]
 
