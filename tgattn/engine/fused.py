@@ -1,6 +1,6 @@
 """Fused backend: a C++ kernel that walks each query's CSR row once per direction.
 
-The kernel (``fused.cpp``) computes scores, softmax and aggregation for a block of query rows
+The kernel (``csrc/``: forward.h, backward.h) computes scores, softmax and aggregation for a block of query rows
 in one pass, reading the caller's ``[N, H, d]`` tensors in place, and skips the
 dot products of edges whose bias is ``-inf``. As in FlashAttention-2 (Dao, 2023), the forward
 saves the log-sum-exp per query and head and the backward recomputes the weights from it,
@@ -87,7 +87,7 @@ class FusedAttention(torch.autograd.Function):
     log-sum-exp includes the sink, so the backward recomputes the weights with it; the kernel
     forms the sinks' gradient from it and its deltas.
     Per-edge terms in factored form (``features [E, F]`` in the caller's edge order, read through
-    ``s.perm``; see ``EdgeTerms`` in ``fused.cpp``): ``edge_q [n_q, H, F]`` (``W_h^T q_i``, compute dtype) adds ``scale <edge_q_i, e_ij>``
+    ``s.perm``; see ``EdgeTerms`` in ``csrc/terms.h``): ``edge_q [n_q, H, F]`` (``W_h^T q_i``, compute dtype) adds ``scale <edge_q_i, e_ij>``
     to each score, and ``sums=True`` returns ``s_i = sum_j a_ij e_ij`` ``[n_q, H, F]`` (compute dtype,
     the weights as applied to the values) as a third output (else an empty tensor); the backward
     returns the gradients of ``edge_q`` and the features.
@@ -123,7 +123,7 @@ class FusedAttention(torch.autograd.Function):
             return (*grads, *unused)
         if grad_out is None:  # only the returned weights or the value sums got a gradient
             grad_out = torch.zeros_like(out)
-        # float16 / bfloat16: the kernel sums dq in a pass over query rows (see query_pass in fused.cpp),
+        # float16 / bfloat16: the kernel sums dq in a pass over query rows (see query_pass in csrc/ops.cpp),
         # which needs perm_t and col.
         query_pass = q.dtype in (torch.float16, torch.bfloat16)
         with_perm = bias is not None or ctx.p > 0 or grad_weights is not None or features is not None or query_pass

@@ -1,7 +1,8 @@
-"""The fused C++ extension (``fused.cpp``): building and loading it, and its cache of freed buffers.
+"""The fused C++ extension (``csrc/``): loading it, and its cache of freed buffers.
 
-The extension is compiled on first use with :func:`torch.utils.cpp_extension.load` (about
-half a minute, cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
+The extension (:data:`~tgattn.engine.build.FUSED`) is compiled on first use, or ahead of it by
+``python -m tgattn build``, with :func:`torch.utils.cpp_extension.load` (its units side by
+side on every core, with progress; cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
 ``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false (one
 warning says why) and the engine runs the CSR backend instead: same results, slower.
 
@@ -22,16 +23,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .build import load_extension
+from .build import FUSED
 from .precision import compute_dtype
 
-_SOURCE = Path(__file__).with_name("fused.cpp")
 _state = {"tried": False, "ok": False, "fakes": False}
 
 
@@ -49,15 +48,7 @@ def available() -> bool:
             warnings.warn(f"tgattn: TGATTN_NO_FUSED={os.environ['TGATTN_NO_FUSED']} turns the fused C++ kernel off; "
                           "using the CSR backend (same results, slower)")
             return False
-        _state["ok"] = load_extension(
-            "tgattn_fused",
-            _SOURCE,
-            cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
-            ldflags=["-fopenmp"],
-            fallback="the CSR backend",
-            label="the fused C++ kernel",
-            expect="15-60 s",
-        )
+        _state["ok"] = FUSED.load()
         if _state["ok"] and limit is not None:
             torch.ops.tgattn_fused.cache_limit(limit)
     return _state["ok"]
