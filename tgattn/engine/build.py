@@ -218,7 +218,7 @@ FUSED = Extension(
     ldflags=("-fopenmp",),
     fallback="the CSR backend",
     label="the fused C++ kernel",
-    expect="about 60 s with 2 cores, 110 s with one (measured: docs/engine.md)",
+    expect="about 79 s on 2 idle cores, 150 s on one (from the compiler CPU measured in docs/engine.md)",
 )
 
 EXTENSIONS = (FUSED,)  # every C++ extension of the package: what prebuild builds

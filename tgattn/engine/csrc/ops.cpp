@@ -187,7 +187,6 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   return {out, lse, w};
 }
 
-
 // Key blocks per head in the backward pass: the dq rows a block writes may be another block's,
 // so every block but the first gets its own dq (summed at the end). With 8 or more heads one
 // block per head keeps every thread busy; fewer heads split keys, at (blocks - 1) copies of dq
