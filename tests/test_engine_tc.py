@@ -225,3 +225,18 @@ def test_every_launch_of_a_tc_call_is_among_the_compiled_configurations(monkeypa
     compiled = {_meta_key(aot.launch_of(c)) for c in aot.configurations() if c.dtype == dtype and c.head_dim == d}
     assert len(set(seen)) == 9  # forward bare / with remainder and cap; dq, dk dv with / without cap; 3 grouped
     assert set(seen) <= compiled, set(seen) - compiled
+
+
+def test_a_prepared_set_carries_the_plan_the_backend_runs():
+    # EdgeSet.tile_plan is the plan backend="tc" takes for such inputs: planned once, kept in the set.
+    import tgattn
+
+    n, heads, d = 40, 2, 16
+    es = tgattn.prepare(builders.window(n, 5).to(DEVICE), n, n)
+    plan = es.tile_plan(torch.float16, d)
+    assert plan.tc_edges == es.num_edges  # 64 x 64 tiles of a window this narrow are dense enough
+    q, k, v, _ = inputs(n, n, heads, d)  # float64 leaves for the oracle
+    out = graph_attention(*(t.detach().half().to(DEVICE) for t in (q, k, v)), es, backend="tc")
+    assert es.tile_plan(torch.float16, d) is plan
+    assert sum(1 for key in es.structure.extras if key[0] == "tc") == 1  # the call planned nothing more
+    assert max_err(out.double().cpu(), oracle(q, k, v, builders.window(n, 5))) < DTYPE_TOL[torch.float16]

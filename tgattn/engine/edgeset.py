@@ -118,6 +118,25 @@ class EdgeSet:
         """
         return self._structure.memo(key, make)
 
+    def tile_plan(self, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64, *, group: int = 1):
+        """The tensor-core tile plan (:class:`~tgattn.engine.triton.tile_plan.TilePlan`) that
+        ``backend="tc"`` runs for inputs of ``dtype`` and ``head_dim`` with ``group`` query heads a
+        key/value head: made once per set and shape, kept in the set (:meth:`derived`), and the very
+        object the backend uses, so a prepared set is planned once however many calls run on it.
+
+        Example:
+            >>> n = 256  # a window of radius 16: its tiles are dense enough for tensor cores
+            >>> rows = torch.arange(n).repeat_interleave(33); cols = rows + torch.arange(-16, 17).repeat(n)
+            >>> keep = (cols >= 0) & (cols < n)
+            >>> es = prepare(torch.stack([cols[keep], rows[keep]]), n, n)
+            >>> plan = es.tile_plan(torch.bfloat16, 64)
+            >>> (plan.block_m, plan.block_n), plan.tc_share, es.tile_plan(torch.bfloat16, 64) is plan
+            ((64, 64), 1.0, True)
+        """
+        from .triton.tc import plan_for_inputs
+
+        return plan_for_inputs(self._structure, dtype, head_dim, group)[0]
+
     def to(self, device: Union[str, torch.device]) -> "EdgeSet":
         """This edge set on ``device``: ``self`` where it is already, else its analysis moved (made once
         per device and kept, :meth:`derived`), so that a set prepared on the CPU (in a data loader's

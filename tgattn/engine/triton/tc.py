@@ -55,10 +55,11 @@ def tiles_take(q: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: float, r
 
 
 def plan_for(s: Structure, blocks: Tuple[int, int], min_fill: float) -> Tuple[TilePlan, Structure]:
-    """``(plan, rest)``: the tile plan of ``s`` and its scattered remainder as a structure, cached on ``s``."""
-    key = ("tc", blocks, min_fill)
-    cached = s.extras.get(key)
-    if cached is None:
+    """``(plan, rest)``: the tile plan of ``s`` and its scattered remainder as a structure, made once
+    per set, block shape and threshold and kept in the set (:meth:`Structure.memo`, thread-safe), so
+    that a prepared :class:`~tgattn.engine.edgeset.EdgeSet` carries its plan from call to call."""
+
+    def make() -> Tuple[TilePlan, Structure]:
         plan = plan_tiles(s.rowptr, s.src, s.n_q, s.n_k, block_m=blocks[0], block_n=blocks[1], min_fill=min_fill)
         counts = plan.rest_ptr[1:] - plan.rest_ptr[:-1]
         rest = Structure(
@@ -66,16 +67,19 @@ def plan_for(s: Structure, blocks: Tuple[int, int], min_fill: float) -> Tuple[Ti
             dst=torch.repeat_interleave(torch.arange(s.n_q, device=counts.device), counts), rowptr=plan.rest_ptr,
             duplicates=s.duplicates,
         )
-        cached = s.extras[key] = (plan, rest)
-    return cached
+        return plan, rest
+
+    return s.memo(("tc", blocks, min_fill), make)
 
 
-def _plan_of(q: Tensor, v: Tensor, s: Structure, group: int = 1, blocks: Optional[Tuple[int, int]] = None,
-             min_fill: Optional[float] = None) -> Tuple[TilePlan, Structure]:
-    """:func:`plan_for` at the blocks and break-even of inputs like ``q``, ``v`` (tile rows: queries x ``group`` heads)."""
-    d = max(q.shape[2], v.shape[2])
-    blocks = blocks or choose_blocks(q.dtype, d)
-    min_fill = break_even_fill(*blocks, d, q.dtype) if min_fill is None else min_fill
+def plan_for_inputs(s: Structure, dtype: torch.dtype, head_dim: int, group: int = 1,
+                    blocks: Optional[Tuple[int, int]] = None, min_fill: Optional[float] = None
+                    ) -> Tuple[TilePlan, Structure]:
+    """:func:`plan_for` at the blocks (:func:`~.tile_plan.choose_blocks`) and break-even
+    (:func:`~.tile_cost.break_even_fill`) of inputs of ``dtype`` and ``head_dim`` (the larger of
+    the key and value dims), tile rows holding queries x ``group`` heads that share a key head."""
+    blocks = blocks or choose_blocks(dtype, head_dim)
+    min_fill = break_even_fill(*blocks, head_dim, dtype) if min_fill is None else min_fill
     return plan_for(s, (max(1, blocks[0] // group), blocks[1]), min_fill)
 
 
@@ -85,7 +89,7 @@ def tiles_pay(q: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], dropou
     the backend is named, its tile plan (planned here, cached on ``s``) puts edges on tensor cores."""
     if not tiles_take(q, v, bias, dropout_p, return_weights):
         return False
-    return named or (s.num_edges > 0 and _plan_of(q, v, s)[0].tc_edges > 0)
+    return named or (s.num_edges > 0 and plan_for_inputs(s, q.dtype, max(q.shape[2], v.shape[2]))[0].tc_edges > 0)
 
 
 def _groups(x: Tensor, group: int):
@@ -182,7 +186,7 @@ def tc_attention(q: Tensor, k: Tensor, v: Tensor, s: Structure, bias: Optional[T
     if heads % kv_heads or v.shape[1] != kv_heads:
         raise ValueError(f"q's heads ({heads}) must be a multiple of k's and v's ({kv_heads}, {v.shape[1]})")
     group = heads // kv_heads
-    plan, rest = _plan_of(q, v, s, group, blocks, min_fill) if tiles_take(q, v, bias, dropout_p, return_weights, group) \
+    plan, rest = plan_for_inputs(s, q.dtype, max(q.shape[2], v.shape[2]), group, blocks, min_fill) if tiles_take(q, v, bias, dropout_p, return_weights, group) \
         else (None, None)
     # Nothing on tiles runs on the gather path alone: through the tile kernels' empty launches and
     # merge, a set with no tile ran 1.13-1.22x slower on the H100 (data/gpu/h100_suite, graph16).
