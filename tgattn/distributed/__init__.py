@@ -42,7 +42,7 @@ Layer "applications" (with models, lm, hf, distributed, analysis, verify): built
 below, never importing a benchmark or a command line (docs/conventions.md, "Layering"). Its command lines
 (:mod:`tgattn.distributed.gnn`, :mod:`tgattn.distributed.gpt`) sit with the benchmarks.
 """
-from .._lazy import lazy_exports
+from .._cli import lazy_exports
 from .launch import init, launch, spawn  # here, not lazily: the function launch shares its module's name
 
 __all__ = [
@@ -68,7 +68,7 @@ __all__ = [
     "spawn",
 ]
 
-# The rest is imported on first use (tgattn._lazy): the command lines answer --help before torch is imported.
+# The rest is imported on first use (tgattn._cli.lazy_exports): the command lines answer --help before torch is imported.
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
