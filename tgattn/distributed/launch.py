@@ -61,6 +61,9 @@ def _environment() -> Tuple[int, int, str, int]:
     return rank, world, values["MASTER_ADDR"], port
 
 
+SEEN_WAIT_S = 5.0  # how long rank 0 keeps the store up for a disagreeing rank to read its WORLD_SIZE
+
+
 def _meet(rank: int, world: int, host: str, port: int, timeout_s: float):
     """The rendezvous store, once every rank has joined it and all agree on ``WORLD_SIZE``.
 
@@ -91,6 +94,13 @@ def _meet(rank: int, world: int, host: str, port: int, timeout_s: float):
                 raise TimeoutError(f"rank {rank} of WORLD_SIZE={world} lost the rendezvous at {where}: "
                                    "rank 0 ended before every rank had joined") from None
             if theirs is not None:
+                if rank:  # rank 0 serves the store: it waits for this word before it ends on a disagreement
+                    store.set(f"tgattn/seen/{rank}", "1")
+                elif theirs != world:
+                    try:  # so that rank `other` reads rank 0's WORLD_SIZE and names the disagreement too
+                        store.wait([f"tgattn/seen/{other}"], timedelta(seconds=min(timeout_s, SEEN_WAIT_S)))
+                    except RuntimeError:
+                        pass
                 if theirs != world:
                     raise ValueError(f"rank {rank} has WORLD_SIZE={world} but rank {other} has WORLD_SIZE={theirs} "
                                      f"at {where}: start every rank with the same WORLD_SIZE")
