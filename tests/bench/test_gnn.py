@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 
-from tgattn.bench import gnn
+from tgattn.bench import gnn, gnn_workloads
 
 
 def test_ratios_are_taken_within_one_workload_mode_and_thread_count():
@@ -43,12 +43,12 @@ def test_molecules_with_edge_features_compare_one_function():
     nets = {}
     for model in ("transformer", "tgattn"):
         torch.manual_seed(0)
-        nets[model] = gnn.edge_net(model, features=8, channels=4, heads=2).double()
+        nets[model] = gnn_workloads.edge_net(model, features=8, channels=4, heads=2).double()
     x, edge_index = torch.randn(6, 8, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
-    e = torch.randn(6, gnn.EDGE_FEATURES, dtype=torch.float64)
+    e = torch.randn(6, gnn_workloads.EDGE_FEATURES, dtype=torch.float64)
     torch.testing.assert_close(nets["tgattn"](x, edge_index, e), nets["transformer"](x, edge_index, e),
                                rtol=1e-10, atol=1e-10)
-    rows = gnn._molecules_edges(["gat", "transformer", "tgattn", "tgattn_shared"], 1, _NoProgress())
+    rows = gnn_workloads.molecules_edges(["gat", "transformer", "tgattn", "tgattn_shared"], 1, _NoProgress())
     assert [r["model"] for r in rows] == ["gat", "transformer", "tgattn"] and all(r["ms"] > 0 for r in rows)
 
 

@@ -5,7 +5,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.utils.smiles import e_map, x_map
 
 from tgattn.bench import graph_transformers as bench
-from tgattn.bench import gt_tables, gt_training
+from tgattn.bench import gt_scaling, gt_tables, gt_training
 from tgattn.bench.gt_models import MoleculeNet, NodeNet, add_expander
 from tgattn.bench.gt_scaling import measure_point, measure_scaling, ring_with_chords
 from tgattn.bench.report import write_csv
@@ -126,7 +126,7 @@ def test_scaling_only_reuses_the_runs_of_out(tmp_path, monkeypatch, capsys):
                  min_ms_per_epoch=2.0, peak_mb=1.0, max_abs_diff_vs_mha="") for m in ("gps_mha", "gps_tgattn")]
     write_csv(runs, tmp_path / "runs.csv", list(runs[0]))
     rows = [{"model": "exphormer", "n": 100, "ms": 1.0, "peak_mb": 2.0, "note": ""}]
-    monkeypatch.setattr(bench, "measure_scaling", lambda *a, **k: rows)
+    monkeypatch.setattr(gt_scaling, "measure_scaling", lambda *a, **k: rows)
     assert bench.main(["--scaling-only", "--out", str(tmp_path), "--no-progress"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "wrote " + ", ".join(
         str(tmp_path / name) for name in ("scaling.csv", "results.csv", "results.md", "graph_transformers.png"))

@@ -14,7 +14,8 @@ import tgattn.distributed
 import tgattn.distributed.partition
 from conftest import one_line_error
 from tgattn.bench import __main__ as bench_main
-from tgattn.bench import attention, distributed, gnn, gpu, graph_transformers, planetoid
+from tgattn.bench import (attention, distributed, gnn, gnn_workloads, gpu, graph_transformers, gt_scaling, gt_training,
+                          models, planetoid)
 
 
 def _fail(*args, **kwargs):
@@ -30,11 +31,11 @@ def _any_device(device):
 COMMANDS = {
     "bench": (bench_main, ["--device", "cuda", "--no-progress"], []),  # its work: attention.sweep, gpu.gnn_steps
     "distributed": (distributed, [], []),  # its work: tgattn.distributed's spawn and partition_graph
-    "gnn": (gnn, ["--no-progress"], ["_molecules", "_molecules_edges", "_graph_workload", "new_edge_set_overhead"]),
+    "gnn": (gnn, ["--no-progress"], []),  # its work: gnn_workloads' workloads
     "gpu": (gpu, ["--no-progress"], ["gnn_steps"]),
-    "graph_transformers": (graph_transformers, ["--datasets", "Cora", "CiteSeer", "--no-progress"],
-                           ["run_task", "measure_scaling"]),
-    "planetoid": (planetoid, ["--dataset", "Cora", "CiteSeer", "--no-progress"], ["run_one", "train"]),
+    # its work: gt_training.run_task, gt_scaling.measure_scaling
+    "graph_transformers": (graph_transformers, ["--datasets", "Cora", "CiteSeer", "--no-progress"], []),
+    "planetoid": (planetoid, ["--dataset", "Cora", "CiteSeer", "--no-progress"], ["run_one"]),  # and models.train
 }
 
 
@@ -47,6 +48,11 @@ def no_work(monkeypatch):
     # the benchmarks that import their work when they run: patched where it is defined
     monkeypatch.setattr(attention, "sweep", _fail)
     monkeypatch.setattr(gpu, "gnn_steps", _fail)
+    for name in ("molecules", "molecules_edges", "graph_workload", "new_edge_set_overhead"):
+        monkeypatch.setattr(gnn_workloads, name, _fail)
+    monkeypatch.setattr(gt_training, "run_task", _fail)
+    monkeypatch.setattr(gt_scaling, "measure_scaling", _fail)
+    monkeypatch.setattr(models, "train", _fail)
     monkeypatch.setattr(tgattn.distributed, "spawn", _fail)
     monkeypatch.setattr(tgattn.distributed.partition, "partition_graph", _fail)
     monkeypatch.setattr(gpu, "check_device", _any_device)

@@ -31,13 +31,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from .._cli import out_help, run, runs_dir
-from .gt_models import MOLECULE_MODELS, NODE_MODELS
-from .gt_scaling import SCALING_MODELS, measure_scaling
+from .choices import MOLECULE_SETS, NODE_SETS
 from .gt_tables import read_scaling, write_tables
-from .gt_training import MOLECULE_SETS, NODE_SETS, epoch_timing, load, run_task
 from .report import read_rows, write_csv
 
 # Training settings (``--set KEY=VALUE`` overrides any of them). Every run stops early when the
@@ -124,7 +120,12 @@ def main(argv=None) -> int:
 def _bench(args, argv) -> int:
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
+    import torch
     from tqdm import tqdm
+
+    from .gt_models import MOLECULE_MODELS, NODE_MODELS
+    from .gt_scaling import SCALING_MODELS, measure_scaling
+    from .gt_training import epoch_timing, load, run_task
 
     torch.set_num_threads(args.threads)
     s, out = args.settings, Path(args.out)

@@ -15,11 +15,9 @@ from typing import Dict, List
 
 import torch
 
+from .choices import MOLECULE_SETS
 from .gt_models import MOLECULE_MODELS, MoleculeNet, NodeNet, add_expander
 from .measure import interleaved, peak_extra_mb
-
-MOLECULE_SETS = ("FreeSolv", "Solubility")
-NODE_SETS = ("Cora", "CiteSeer")
 
 
 def molecule_splits(name: str, rwse: int = 0):

@@ -21,11 +21,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import torch
-
 from .._cli import out_help, run, runs_dir
-from ..datasets import load_planetoid
-from .models import MODEL_NAMES, build_model, prepare, train
+from .choices import MODEL_NAMES
 from .report import write_csv
 
 DATASETS = ("Cora", "CiteSeer", "PubMed")
@@ -99,6 +96,11 @@ _GRAPHS: Dict[str, object] = {}  # per-process cache of prepared graphs
 def run_one(dataset: str, model: str, seed: int, *, data_root=None, epochs: int = 1000, patience: int = 100,
             threads: Optional[int] = None) -> dict:
     """Train ``model`` on ``dataset`` with ``seed``; the row that ``runs.csv`` gets."""
+    import torch
+
+    from ..datasets import load_planetoid
+    from .models import build_model, prepare, train
+
     if threads:
         torch.set_num_threads(threads)
     if dataset not in _GRAPHS:
@@ -119,6 +121,9 @@ def _bench(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     from tqdm import tqdm
+
+    from ..datasets import load_planetoid
+    from .models import prepare
 
     for dataset in args.dataset:  # first: a missing data set is one line (_cli.run) before any work
         _GRAPHS[dataset] = prepare(load_planetoid(dataset, args.data_root))
