@@ -240,3 +240,48 @@ def test_a_prepared_set_carries_the_plan_the_backend_runs():
     assert es.tile_plan(torch.float16, d) is plan
     assert sum(1 for key in es.structure.extras if key[0] == "tc") == 1  # the call planned nothing more
     assert max_err(out.double().cpu(), oracle(q, k, v, builders.window(n, 5))) < DTYPE_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["edge_index", "EdgeSet"])
+@pytest.mark.parametrize("backend", ["tc", "triton"])
+def test_graph_attention_takes_grouped_heads_and_tc_reads_them_in_place(backend, prepared, monkeypatch):
+    # Eight query heads on two key/value heads (G = 4) against SDPA's enable_gqa in float64; on tc the
+    # tiles get k and v as given (no repeated copy), on triton the repeated heads.
+    import tgattn
+    import torch.nn.functional as F
+
+    n, group, d = 40, 4, 16
+    ei = builders.window(n, 5)
+    edges = tgattn.prepare(ei.to(DEVICE), n, n) if prepared else ei.to(DEVICE)
+    q, _, _, grad_out = inputs(n, n, heads=8, dk=d)
+    _, k, v, _ = inputs(n, n, heads=8 // group, dk=d, seed=1)
+    q, k, v, grad_out = (t.detach().half() for t in (q, k, v, grad_out))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    mine = _dev(q, k, v)
+    tk, seen = tile_kernels_module(), []
+    launch = tk.forward_launch
+    monkeypatch.setattr(tk, "forward_launch", lambda q, k, *rest: seen.append(k.shape[1]) or launch(q, k, *rest))
+    out = graph_attention(*mine, edges, backend=backend)
+    assert seen == ([8 // group] if backend == "tc" else [])
+    if prepared and backend == "tc":  # the set's plan of G heads per tile is the one the call ran
+        assert edges.tile_plan(torch.float16, d, group=group).tc_edges == edges.num_edges
+    mask = builders.to_mask(ei, n, n)
+    ref = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in exact), attn_mask=mask,
+                                         enable_gqa=True).transpose(0, 1)
+    tol = DTYPE_TOL[torch.float16]
+    assert out.dtype == torch.float16 and max_err(out.cpu().double(), ref) <= tol
+    for a, b, t in zip(_grads(out, mine, grad_out), torch.autograd.grad(ref, exact, grad_out.double()), mine):
+        assert a.shape == t.shape  # dk, dv [N, H / G, d]: summed over each group
+        assert max_err(a.double(), b) <= 4 * tol * max(1.0, b.abs().max().item())
+
+
+def test_auto_plans_grouped_calls_with_the_tiles_they_run_on():
+    # tiles_pay (auto's test) plans a grouped call at G query heads per tile row, the plan tc_attention takes;
+    # a group that is not a power of two stays off the tiles.
+    from tgattn.engine.triton.tc import tiles_pay
+
+    s = engine.analyse(builders.window(40, 5).to(DEVICE), 40, 40)
+    q = torch.zeros(40, 8, 16, dtype=torch.float16, device=DEVICE)
+    assert tiles_pay(q, q[:, :2], s, None, 0.0, False)
+    assert [key[1] for key in s.extras if isinstance(key, tuple) and key[0] == "tc"] == [(64 // 4, 64)]
+    assert not tiles_pay(q[:, :6], q[:, :2], s, None, 0.0, False, named=True)

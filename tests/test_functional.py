@@ -147,7 +147,8 @@ def test_bad_edge_index_is_named(edge_index, match):
 @pytest.mark.parametrize(
     "shapes, match",
     [
-        (((3, 2, 4), (3, 1, 4), (3, 1, 4)), "same number of heads"),
+        (((3, 3, 4), (3, 2, 4), (3, 2, 4)), r"multiple of k's.*got q 3, k 2 and v 2 heads"),
+        (((3, 2, 4), (3, 1, 4), (3, 2, 4)), r"v must have k's.*got q 2, k 1 and v 2 heads"),
         (((3, 2, 4), (3, 2, 5), (3, 2, 4)), "same head dim"),
         (((3, 2, 4), (3, 2, 4), (2, 2, 4)), "same number of nodes"),
         (((3, 8), (3, 2, 4), (3, 2, 4)), r"q must have shape \[N, H, d\]"),

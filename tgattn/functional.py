@@ -90,10 +90,18 @@ def graph_attention(
       never served a stale result (on a GPU against its version counter instead, which sees
       every in-place write made through PyTorch: :func:`tgattn.engine.analysis.device_stamp`).
 
+    * Grouped-query attention: ``k`` and ``v`` may have ``Hkv`` heads, ``H`` a multiple of ``Hkv``;
+      query head ``h`` then attends with key / value head ``h // (H / Hkv)``, the convention of
+      ``scaled_dot_product_attention(..., enable_gqa=True)``, and the gradients of ``k`` and ``v``
+      sum over each head's group. ``backend="tc"`` (and ``"auto"`` where it runs ``tc``) reads the
+      grouped heads in place, several query heads on each tile; every other backend runs on ``k`` and
+      ``v`` repeated to ``H`` heads. Per-head options (``bias``, ``edge_scale``, ``sinks``, the
+      returned weights, edge terms) stay per query head.
+
     Args:
         q: queries ``[Nq, H, dk]``.
-        k: keys ``[Nk, H, dk]``.
-        v: values ``[Nk, H, dv]``.
+        k: keys ``[Nk, H, dk]``, or ``[Nk, Hkv, dk]`` with ``H`` a multiple of ``Hkv`` (grouped heads).
+        v: values ``[Nk, H or Hkv, dv]``, as many heads as ``k``.
         edge_index: ``LongTensor[2, E]``; row 0 = key j, row 1 = query i; or an
             :class:`~tgattn.EdgeSet` prepared for ``Nq`` queries and ``Nk`` keys.
         bias: additive edge scores ``[E]`` (shared by heads) or ``[E, H]``, of ``q``'s dtype
@@ -163,6 +171,10 @@ def graph_attention(
         >>> ek = (e @ w.T).view(15, 2, 4)  # the same terms as vectors [E, H, d]
         >>> torch.allclose(with_edges, graph_attention(q, k, v, builders.causal(5), edge_key=ek, edge_value=ek))
         True
+        >>> kv = torch.randn(5, 1, 4)  # grouped-query heads: both query heads read the one key/value head
+        >>> grouped = graph_attention(q, kv, kv, builders.causal(5))
+        >>> torch.allclose(grouped, graph_attention(q, kv.expand(5, 2, 4), kv.expand(5, 2, 4), builders.causal(5)))
+        True
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1) (got {dropout_p})")
@@ -218,6 +230,7 @@ def attention_with_edge_terms(
     kernel's seed) that both value terms share.
     """
     check_qkv(q, k, v)
+    k, v = engine.dispatch.query_heads(k, v, q.shape[1])  # edge terms never run on tc's tiles
     if softcap is not None:
         check_softcap(softcap, q.dtype)
     compiling = torch.compiler.is_compiling()

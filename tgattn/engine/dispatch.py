@@ -15,6 +15,9 @@ of the call, never from the values of ``q``, ``k``, ``v``:
 A ``softcap`` or ``sinks`` (Gemma 2, gpt-oss) runs on the fused kernel on the CPU from every
 backend name but ``csr`` (SDPA and the tiles take neither), on ``triton`` where it runs, else on ``csr``.
 
+Grouped-query heads (``k``, ``v`` with ``H / G`` heads) run in place on ``tc``'s tiles; every other
+backend takes them repeated to ``H`` heads (:func:`query_heads`).
+
 On CUDA, ``triton`` (:mod:`tgattn.engine.triton`) takes every call that ``dense`` does not,
 when Triton is installed; it honours every option but ``edge_scale`` (softcap and sinks
 included), runs float16 / bfloat16 natively and needs no NaN check (no host sync). Where the
@@ -194,7 +197,8 @@ def run(
     softcap: Optional[float] = None,
     sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Attention on structure ``s``; ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order,
+    """Attention on structure ``s``; ``k``, ``v`` have ``H`` heads or ``H / G`` (grouped-query heads,
+    :func:`query_heads`); ``bias`` and ``edge_scale`` are ``[E, 1 or H]`` in the caller's edge order,
     ``sinks`` is ``[H]``; ``softcap`` and ``sinks`` run on ``triton`` where it runs, else on ``fused`` or ``csr``.
 
     float16 / bfloat16 inputs run in float32 (outputs in the input dtype), and autocast is off
@@ -222,6 +226,8 @@ def run(
         # touch the bad key, and the fused kernel skips -inf-biased edges whose NaN score the
         # oracle keeps (and its max drops a NaN bias or sink). The CSR kernels touch every edge and nothing else.
         chosen = "csr"
+    if chosen != "tc":  # the tiles read grouped heads in place; every other backend takes one key head per query head
+        k, v = query_heads(k, v, q.shape[1])
     bias, edge_scale = _sorted(bias, s), _sorted(edge_scale, s)
     # Triton and the fused kernel read half precision as it is and accumulate in float32 themselves.
     work = dtype if chosen in ("triton", "tc", "fused") else compute_dtype(dtype)
@@ -241,6 +247,19 @@ def run(
     if not return_weights or weights is None:
         return out, None
     return out, _callers_order(weights, s).to(dtype)
+
+
+def query_heads(k: Tensor, v: Tensor, heads: int) -> Tuple[Tensor, Tensor]:
+    """``k``, ``v`` with ``heads`` heads: grouped-query heads ``[N, H / G, d]`` repeated ``G`` times each
+    (query head ``h`` reads key head ``h // G``, SDPA's ``enable_gqa``), else as given.
+
+    Example:
+        >>> k = torch.arange(2.0).view(1, 2, 1)
+        >>> query_heads(k, k, 4)[0].flatten().tolist()
+        [0.0, 0.0, 1.0, 1.0]
+    """
+    group = heads // k.shape[1]
+    return (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
 
 
 def _finite(bias: Optional[Tensor], *tensors: Tensor, sinks: Optional[Tensor] = None) -> bool:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from . import recompute
 from .analysis import on_host
-from .dispatch import compute_dtype, run
+from .dispatch import compute_dtype, query_heads, run
 from .edgeset import EdgeSet, structure_of
 from .touched import on_touched_keys
 from .validate import check_device, check_edge_index
@@ -35,10 +35,11 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     check_device("v", v, q)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
-    if not (q.shape[1] == k.shape[1] == v.shape[1]):
-        raise ValueError(f"q, k, v must have the same number of heads (got {q.shape[1]}, {k.shape[1]}, {v.shape[1]})")
     if q.shape[1] == 0 or q.shape[2] == 0:
         raise ValueError(f"q must have at least one head and a head dim >= 1 (got {list(q.shape)})")
+    if k.shape[1] != v.shape[1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:  # grouped-query heads: H = G * Hkv
+        raise ValueError(f"q's number of heads must be a multiple of k's, and v must have k's (grouped-query "
+                         f"attention; got q {q.shape[1]}, k {k.shape[1]} and v {v.shape[1]} heads)")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same head dim (got {q.shape[2]} and {k.shape[2]})")
     if k.shape[0] != v.shape[0]:
@@ -142,6 +143,7 @@ def eager_graph_attention(
         scale = q.shape[-1] ** -0.5
     if backend == "gather" or num_edges == 0:
         ei = edge_index.edge_index if prepared else check_edge_index(edge_index, k.shape[0], q.shape[0])
+        k, v = query_heads(k, v, q.shape[1])
         work = compute_dtype(q.dtype)
         cast = (lambda t: t) if work == q.dtype else (lambda t: None if t is None else t.to(work))  # noqa: E731
         mult = edge_scale

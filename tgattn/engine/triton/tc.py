@@ -86,10 +86,13 @@ def plan_for_inputs(s: Structure, dtype: torch.dtype, head_dim: int, group: int 
 def tiles_pay(q: Tensor, v: Tensor, s: Structure, bias: Optional[Tensor], dropout_p: float, return_weights: bool, *,
               named: bool = False) -> bool:
     """Whether ``tc`` runs this call: the tiles take its options (:func:`tiles_take`) and, unless
-    the backend is named, its tile plan (planned here, cached on ``s``) puts edges on tensor cores."""
-    if not tiles_take(q, v, bias, dropout_p, return_weights):
+    the backend is named, its tile plan (planned here, cached on ``s``) puts edges on tensor cores.
+    ``v`` may have ``H / G`` heads (grouped-query attention): the plan is then the one of ``G`` heads per tile."""
+    group = q.shape[1] // v.shape[1]
+    if not tiles_take(q, v, bias, dropout_p, return_weights, group):
         return False
-    return named or (s.num_edges > 0 and plan_for_inputs(s, q.dtype, max(q.shape[2], v.shape[2]))[0].tc_edges > 0)
+    return named or (s.num_edges > 0
+                     and plan_for_inputs(s, q.dtype, max(q.shape[2], v.shape[2]), group)[0].tc_edges > 0)
 
 
 def _groups(x: Tensor, group: int):
