@@ -382,6 +382,24 @@ def test_softcap_and_sinks_of_grouped_heads_with_gradients(name):
     assert_call_equals_oracle(edge_mask(2, 5, 5, attention_mask=pad), dense, softcap=1.5, **{name: sinks})
 
 
+@pytest.mark.parametrize("topk", [None, 2])
+def test_grouped_heads_go_to_graph_attention_in_one_call_as_they_are(topk, monkeypatch):
+    # One call with k, v of their own two heads (backend="tc" reads them in place), equal to the oracle.
+    from tgattn.hf import attention
+
+    calls, attend = [], attention.graph_attention
+    monkeypatch.setattr(attention, "graph_attention",
+                        lambda q, k, *rest, **kw: calls.append((q.shape[1], k.shape[1])) or attend(q, k, *rest, **kw))
+    mask = edge_mask(2, 5, 5)
+    mask.topk = topk
+    if topk is None:
+        assert_call_equals_oracle(mask, masking.sdpa_mask(batch_size=2, q_length=5, kv_length=5,
+                                                          allow_is_causal_skip=False))
+    else:  # tests/test_hf_topk.py checks top-k's results against the oracle
+        th.attention_forward(None, *grouped_qkv(), mask)
+    assert calls[0] == (4, 2) and len(calls) == 1
+
+
 @pytest.mark.parametrize("kind", ["float per head", "bool per head", "float broadcast over queries"])
 def test_dense_masks_from_the_model_per_head_and_broadcast(kind):
     g = torch.Generator().manual_seed(5)

@@ -120,6 +120,10 @@ def best_per_target(scores: Tensor, dst: Tensor, n_q: int, k_top: int) -> Tensor
         >>> best_per_target(scores, torch.tensor([0, 0, 0, 1]), 2, 2).view(-1)
         tensor([False,  True,  True,  True])
     """
+    if scores.shape[1] > 1 and scores.device.type == "cpu":
+        # One column at a time: sorting the columns of [E, H] in place walks strided memory (measured
+        # E = 1.04M, H = 8, one thread: 1.8-1.9 s by columns against 2.8-3.3 s at once, the same keep).
+        return torch.stack([best_per_target(col.unsqueeze(1), dst, n_q, k_top)[:, 0] for col in scores.unbind(1)], 1)
     by_score = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [E, H]
     by_target = torch.sort(dst[by_score], dim=0, stable=True).indices  # [E, H]
     order = by_score.gather(0, by_target)  # [E, H]: edges by (target, score desc)

@@ -166,12 +166,14 @@ def best_keys(q: Tensor, k: Tensor, mask: EdgeMask, bias: Optional[Tensor], scal
               softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     """Each query head's ``mask.topk`` keys with the largest logits, as the softmax sees them.
 
-    ``q [Nq, H, d]``, ``k [Nk, H, d]``, ``bias [E, H]``, ``[E]`` or ``None`` on ``mask``'s edges.
+    ``q [Nq, H, d]``, ``k [Nk, H or Hkv, d]`` (grouped heads: query head ``h`` uses key head ``h // (H / Hkv)``),
+    ``bias [E, H]``, ``[E]`` or ``None`` on ``mask``'s edges.
     Returns ``(edge_index [2, E'], bias [E', H], used [E])``: the edges some head keeps, their
     bias (``-inf`` where a head drops the edge) and which of the mask's edges they are.
     """
     src, dst = mask.edge_index
     with torch.no_grad():
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)  # one key head per query head (a copy, scores only)
         logits = edge_scores(q, k, src, dst) * (q.shape[-1] ** -0.5 if scale is None else scale)  # [E, H]
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
@@ -199,11 +201,9 @@ def attention_forward(
 ) -> Tuple[Tensor, None]:
     """transformers' attention call, run by :func:`tgattn.functional.graph_attention`.
 
-    Grouped-query attention reads each key / value head in place: the query heads
-    ``g, G + g, 2G + g, ...`` (one per key head, ``G = Hq / Hkv``) attend in one call, so
-    query head ``h`` uses key head ``h // G`` and keys / values are never repeated. (Measured
-    at n = 8192, Hkv = 2, G = 4, d = 64, causal window 256 on 2 cores: 0.87 s for the G
-    calls against 2.95 s for one call over G query nodes per token with G times the edges.)
+    Grouped-query attention is one call of :func:`~tgattn.functional.graph_attention` with
+    ``k``, ``v`` of ``Hkv`` heads (query head ``h`` uses key head ``h // G``, ``G = Hq / Hkv``):
+    the ``tc`` backend reads them in place, G query heads a tile; the others repeat them.
 
     Args:
         module: the attention module (its ``is_causal`` is used only when no mask is given).
@@ -243,36 +243,26 @@ def attention_forward(
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
     mask = _sized(_as_edge_mask(attention_mask, module, batch_size, q_length, kv_length, is_causal), module,
                   batch_size, q_length, kv_length)
-    groups = heads // kv_heads
     dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     bias = _score_bias(mask, kwargs.get("position_bias"), heads, dtype)  # [E, Hq], [E] or None
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     sinks = None if sinks is None else sinks.to(dtype)  # [Hq], or [B, Hq, Tq, 1]: one per query (Inkling 2)
-    q = query.transpose(1, 2).reshape(batch_size * q_length, kv_heads, groups, dim)  # [Nq, Hkv, G, d]
+    q = query.transpose(1, 2).reshape(batch_size * q_length, heads, dim)  # [Nq, Hq, d]
     k = key.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, dim)  # [Nk, Hkv, d]
     v = value.transpose(1, 2).reshape(batch_size * kv_length, kv_heads, value.shape[-1])  # [Nk, Hkv, dv]
     per_query = sinks is not None and sinks.dim() > 1
+    edge_index, used = mask.edge_set, None
     if per_query:
-        k, v, sink_edges, bias = _with_sink_keys(sinks, k, v, mask, bias, heads, module)
+        k, v, edge_index, bias = _with_sink_keys(sinks, k, v, mask, bias, heads, module)
+        sinks = None
+    if mask.topk is not None:
+        edge_index, bias, used = best_keys(q, k, mask, bias, scaling, kwargs.get("softcap"))
     record = _RECORD.get()
-    outs, weights = [], []
-    for g in range(groups):
-        group_bias = bias[:, g::groups] if bias is not None and bias.dim() == 2 else bias  # [E, Hkv]: heads h % G == g
-        group_sinks = None if sinks is None or per_query else sinks[g::groups]  # [Hkv]
-        group_q, used = q[:, :, g].contiguous(), None
-        edge_index = sink_edges if per_query else mask.edge_set
-        if mask.topk is not None:
-            edge_index, group_bias, used = best_keys(group_q, k, mask, group_bias, scaling, kwargs.get("softcap"))
-        result = graph_attention(group_q, k, v, edge_index, bias=group_bias, scale=scaling,
-                                 dropout_p=dropout, return_weights=record is not None,
-                                 softcap=kwargs.get("softcap"), sinks=group_sinks)
-        if record is not None:
-            result, alpha = result
-            alpha = alpha[:mask.edge_index.shape[1]]  # without the sink keys' weights
-            weights.append(alpha if used is None else alpha.new_zeros(used.shape[0], alpha.shape[1]).index_copy_(
-                0, used.nonzero().view(-1), alpha))  # [E, Hkv]: 0 on the keys no head of the group kept
-        outs.append(result)  # [Nq, Hkv, dv]
-    out = torch.stack(outs, dim=2).reshape(batch_size, q_length, heads, -1).to(query.dtype)  # head h = (h // G, h % G)
+    result = graph_attention(q, k, v, edge_index, bias=bias, scale=scaling, dropout_p=dropout,
+                             return_weights=record is not None, softcap=kwargs.get("softcap"), sinks=sinks)
     if record is not None:
-        record.append((mask.edge_index, torch.stack(weights, dim=2).reshape(-1, heads)))  # [E, Hq]
-    return out, None
+        result, alpha = result
+        alpha = alpha[:mask.edge_index.shape[1]]  # without the sink keys' weights
+        record.append((mask.edge_index, alpha if used is None else alpha.new_zeros(used.shape[0], heads).index_copy_(
+            0, used.nonzero().view(-1), alpha)))  # [E, Hq]: 0 on the keys no head kept
+    return result.reshape(batch_size, q_length, heads, -1).to(query.dtype), None
