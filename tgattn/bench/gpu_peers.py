@@ -13,10 +13,9 @@
 A peer's :class:`Built` holds its call and, apart, ``setup``: the work it does for a new edge set
 before its kernel (tgattn: preparing the set and planning its tiles; Flex: creating its block
 mask; SDPA: the boolean mask), timed on its own by the suite. Grouped-query cases give SDPA and
-Flex ``enable_gqa``; tgattn's paths take the grouped heads in one call where
-``graph_attention`` accepts them, else in ``heads / kv_heads`` calls over the query heads that
-share each key head (what :mod:`tgattn.hf` does), which the row's note says. A peer that cannot
-run here raises :class:`NotAvailable` with the reason.
+Flex ``enable_gqa``; tgattn's paths take the grouped heads in one call of ``graph_attention``
+(``k``, ``v`` with ``kv_heads`` heads, as :mod:`tgattn.hf` passes them), which the row's note says.
+A peer that cannot run here raises :class:`NotAvailable` with the reason.
 """
 from __future__ import annotations
 
@@ -76,25 +75,11 @@ def _graph_attention(x: Inputs, backend: str) -> Built:
         raise NotAvailable(str(err)) from None
     from ..engine import analyse
 
-    q, k, v, edges, groups = x.q, x.k, x.v, x.edges, x.case.groups
+    q, k, v, edges = x.q, x.k, x.v, x.edges
     # a new edge set costs the gather path its analysis, the tc path the tile plan too
     setup = x.prepare if backend == "tc" else (lambda: analyse(x.edge_index, x.case.n, x.case.n))
-    one = lambda: graph_attention(q, k, v, edges, backend=backend)  # noqa: E731
-    if groups == 1:
-        return Built(one, setup)
-    try:
-        with torch.no_grad():
-            one()
-        return Built(one, setup, note=GROUPED)
-    except ValueError as err:  # graph_attention takes q, k, v of one head count only
-        refused = str(err)
-
-    def per_group():  # query head h uses key head h // groups, as SDPA's enable_gqa
-        heads = q.view(q.shape[0], k.shape[1], groups, q.shape[2])
-        outs = [graph_attention(heads[:, :, g].contiguous(), k, v, edges, backend=backend) for g in range(groups)]
-        return torch.stack(outs, dim=2).reshape(q.shape[0], q.shape[1], -1)
-
-    return Built(per_group, setup, note=f"{groups} calls of {k.shape[1]} heads (one call refused: {refused[:60]})")
+    one = lambda: graph_attention(q, k, v, edges, backend=backend)  # noqa: E731  (grouped heads: k, v as they are)
+    return Built(one, setup, note=GROUPED if x.case.groups > 1 else "")
 
 
 def tc(x: Inputs) -> Built:
