@@ -218,7 +218,7 @@ FUSED = Extension(
     ldflags=("-fopenmp",),
     fallback="the CSR backend",
     label="the fused C++ kernel",
-    expect="about 79 s on 2 idle cores, 150 s on one (from the compiler CPU measured in docs/engine.md)",
+    expect="about 65 s on 2 idle cores, 113 s on one (measured, docs/engine.md)",
 )
 
 EXTENSIONS = (FUSED,)  # every C++ extension of the package: what prebuild builds
