@@ -27,7 +27,8 @@ KEYS_PER_EDGE = 4
 def on_touched_keys(s: Structure, k: Tensor, v: Tensor) -> Tuple[Structure, Tensor, Tensor]:
     """``(s, k, v)`` over the keys the edges touch where they are few (see the module), else as given.
 
-    The renumbered structure is kept with ``s`` (one ``unique`` over the edges per edge set).
+    The renumbered structure is kept with ``s`` (:meth:`~tgattn.engine.analysis.Structure.memo`: one
+    ``unique`` over the edges per edge set, also when threads ask at once).
 
     Example:
         >>> from tgattn.engine.analysis import analyse
@@ -38,8 +39,11 @@ def on_touched_keys(s: Structure, k: Tensor, v: Tensor) -> Tuple[Structure, Tens
     """
     if s.n_k <= KEYS_PER_EDGE * s.num_edges:
         return s, k, v
-    if "touched_keys" not in s.extras:
-        keys, local = torch.unique(s.src, sorted=True, return_inverse=True)  # [K], [E]: renumbering keeps the order
-        s.extras["touched_keys"] = (keys, with_keys(s, local, keys.numel()))
-    keys, touched = s.extras["touched_keys"]
+    keys, touched = s.memo("touched_keys", lambda: _renumbered(s))
     return touched, k.index_select(0, keys), v.index_select(0, keys)
+
+
+def _renumbered(s: Structure) -> Tuple[Tensor, Structure]:
+    """``(keys [K], s over them)``: the sorted distinct keys of the edges and ``s`` renumbered into them."""
+    keys, local = torch.unique(s.src, sorted=True, return_inverse=True)  # [K], [E]: renumbering keeps the order
+    return keys, with_keys(s, local, keys.numel())
