@@ -86,3 +86,25 @@ def test_gradients_reach_the_touched_keys_of_a_materialised_k(backend):
     touched = torch.zeros(n_k, dtype=torch.bool)
     touched[ei[0]] = True
     assert grads[0][1][~touched].abs().max() == 0 and grads[0][1][touched].abs().amax(dim=(1, 2)).min() > 0
+
+
+@pytest.mark.parametrize("backend", ["auto", "fused"])
+def test_grouped_heads_with_edge_terms_are_repeated_after_the_gather(backend):
+    """Grouped-query k, v (one key head for two query heads) with edge terms on the fused path: the heads are
+    repeated over the touched keys only, never over all of them (a [N_K, H, D] copy is 64 MB here)."""
+    g = torch.Generator().manual_seed(5)
+    heads = 2
+    q = torch.randn(N_Q, heads, D, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, D, generator=g, dtype=torch.float64).expand(N_K, 1, D)
+    v = torch.randn(1, 1, D, generator=g, dtype=torch.float64).expand(N_K, 1, D)
+    ei = torch.stack([torch.randint(0, N_K, (E,), generator=g), torch.randint(0, N_Q, (E,), generator=g)])
+    term = (torch.randn(E, 2, generator=g, dtype=torch.float64), torch.randn(heads * D, 2, generator=g, dtype=torch.float64))
+    recorder = LargestOutput()
+    with recorder:
+        out = graph_attention(q, k, v, ei, backend=backend, edge_key=term, edge_value=term)
+        (grad,) = torch.autograd.grad(out.sum(), q)
+    assert recorder.largest[0] <= GUARD, recorder.largest
+    expected = graph_attention(q, k.expand(N_K, heads, D), v.expand(N_K, heads, D), ei, backend="gather",
+                               edge_key=term, edge_value=term)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, torch.autograd.grad(expected.sum(), q)[0], rtol=1e-10, atol=1e-10)

@@ -230,7 +230,6 @@ def attention_with_edge_terms(
     kernel's seed) that both value terms share.
     """
     check_qkv(q, k, v)
-    k, v = engine.dispatch.query_heads(k, v, q.shape[1])  # edge terms never run on tc's tiles
     if softcap is not None:
         check_softcap(softcap, q.dtype)
     compiling = torch.compiler.is_compiling()
@@ -266,6 +265,7 @@ def attention_with_edge_terms(
             sinks=sinks,
         ):
             s, k, v = on_touched_keys(s, k, v)
+            k, v = engine.dispatch.query_heads(k, v, q.shape[1])  # after the gather: memory follows the edges
             if edge_terms._native(q, k, v, features, *maps):  # the maps inside the kernel's node
                 key_maps = None if key is None else key.weight
                 value_maps = None if value is None else key_maps if shared else value.weight
@@ -283,6 +283,7 @@ def attention_with_edge_terms(
                 blocks = key_blocks if shared else edge_terms.per_head(value, work)
                 out = edge_terms.project(summed, blocks, out.to(work)).to(q.dtype)
             return out, weights
+    k, v = engine.dispatch.query_heads(k, v, q.shape[1])  # edge terms never run on tc's tiles
     if not (compiling or prepared) and features is None:  # (structure_of has checked them where features are given)
         check_ranges(ei, k.shape[0], q.shape[0])
     dst = ei[1].long()
