@@ -101,11 +101,14 @@ def test_prebuild_builds_every_extension_once_then_only_checks(tmp_path, monkeyp
     monkeypatch.setattr(build, "EXTENSIONS", (ext,))
     with caplog.at_level(logging.WARNING, logger="tgattn.engine.build"):
         assert build.prebuild() > 0
-    assert (build.build_dir("pre", sources, headers=[header]) / "built.json").is_file()
+    done = build.build_dir("pre", sources, headers=[header]) / "built.json"
+    assert done.is_file()
+    record, stamp = done.read_text(), done.stat().st_mtime_ns
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tgattn.engine.build"):
-        assert build.prebuild() < 1.0  # built: the check and a load
+        build.prebuild()  # built: the check and a load, no compiler
     assert shown(caplog) == []
+    assert done.read_text() == record and done.stat().st_mtime_ns == stamp  # no second build recorded
 
 
 def test_prebuild_names_what_it_could_not_build(tmp_path, monkeypatch):
