@@ -32,16 +32,6 @@ BENCHMARKS = ["tgattn.bench", "tgattn.bench.big_graphs", "tgattn.bench.distribut
               "tgattn.bench.gnn", "tgattn.bench.graph_transformers", "tgattn.bench.half", "tgattn.bench.hf",
               "tgattn.bench.influence", "tgattn.bench.never_seen", "tgattn.bench.planetoid"]
 CASES += [(module, argv, status) for module in BENCHMARKS for argv, status in [(["--help"], 0), (BAD_FLAG, 2)]]
-# Known to import torch first, each with its reason; strict: the row fails once it is fixed, to be removed here.
-IMPORT_TORCH = {}
-
-
-def _params():
-    for module, argv, status in CASES:
-        name = f"{module} {' '.join(argv)}"
-        reason = next((why for prefix, why in IMPORT_TORCH.items() if name.startswith(prefix + " ")), None)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        yield pytest.param(module, argv, status, id=name, marks=marks)
 
 
 # Runs ``python -m module *argv`` as runpy does, then reports the exit status and the heavy packages loaded.
@@ -68,7 +58,7 @@ def answer(module, argv):
     return report["status"], report["heavy"], done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("module, argv, status", list(_params()))
+@pytest.mark.parametrize("module, argv, status", CASES, ids=[f"{m} {' '.join(a)}" for m, a, _ in CASES])
 def test_argparse_answers_before_torch_is_imported(module, argv, status):
     got, heavy, output = answer(module, argv)
     assert got == status, output
