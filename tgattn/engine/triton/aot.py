@@ -31,8 +31,8 @@ import torch
 
 from ..analysis import analyse
 from .attention import DTYPES, blocks_for, kernels_module, walks
-from .tc import TILE_DTYPES, tile_kernels_module
-from .tile_plan import choose_blocks, plan_tiles
+from .tc import tile_kernels_module
+from .tile_plan import TILE_DTYPES, choose_blocks, plan_tiles
 
 # Head dims at powers of two: any other head dim d runs the blocks of next_power_of_2(d) (d itself
 # is a runtime argument).

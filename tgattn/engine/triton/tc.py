@@ -27,9 +27,7 @@ from torch import Tensor
 from ..analysis import Structure
 from .attention import _unit_stride, blocks_for, interpreting, kernels_module, triton_attention, walks
 from .tile_cost import break_even_fill
-from .tile_plan import TilePlan, choose_blocks, plan_tiles
-
-TILE_DTYPES = (torch.float16, torch.bfloat16)
+from .tile_plan import TILE_DTYPES, TilePlan, choose_blocks, plan_tiles
 
 
 def tile_kernels_module():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tile_plan import WORD_BITS, TilePlan
+from .tile_plan import TILE_DTYPES, WORD_BITS, TilePlan
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def _card(card: str) -> Card:
 
 
 def _peak(dtype: torch.dtype, card: Card) -> float:
-    return card.half_flops if dtype in (torch.float16, torch.bfloat16) else card.fp32_flops
+    return card.half_flops if dtype in TILE_DTYPES else card.fp32_flops
 
 
 def tile_seconds(block_m: int, block_n: int, head_dim: int, dtype: torch.dtype, card: str = "h100", *,
@@ -115,7 +115,7 @@ def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, ba
     """
     size = torch.finfo(dtype).bits // 8
     c = _card(card)
-    on_tiles = dtype in (torch.float16, torch.bfloat16)
+    on_tiles = dtype in TILE_DTYPES
     tiles = on_tiles * heads * (
         plan.n_full * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward)
         + plan.n_partial * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward,

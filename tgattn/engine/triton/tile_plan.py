@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 WORD_BITS = 32  # bits of one mask word (int32)
+TILE_DTYPES = (torch.float16, torch.bfloat16)  # the dtypes whose tiles run on tensor cores
 # The fill below which a tile's edges are gathered, when the caller gives none: the break-even
 # the first GPU run measured (one H100, bfloat16, d = 64, 64 x 64 tiles, data/gpu/h100_suite):
 # random and top-k 1 % at n = 16,384 and 65,536, 1 % full tiles, ran 2.9-3.2x slower on tiles
