@@ -127,7 +127,7 @@ def configurations() -> Iterator[Config]:
     models (no dropout, no returned weights) and once with every other option on (the heaviest
     code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
 
-    The tile kernels of ``tc`` (float16, bfloat16, float32) come with and without a softcap, the
+    The tile kernels of ``tc`` (``TILE_DTYPES``: float16, bfloat16) come with and without a softcap, the
     forward with and without a gathered remainder, and once grouped (``GROUPED`` query heads per
     key / value head) with every option.
 
