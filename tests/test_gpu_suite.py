@@ -27,7 +27,9 @@ def _read(path):
 @pytest.mark.slow
 def test_dry_run_writes_every_case_peer_and_mode_with_a_time_or_a_reason(tmp_path, capsys):
     cases = ["window64", "block_local", "indexer_gqa", "molecules"]
-    assert main(["--suite", "--dry-run", "--no-gnn", "--no-progress", "--out", str(tmp_path), "--cases", *cases]) == 0
+    # a budget no loaded machine exhausts: the default (450 s of wall clock) would skip cases under load
+    assert main(["--suite", "--dry-run", "--no-gnn", "--no-progress", "--out", str(tmp_path), "--cases", *cases,
+                 "--budget-s", "86400"]) == 0
     rows, per_case = _read(tmp_path / "suite_attention.csv"), _read(tmp_path / "suite_cases.csv")
     assert (tmp_path / "suite.png").stat().st_size > 0 and not (tmp_path / "suite_steps.csv").exists()
     assert tuple(rows[0]) == ATTENTION_FIELDS and tuple(per_case[0]) == CASE_FIELDS
