@@ -1,9 +1,7 @@
 """``python -m tgattn.bench.gpu --suite``: the GPU suite's code on the CPU (its dry run), its peers
 against the dense oracle, its time guard, its tile-plan columns (through stand-ins of the planner
-and the cost model with the contract's names, until they land) and its summary and targets."""
+and the cost model under the tc backend's names) and its summary and targets."""
 import csv
-import sys
-import types
 import warnings
 
 import pytest
@@ -48,7 +46,7 @@ def test_dry_run_writes_every_case_peer_and_mode_with_a_time_or_a_reason(tmp_pat
     assert note[("indexer_gqa", "flex", "fwd")].startswith("not available: no simple mask_mod")
     assert "calls of 1 heads" in note[("indexer_gqa", "triton", "fwd")] or "one call" in note[("indexer_gqa", "triton", "fwd")]
     assert {r["kv_heads"] for r in rows if r["pattern"] == "indexer_gqa"} == {"1"}
-    # until the tensor-core branch lands, its peer and plan say why they are missing
+    # a tc row without a time says why (the dry run's interpreter runs the first and grouped cases only)
     for r in rows:
         if r["peer"] == "tc" and not r["ms"]:
             assert r["note"].startswith(("not available", "skipped: dry run"))
@@ -129,13 +127,12 @@ def test_grouped_query_peers_equal_the_dense_oracle(peer):
     assert out.shape == ref.shape and (out - ref).abs().max() <= 1e-10
 
 
-def test_a_backend_this_checkout_lacks_is_not_available_with_the_reason():
+def test_a_backend_this_checkout_lacks_is_not_available_with_the_reason(monkeypatch):
+    import tgattn.functional
+
     c, ei, q, k, v, _ = _gqa_inputs()
     x = gpu_peers.Inputs(c, ei, ei, q, k, v, None)
-    from tgattn.functional import BACKENDS
-
-    if "tc" in BACKENDS:
-        pytest.skip("this checkout has the tc backend")
+    monkeypatch.setattr(tgattn.functional, "BACKENDS", tuple(b for b in tgattn.functional.BACKENDS if b != "tc"))
     with pytest.raises(gpu_peers.NotAvailable, match="no backend 'tc'"):
         gpu_peers.build("tc", x)
 
@@ -149,6 +146,7 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
     class Plan:
         def __init__(self, ptr, col, nq, nk, block_m, block_n):
             self.block_m, self.block_n = block_m, block_n
+            self.rest_ptr, self.rest_col = torch.zeros(nq + 1, dtype=torch.long), col[:0]  # nothing scattered
             rows = torch.repeat_interleave(torch.arange(nq), ptr.diff())
             tiles = torch.unique((rows // block_m) * nk + col // block_n, return_counts=True)[1]
             self.num_edges, self.n_full = col.numel(), int((tiles == block_m * block_n).sum())
@@ -166,9 +164,12 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
         seen.setdefault("calls", []).append((heads, head_dim, dtype, backward, card))
         return {"tiles_s": 1e-3, "gather_s": 2e-3, "total_s": 3e-3 * (1 + backward), "roofline_s": 1e-3}
 
-    monkeypatch.setitem(sys.modules, "tgattn.engine.triton.tile_plan",
-                        types.SimpleNamespace(plan_tiles=plan_tiles, choose_blocks=lambda dtype, d: (16, 16)))
-    monkeypatch.setitem(sys.modules, "tgattn.engine.triton.tile_cost", types.SimpleNamespace(predict=predict))
+    from tgattn.engine.triton import tc, tile_cost  # the suite plans as the tc backend does: through its names
+
+    monkeypatch.setattr(tc, "plan_tiles", plan_tiles)
+    monkeypatch.setattr(tc, "choose_blocks", lambda dtype, d: (16, 16))
+    monkeypatch.setattr(tc, "break_even_fill", lambda *shape: None)
+    monkeypatch.setattr(tile_cost, "predict", predict)
     c = case("block_local", 512)  # blocks of 256: every 16 x 16 tile full
     plan = gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h200")
     assert plan.note == "" and seen["blocks"] == (16, 16) and seen["min_fill"] is None  # no break-even: the default
@@ -183,20 +184,6 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
     seen.clear()
     gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h100", group=4)
     assert seen["blocks"] == (4, 16) and {call[0] for call in seen["calls"]} == {2}
-
-
-def test_without_a_planner_the_case_says_so():
-    if "tgattn.engine.triton.tile_plan" in sys.modules or _exists("tgattn.engine.triton.tile_plan"):
-        pytest.skip("this checkout has the planner")
-    c = case("window64", 256)
-    plan = gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h100")
-    assert plan.note.startswith("tile plan not available") and plan.columns == {} and plan.predicted == {}
-
-
-def _exists(module):
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def test_ratios_divide_by_the_tc_row_of_the_same_mode_with_and_without_setup():

@@ -19,7 +19,7 @@ Variants (the ``variant`` column):
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -74,15 +74,6 @@ def network(model: str, device) -> nn.Module:
 
     torch.manual_seed(0)
     return Net(MODELS[model], FEATURES, CLASSES, hidden=CHANNELS, heads=HEADS).to(device).train()
-
-
-def _prepare() -> Tuple[Optional[Callable], str]:
-    import tgattn
-
-    try:
-        return tgattn.prepare, ""
-    except AttributeError as err:
-        return None, f"not available: tgattn.prepare ({err})"
 
 
 def _time(make: Callable[[], Callable[[int], None]], device, rounds: int) -> Tuple[float, float]:
@@ -148,7 +139,8 @@ def molecule_steps(device, clock: Clock, *, graphs: int = 128, rounds: int = 20)
     from .models import molecule_batches
 
     cuda = torch.device(device).type == "cuda"
-    prepare, missing = _prepare()
+    from .. import prepare
+
     batches = [(x.to(device), ei.to(device), y.to(device), slice(None))
                for x, ei, y in molecule_batches(rounds + 1, graphs=graphs, features=FEATURES)]
     nodes, edges = batches[0][0].shape[0], batches[0][1].shape[1]
@@ -163,20 +155,19 @@ def molecule_steps(device, clock: Clock, *, graphs: int = 128, rounds: int = 20)
         return "" if left >= STEP_S[variant] else f"skipped: time budget ({max(left, 0):.0f} s left, ~{STEP_S[variant]:.0f} s needed)"
 
     models = {model: network(model, device) for model in ("gat", "tgattn")}
-    if prepare is not None:
-        models["tgattn_prepared"] = Prepared(network("tgattn", device), prepare)
+    models["tgattn_prepared"] = Prepared(network("tgattn", device), prepare)
     ms = {} if budget("new_edges") else train_steps(models, batches, device, rounds)
     for model in ("gat", "tgattn", "tgattn_prepared"):
-        row("new_edges", model, ms.get(model), note=budget("new_edges") or ("" if model in ms else missing))
+        row("new_edges", model, ms.get(model), note=budget("new_edges"))
 
     x, edge_index, y, _ = batches[0]
-    fixed = {"tgattn": prepare(edge_index, nodes, nodes) if prepare is not None else None, "gat": edge_index}
+    fixed = {"tgattn": prepare(edge_index, nodes, nodes), "gat": edge_index}
     variants = [("fixed_eager", lambda net, e: _eager(net, x, e, y), ""),
                 ("cuda_graph", lambda net, e: _graphed(net, x, e, y), "" if cuda else "not available: CUDA graphs need a GPU"),
                 ("compiled", lambda net, e: _compiled(net, x, e, y, cuda), "")]
     for variant, make, why in variants:
         for model in ("tgattn", "gat"):  # tgattn first: a failed capture of GATConv's step comes last
-            note = why or (missing if fixed[model] is None else "") or budget(variant)
+            note = why or budget(variant)
             if note:
                 row(variant, model, note=note)
                 continue

@@ -1,9 +1,9 @@
 """The GPU suite's attention measurements: every case of :mod:`.gpu_cases` with every peer of
 :mod:`.gpu_peers`, forward and forward + backward, within a time budget.
 
-Per case it also plans the edge set's tiles (``plan_tiles``: the share of edges on tensor cores)
-and asks the cost model (``tile_cost.predict``) for the ``tc`` path's time and its roofline;
-where this checkout has neither, the case's note says so and the rest runs.
+Per case it also plans the edge set's tiles as the ``tc`` backend does (the share of edges on
+tensor cores) and asks the cost model (``tile_cost.predict``) for the ``tc`` path's time and its
+roofline.
 
 The budget (:class:`Clock`): before each measurement the suite estimates its cost
 (:class:`Estimates`: a Flex compile, as long as the last one of the same ``mask_mod`` and mode
@@ -86,20 +86,12 @@ def _seconds(fn, device: torch.device) -> Tuple[float, object]:
 
 
 def _plan_tiles(s, case: Case, dtype: torch.dtype, group: int = 1):
-    """The plan the ``tc`` backend makes of structure ``s`` for this case's inputs: the tiles
-    ``choose_blocks`` picks (rows: queries x ``group`` heads that share a key head) at the cost
-    model's break-even fill where it has one, else ``plan_tiles``' default."""
-    from ..engine.triton.tile_plan import choose_blocks, plan_tiles
+    """The plan the ``tc`` backend makes of structure ``s`` for this case's inputs, and makes it the
+    same way (:func:`~tgattn.engine.triton.tc.plan_for_inputs`: its blocks, rows of queries x
+    ``group`` heads that share a key head, its break-even fill, its scattered remainder)."""
+    from ..engine.triton.tc import plan_for_inputs
 
-    block_m, block_n = choose_blocks(dtype, case.dim)
-    try:
-        from ..engine.triton.tile_cost import break_even_fill
-
-        min_fill = break_even_fill(block_m, block_n, case.dim, dtype)
-    except ImportError:
-        min_fill = None
-    return plan_tiles(s.rowptr.long(), s.src.long(), case.n, case.n, block_m=max(1, block_m // group), block_n=block_n,
-                      min_fill=min_fill)
+    return plan_for_inputs(s, dtype, case.dim, group)[0]
 
 
 def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: str, group: int = 1) -> Plan:
@@ -108,22 +100,13 @@ def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: st
     and the backward's added). ``group``: query heads packed into a tile's rows (1: the heads run
     apart, as in the calls per head group)."""
     from ..engine import analyse
+    from ..engine.triton.tile_cost import predict
 
     plan = Plan()
-    try:
-        from ..engine.triton.tile_plan import plan_tiles  # noqa: F401  (the planner is on this checkout)
-    except ImportError as err:
-        plan.note = f"tile plan not available: {err}"
-        return plan
     s = analyse(edge_index, case.n, case.n)
     seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), edge_index.device)
     plan.columns = dict(tc_share=tiles.tc_share, tc_edges=tiles.tc_edges, n_full=tiles.n_full, n_partial=tiles.n_partial,
                         block_m=tiles.block_m, block_n=tiles.block_n, plan_ms=seconds * 1e3)
-    try:
-        from ..engine.triton.tile_cost import predict
-    except ImportError as err:
-        plan.note = f"cost model not available: {err}"
-        return plan
     fwd, bwd = ({key[:-2]: value * 1e3 for key, value in predict(  # "tiles_s" -> "tiles" ms
         tiles, heads=case.heads // group, head_dim=case.dim, dtype=dtype, backward=backward, card=card).items()}
         for backward in (False, True))
@@ -133,28 +116,10 @@ def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: st
 
 def new_edge_set(edge_index: torch.Tensor, case: Case, dtype: torch.dtype):
     """What a never-seen edge set costs the ``tc`` path before its first kernel: the engine's
-    analysis and, where this checkout has the planner, the tile plan."""
+    analysis and the tile plan, at the case's head grouping."""
     from ..engine import analyse
 
-    def run():
-        s = analyse(edge_index, case.n, case.n)
-        try:
-            return _plan_tiles(s, case, dtype)
-        except ImportError:
-            return s
-
-    return run
-
-
-def prepared(edge_index: torch.Tensor, n: int):
-    """``(edges, note)``: ``tgattn.prepare``'s edge set where this checkout has it, else the edge list."""
-    import tgattn
-
-    try:
-        prepare = tgattn.prepare
-    except AttributeError as err:
-        return edge_index, f"over edge_index (tgattn.prepare not available: {err})"
-    return prepare(edge_index, n, n), "over tgattn.prepare's EdgeSet"
+    return lambda: _plan_tiles(analyse(edge_index, case.n, case.n), case, dtype, case.groups)
 
 
 class Estimates:
@@ -280,6 +245,8 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
     predictions and ratios (:func:`~tgattn.bench.gpu_summary.case_rows`). ``skipped``: peers not
     to run, each with its rows' note.
     """
+    from .. import prepare
+
     device, dtype = run.device, run.dtype
     edge_index = case.make(device)
     edges = edge_index.shape[1]
@@ -287,7 +254,7 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
                 heads=case.heads, kv_heads=case.kv_heads, dim=case.dim, dtype=str(dtype).replace("torch.", ""))
     q, _, _, grad = _inputs(case.n, case.heads, case.dim, device=device, dtype=dtype)
     _, k, v, _ = _inputs(case.n, case.kv_heads, case.dim, seed=1, device=device, dtype=dtype)
-    edges_for_tgattn, over = prepared(edge_index, case.n)
+    edges_for_tgattn, over = prepare(edge_index, case.n, case.n), "over tgattn.prepare's EdgeSet"
     x = Inputs(case, edge_index, edges_for_tgattn, q, k, v, run.flex, prepare=new_edge_set(edge_index, case, dtype),
                flex_options=run.flex_options)
     rows = []
