@@ -10,10 +10,12 @@ import argparse
 import sys
 
 from ._cli import BACKENDS, missing_plot_extra, run
+from .analysis.fidelity_command import DESCRIPTION as FIDELITY, add_arguments as fidelity_arguments
 from .analysis.show import add_arguments as show_arguments
 
 DESCRIPTION = ("tgattn's commands: check that graph attention equals dense attention on this machine, "
-               "compile the fused C++ kernel ahead of the first call, or draw which tokens influence a token.")
+               "compile the fused C++ kernel ahead of the first call, draw which tokens influence a token, or "
+               "measure what sparse patterns cost a trained model.")
 VERIFY = ("Check, on this machine, that graph attention equals dense attention: one case per builder family "
           "(float64, 4 heads), outputs and input gradients against the dense oracle within 1e-10. Prints one line "
           "per case; exit status 1 if any case fails. Compiles the fused C++ kernel first if it is not built yet "
@@ -37,6 +39,9 @@ def main(argv=None) -> int:
     show = commands.add_parser("show", help="draw which tokens influence a token (attention, rollout, flow)",
                                description=SHOW)
     show_arguments(show)
+    fidelity = commands.add_parser("fidelity", help="what each sparse pattern costs a trained model (fidelity study)",
+                                   description=FIDELITY)
+    fidelity_arguments(fidelity)
     args = parser.parse_args(argv)
     if args.command == "verify":
         from .verify import main as verify_main
@@ -47,6 +52,12 @@ def main(argv=None) -> int:
 
         prebuild(progress=True)
         return 0
+    if args.command == "fidelity":
+        from .analysis.fidelity_command import main as fidelity_main
+
+        if missing_plot_extra():  # before any work: the frontier is drawn last
+            fidelity.error(missing_plot_extra())
+        return run(fidelity, fidelity_main, args)
     from .analysis.show import main as show_main
 
     if missing_plot_extra() and not args.html:  # before any work; the page needs no matplotlib
