@@ -26,6 +26,8 @@ CASES = [
     ("tgattn", ["verify", "--backend", "no-such-backend"], 2),
     ("tgattn", ["show", "--help"], 0),
     ("tgattn", ["show", *BAD_FLAG], 2),
+    ("tgattn", ["fidelity", "--help"], 0),
+    ("tgattn", ["fidelity", "--patterns", "window", "--out", "x"], 2),
 ]
 # every benchmark with a command line of its own (tgattn/bench/gpu*.py are the GPU room's)
 BENCHMARKS = ["tgattn.bench", "tgattn.bench.big_graphs", "tgattn.bench.distributed", "tgattn.bench.engine_scaling",
