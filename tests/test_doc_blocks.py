@@ -36,6 +36,7 @@ BASH = [
     (r"sphinx-build ", "the site's build: test_docs.py builds it the same way"),
     (r"python -m tgattn verify$", None),
     (r'python -m tgattn show --text "The sky is blue" --pattern causal --out attn\.png$', None),
+    (r"python -m tgattn fidelity ", "runs all-MiniLM-L6-v2 under nine patterns on 128 to 512 tokens: a minute or more"),
     (r"python -m tgattn build$", "compiles the C++ kernel: minutes the first time, and the tests build it too"),
     (r"python -m tgattn show .*--checkpoint", "reads a checkpoint that python -m tgattn.lm train writes (minutes)"),
     (r"(nice -n \d+ )?python -m tgattn\.bench", "a benchmark: minutes to hours"),

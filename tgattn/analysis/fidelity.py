@@ -118,9 +118,9 @@ def load_subject(hf: Optional[str] = None, checkpoint: Optional[str] = None):
     if checkpoint is not None:
         return GPTSubject.load(checkpoint)
     if hf is None:
-        from ..hf.pretrained import minilm_path
+        from ..hf.pretrained import NAME, minilm_path
 
-        hf = str(minilm_path())
+        return HFSubject.load(str(minilm_path()), name=NAME)
     return HFSubject.load(hf)
 
 
@@ -179,9 +179,34 @@ def fidelity(subject=None, *, text: Optional[str] = None, length: int = 512, pas
                  {label: (m / count).tolist() for label, m in masses.items()}, skipped)
 
 
+def table(study: Study) -> str:
+    """The rows as a Markdown table (what the docs include).
+
+    Example:
+        >>> row = {"pattern": "full", "edges_kept": 1.0, "mass_kept": 1.0, "mass_kept_min": 1.0, "seconds": 0.2,
+        ...        "pooled_cosine": 1.0, "token_cosine": 1.0, "token_cosine_min": 1.0}
+        >>> print(table(Study("m", False, 8, 1, [row], {})).splitlines()[2])
+        | full | 100.0% | 1.0000 | 1.0000 / 1.0000 | 100.0% / 100.0% | 0.20 |
+    """
+    fidelity = ["perplexity", "kl"] if study.causal else ["pooled_cosine", "token_cosine"]
+    head = ["pattern", "edges kept", *(["perplexity", "KL (nats)"] if study.causal else
+                                       ["pooled cosine", "token cosine (mean / min)"]),
+            "mass kept (mean / worst head)", "seconds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in study.rows:
+        scores = [f"{row[key]:.4f}" for key in fidelity]
+        if not study.causal:
+            scores[1] += f" / {row['token_cosine_min']:.4f}"
+        cells = [row["pattern"], f"{row['edges_kept']:.1%}", *scores,
+                 f"{row['mass_kept']:.1%} / {row['mass_kept_min']:.1%}", f"{row['seconds']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def save_study(study: Study, out: Union[str, Path], *, command: str = "") -> List[Path]:
-    """Write ``fidelity.csv`` (a row per pattern), ``fidelity.json`` (everything, with ``command``) and
-    ``fidelity.png`` (the fidelity-density frontier; needs matplotlib) into the folder ``out``."""
+    """Write ``fidelity.csv`` (a row per pattern), ``fidelity.md`` (:func:`table`), ``fidelity.json``
+    (everything, with ``command``) and ``fidelity.png`` (the fidelity-density frontier; needs
+    matplotlib) into the folder ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(key for row in study.rows for key in row))
@@ -189,6 +214,7 @@ def save_study(study: Study, out: Union[str, Path], *, command: str = "") -> Lis
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         writer.writerows(study.rows)
+    (out / "fidelity.md").write_text(table(study))
     described = {row["pattern"]: SPECS[parse_pattern(row["pattern"]).name][1] for row in study.rows}
     (out / "fidelity.json").write_text(json.dumps({**asdict(study), "patterns": described, "command": command},
                                                   indent=1) + "\n")
@@ -197,7 +223,7 @@ def save_study(study: Study, out: Union[str, Path], *, command: str = "") -> Lis
     import matplotlib.pyplot as plt
 
     plt.close(figure)
-    return [out / "fidelity.csv", out / "fidelity.json", out / "fidelity.png"]
+    return [out / name for name in ("fidelity.csv", "fidelity.md", "fidelity.json", "fidelity.png")]
 
 
 def frontier_figure(study: Study):

@@ -65,15 +65,16 @@ class HFSubject:
         register()
 
     @classmethod
-    def load(cls, path: str) -> "HFSubject":
-        """A local folder or hub id: ``AutoModelForCausalLM`` when its config names a causal LM, else ``AutoModel``."""
+    def load(cls, path: str, *, name: Optional[str] = None) -> "HFSubject":
+        """A local folder or hub id: ``AutoModelForCausalLM`` when its config names a causal LM, else ``AutoModel``;
+        ``name`` for the reports (default: ``path``)."""
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
         config = AutoConfig.from_pretrained(path)
         causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
         loader = AutoModelForCausalLM if causal else AutoModel
         model = loader.from_pretrained(path, attn_implementation=register())
-        return cls(model, AutoTokenizer.from_pretrained(path), causal=causal, name=str(path))
+        return cls(model, AutoTokenizer.from_pretrained(path), causal=causal, name=name or str(path))
 
     def passages(self, text: str, length: int, count: int) -> List[Tensor]:
         """``count`` consecutive passages of ``length`` token ids (the tokenizer's special tokens included)."""
