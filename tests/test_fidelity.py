@@ -80,14 +80,16 @@ def test_mass_kept_is_the_dense_attention_mass_on_the_kept_edges():
 
 @needs_minilm
 def test_every_edge_kept_scores_exactly_full_fidelity(minilm, shakespeare):
-    patterns = ["window:40", "block:40", "topk:40", "heads:1", "global:40:0", "window:2"]
+    patterns = ["window:40", "block:40", "topk:40", "heads:1", "global:40:0", "topk:5", "window:2"]
     study = fidelity(minilm, text=shakespeare, length=40, patterns=patterns, progress=False)
     rows = {row["pattern"]: row for row in study.rows}
     assert list(rows) == ["full", *patterns]
-    for label in ["full", *patterns[:-1]]:
+    for label in ["full", *patterns[:-2]]:
         exact = {key: rows[label][key] for key in ("edges_kept", "mass_kept", "mass_kept_min", "pooled_cosine",
                                                    "token_cosine", "token_cosine_min")}
         assert exact == dict.fromkeys(exact, 1.0), label
+    assert rows["topk:5"]["edges_kept"] == 5 / 40  # each query head's 5 best keys of 40
+    assert rows["topk:5"]["mass_kept_min"] < rows["topk:5"]["mass_kept"] < 1
     dropped = rows["window:2"]
     assert dropped["edges_kept"] == sum(2 * 2 + 1 - (i < 2) * (2 - i) - (i > 37) * (i - 37) for i in range(40)) / 1600
     assert dropped["pooled_cosine"] < 0.9 and dropped["mass_kept"] < 0.5
@@ -162,6 +164,10 @@ def test_command_writes_csv_json_and_png(tmp_path, cli):
     saved = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert saved["command"].startswith("python -m tgattn fidelity --checkpoint") and saved["causal"] is True
     assert len(saved["mass"]["window:3"]) == 2 and (tmp_path / "out" / "fidelity.png").stat().st_size > 10_000
+    assert (tmp_path / "out" / "fidelity.md").read_text().startswith("| pattern | edges kept | perplexity | KL (nats) |")
+    assert cli(main, ["fidelity", "--checkpoint", str(ckpt), "--text-file", str(text), "--patterns", "window:3",
+                      "--out", str(tmp_path / "default"), "--no-progress"])[0] == 0
+    assert json.loads((tmp_path / "default" / "fidelity.json").read_text())["length"] == 32  # its block_size
     status, err = cli(main, ["fidelity", "--checkpoint", str(ckpt), "--text-file", str(text), "--length", "64",
                              "--out", str(tmp_path / "out")])
     assert status == 2 and one_line_error(err, "python -m tgattn fidelity") == \

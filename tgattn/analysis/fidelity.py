@@ -124,14 +124,15 @@ def load_subject(hf: Optional[str] = None, checkpoint: Optional[str] = None):
     return HFSubject.load(hf)
 
 
-def fidelity(subject=None, *, text: Optional[str] = None, length: int = 512, passages: int = 1,
+def fidelity(subject=None, *, text: Optional[str] = None, length: Optional[int] = None, passages: int = 1,
              patterns: Sequence = DEFAULT_PATTERNS, progress: bool = True) -> Study:
     """Run the study: each pattern against the model's own attention on ``passages`` passages of ``length`` tokens.
 
     Args:
         subject: what :func:`load_subject` returns (default: all-MiniLM-L6-v2, from ``tgattn[models]``).
         text: the text (default: Tiny Shakespeare, :func:`tgattn.datasets.load_tiny_shakespeare`).
-        length: tokens per passage, special tokens included (characters for a GPT checkpoint).
+        length: tokens per passage, special tokens included (default: 512, or the model's longest if
+            shorter); characters for a GPT checkpoint (default: its ``block_size``).
         passages: consecutive passages of the text to average over.
         patterns: pattern names such as ``"window:32"`` (:data:`~tgattn.analysis.fidelity_patterns.SPECS`)
             or parsed :class:`~tgattn.analysis.fidelity_patterns.Pattern` s; ``full`` (the reference) is always run.
@@ -149,6 +150,7 @@ def fidelity(subject=None, *, text: Optional[str] = None, length: int = 512, pas
         text = load_tiny_shakespeare()
     parsed = [p if isinstance(p, Pattern) else parse_pattern(p) for p in patterns]
     parsed = [parse_pattern("full")] + [p for p in parsed if p.name != "full"]
+    length = subject.default_length if length is None else length
     inputs = subject.passages(text, length, passages)
     sums: Dict[str, Dict[str, float]] = {}
     masses: Dict[str, Tensor] = {}

@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patterns", nargs="+", type=pattern_argument, default=None, metavar="PATTERN",
                         help=f"patterns to run, name:arg:... (default: {' '.join(DEFAULT_PATTERNS)}); full, the "
                              "reference, always runs")
-    parser.add_argument("--length", type=positive_int, default=512,
-                        help="tokens per passage, special tokens included (characters for a checkpoint; default: 512)")
+    parser.add_argument("--length", type=positive_int, default=None,
+                        help="tokens per passage, special tokens included (default: 512, or the model's longest if "
+                             "shorter); characters for a checkpoint (default: its block_size)")
     parser.add_argument("--passages", type=positive_int, default=1,
                         help="consecutive passages of the text to average over (default: 1)")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for fidelity.csv, .json and .png")
@@ -63,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     words = ["python", "-m", "tgattn", "fidelity"]
     for flag, value in (("--hf", args.hf), ("--checkpoint", args.checkpoint), ("--text-file", args.text_file)):
         words += [flag, value] if value is not None else []
-    words += ["--patterns", *[p.label for p in patterns], "--length", str(args.length), "--passages",
+    words += ["--patterns", *[p.label for p in patterns], "--length", str(study.length), "--passages",
               str(args.passages), "--out", str(args.out)]
     for path in save_study(study, args.out, command=shlex.join(words)):
         print(f"wrote {path}")

@@ -62,6 +62,7 @@ class HFSubject:
 
     def __init__(self, model, tokenizer, *, causal: bool, name: str):
         self.model, self.tokenizer, self.causal, self.name = model.eval(), tokenizer, causal, name
+        self.default_length = min(512, getattr(model.config, "max_position_embeddings", None) or 512)
         register()
 
     @classmethod
@@ -128,6 +129,7 @@ class GPTSubject:
     def __init__(self, model, vocab: str, *, name: str):
         self.model, self.vocab, self.name = model.eval(), vocab, name
         self.selects = model.config.attention in ("indexer_topk", "block_topk")
+        self.default_length = model.config.block_size
 
     @classmethod
     def load(cls, path: str) -> "GPTSubject":

@@ -29,6 +29,9 @@
   go to :func:`tgattn.functional.graph_attention`'s ``softcap=`` / ``sinks=`` (on Triton's kernels or ``csr``).
 * :func:`minilm_path`: the folder of a real pretrained model, all-MiniLM-L6-v2 (the
   ``tgattn[models]`` extra), extracted once into tgattn's cache (:mod:`tgattn.hf.pretrained`).
+* :mod:`tgattn.hf.heads`: heads as graphs, the edges each head of a model attends to in one
+  forward (top-k or a share of its weight), run again as one pattern (their union, through
+  :func:`use_pattern`) or per head (:func:`tgattn.hf.heads.heads_only`).
 * :func:`attention_graph` and :func:`show` read a model's attention as graphs for
   :mod:`tgattn.analysis` (rollout, flow, the pictures of ``python -m tgattn show``).
 
