@@ -164,7 +164,8 @@ def test_command_writes_csv_json_and_png(tmp_path, cli):
     saved = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert saved["command"].startswith("python -m tgattn fidelity --checkpoint") and saved["causal"] is True
     assert len(saved["mass"]["window:3"]) == 2 and (tmp_path / "out" / "fidelity.png").stat().st_size > 10_000
-    assert (tmp_path / "out" / "fidelity.md").read_text().startswith("| pattern | edges kept | perplexity | KL (nats) |")
+    head = "| pattern | edges kept | perplexity | KL (nats) |"
+    assert (tmp_path / "out" / "fidelity.md").read_text().startswith(head)
     assert cli(main, ["fidelity", "--checkpoint", str(ckpt), "--text-file", str(text), "--patterns", "window:3",
                       "--out", str(tmp_path / "default"), "--no-progress"])[0] == 0
     assert json.loads((tmp_path / "default" / "fidelity.json").read_text())["length"] == 32  # its block_size

@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from ..hf.heads import select_heads
 from .fidelity_models import GPTSubject, HFSubject, NotApplicable, Run
 from .fidelity_patterns import DEFAULT_PATTERNS, SPECS, Pattern, builder_of, parse_pattern
 
@@ -105,14 +106,13 @@ def _run(subject, ids: Tensor, pattern: Pattern, reference: Run) -> Run:
     if pattern.name == "indexer":
         return subject.run(ids, own=True)
     if pattern.name == "heads":
-        from ..hf.heads import select_heads
-
         return subject.run(ids, heads=select_heads(reference.attention, ids.shape[0], mass=pattern.args[0]))
     return subject.run(ids, builder=builder_of(pattern, subject.causal))
 
 
 def load_subject(hf: Optional[str] = None, checkpoint: Optional[str] = None):
-    """The model of the study: a tiny GPT ``checkpoint``, a transformers folder / hub id ``hf``, else all-MiniLM-L6-v2."""
+    """The model of the study: a tiny GPT ``checkpoint``, a transformers folder / hub id ``hf``, else
+    all-MiniLM-L6-v2."""
     if hf is not None and checkpoint is not None:
         raise ValueError(f"give hf or checkpoint, not both (got hf={hf!r}, checkpoint={checkpoint!r})")
     if checkpoint is not None:
@@ -253,7 +253,8 @@ def frontier_figure(study: Study):
             frontier.append((xi, yi))
     axes.step(*zip(*frontier), where="post", color="tab:blue", alpha=0.4, label="frontier")
     for place, (row, xi, yi) in enumerate(zip(rows, x, y)):  # labels above and below in turn: equal densities
-        axes.annotate(row["pattern"], (xi, yi), textcoords="offset points", xytext=(4, 5 - 14 * (place % 2)), fontsize=8)
+        axes.annotate(row["pattern"], (xi, yi), textcoords="offset points", xytext=(4, 5 - 14 * (place % 2)),
+                      fontsize=8)
     axes.xaxis.set_major_formatter(PercentFormatter(1.0))
     axes.set_xlabel("edges kept per head (share of full attention)")
     axes.set_ylabel(label)

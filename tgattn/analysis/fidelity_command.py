@@ -69,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
     for path in save_study(study, args.out, command=shlex.join(words)):
         print(f"wrote {path}")
     for row in study.rows:
-        print("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{value:<16}" for key, value in row.items()))
+        print("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{value:<16}"
+                        for key, value in row.items()))
     for label, why in study.skipped.items():
         print(f"skipped {label}: {why}")
     return 0

@@ -29,6 +29,7 @@ from ..builders.scored import best_per_target
 from .analysis import attention_graph
 from .attention import Layer, attention_forward
 from .interface import use_pattern
+from .masks import EdgeMask
 
 HEADS = "tgattn_heads"  # the attn_implementation of heads_only
 _ACTIVE: ContextVar[Optional[List[Tensor]]] = ContextVar("tgattn_hf_heads", default=None)  # per layer: bias [E, H]
@@ -78,7 +79,8 @@ def _mass_keep(alpha: Tensor, dst: Tensor, n: int, mass: float) -> Tensor:
         order = by_weight[torch.sort(dst[by_weight], stable=True).indices]  # edges by (query, weight desc)
         running = alpha[order, h].double().cumsum(0)
         start = first[dst[order]]
-        before = running - alpha[order, h].double() - torch.where(start > 0, running[start - 1], 0.0)  # mass ahead in row
+        row_start = torch.where(start > 0, running[start - 1], 0.0)  # the mass of the rows before
+        before = running - alpha[order, h].double() - row_start  # the mass ahead of each edge in its row
         keep[order, h] = before < mass
     return keep
 
@@ -153,7 +155,7 @@ def _heads_forward(module, query, key, value, attention_mask, *args, **kwargs):
     """:func:`tgattn.hf.attention_forward` with the head bias of ``module``'s layer on the union's edges."""
     biases = _ACTIVE.get()
     layer = getattr(module, "layer_idx", None)
-    if biases is None or layer is None or attention_mask.bias is not None \
+    if biases is None or layer is None or not isinstance(attention_mask, EdgeMask) or attention_mask.bias is not None \
             or attention_mask.edge_index.shape[1] != biases[layer].shape[0]:
         raise ValueError("heads_only: the model must run inside `with heads_only(model, graphs)`, on the text the "
                          "graphs were read from, with layers that know their index (layer_idx) and no score bias")

@@ -50,8 +50,8 @@ def cache_dir() -> Path:
 def _model_zip() -> Path:
     """The zip inside the installed wheel; ``ModuleNotFoundError`` naming the extra when it is absent."""
     spec = importlib.util.find_spec(PACKAGE)  # finds the package without running its __init__
-    zip_path = Path(next(iter(spec.submodule_search_locations))) / "model.zip" if spec is not None \
-        and spec.submodule_search_locations else None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    zip_path = Path(folders[0]) / "model.zip" if folders else None
     if zip_path is None or not zip_path.is_file():
         raise ModuleNotFoundError(MISSING, name=PACKAGE)
     return zip_path
