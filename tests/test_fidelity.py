@@ -190,3 +190,30 @@ def test_hf_passages_hold_the_special_tokens(minilm, shakespeare):
     assert [p.shape[0] for p in passages] == [20, 20]
     assert all(p[0] == cls and p[-1] == sep for p in passages)
     assert isinstance(minilm, HFSubject) and not minilm.causal
+
+
+@needs_minilm
+def test_a_causal_transformers_folder_reports_perplexity_and_kl_as_its_sdpa_forward(tmp_path, minilm, shakespeare):
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=minilm.tokenizer.vocab_size, n_embd=16, n_layer=2, n_head=2,
+                                     n_positions=64, architectures=["GPT2LMHeadModel"])
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    minilm.tokenizer.save_pretrained(tmp_path)  # any tokenizer of the vocabulary's size
+    subject = load_subject(hf=str(tmp_path))
+    subject.model.double()
+    study = fidelity(subject, text=shakespeare, length=24, patterns=["window:4", "topk:3", "heads:0.9"],
+                     progress=False)
+    rows = {row["pattern"]: row for row in study.rows}
+    assert study.causal and list(rows) == ["full", "window:4", "topk:3", "heads:0.9"]
+    assert rows["full"]["kl"] == 0 and rows["topk:3"]["edges_kept"] == (3 * 22 + 3) / (24 * 25 / 2)
+    ids = subject.passages(shakespeare, 24, 1)[0].view(1, -1)
+    keep = builders.to_mask(builders.window(24, 4, causal=True), 24, 24).view(1, 1, 24, 24)
+    subject.model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        full = subject.model(ids).logits[0]
+        sparse = subject.model(ids, attention_mask=keep).logits[0]
+    kl = F.kl_div(sparse.log_softmax(-1), full.log_softmax(-1), log_target=True, reduction="batchmean")
+    assert rows["window:4"]["kl"] == pytest.approx(float(kl), rel=1e-9)
+    assert rows["window:4"]["perplexity"] == pytest.approx(float(F.cross_entropy(sparse[:-1], ids[0, 1:]).exp()),
+                                                           rel=1e-9)
