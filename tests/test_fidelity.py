@@ -141,7 +141,7 @@ def test_gpt_checkpoint_perplexity_and_kl_equal_its_own_forward(tmp_path):
 
 def test_gpt_with_a_learned_indexer_runs_its_selection_against_dense(tmp_path):
     subject = GPTSubject.load(gpt_checkpoint(tmp_path / "gpt.pt", attention="indexer_topk", k_top=4))
-    study = fidelity(subject, text=TEXT, length=16, patterns=["indexer", "window:2"], progress=False)
+    study = fidelity(subject, text=TEXT, length=16, patterns=["indexer", "window:2", "indexer"], progress=False)
     rows = {row["pattern"]: row for row in study.rows}
     assert list(rows) == ["full", "indexer"] and "window:2" in study.skipped
     assert rows["indexer"]["edges_kept"] == pytest.approx((4 * 12 + sum(range(1, 5))) / (16 * 17 / 2))

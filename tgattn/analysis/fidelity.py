@@ -149,7 +149,7 @@ def fidelity(subject=None, *, text: Optional[str] = None, length: Optional[int] 
 
         text = load_tiny_shakespeare()
     parsed = [p if isinstance(p, Pattern) else parse_pattern(p) for p in patterns]
-    parsed = [parse_pattern("full")] + [p for p in parsed if p.name != "full"]
+    parsed = list({p.label: p for p in [parse_pattern("full")] + [p for p in parsed if p.name != "full"]}.values())
     length = subject.default_length if length is None else length
     inputs = subject.passages(text, length, passages)
     sums: Dict[str, Dict[str, float]] = {}
