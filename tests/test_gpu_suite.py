@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tgattn import builders
-from tgattn.bench import gpu_peers, gpu_suite
+from tgattn.bench import gpu_cases, gpu_peers, gpu_suite
 from tgattn.bench.gpu import main
 from tgattn.bench.gpu_cases import SIZES, Case, case, suite_cases
 from tgattn.bench.gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, case_rows, suite_targets
+from tgattn.engine.analysis import analyse
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("torch_geometric")
@@ -77,7 +78,7 @@ def test_suite_order_runs_every_case_once_before_any_twice():
     names = [(c.name, c.n) for c in suite_cases()]
     assert [name for name, _ in names[: len(SIZES)]] == list(SIZES) and len(set(names)) == len(names)
     assert len(names) == sum(map(len, SIZES.values()))
-    assert max(n for _, n in names) == 1 << 17 and ("causal", 32768) in names
+    assert max(n for _, n in names) == 1 << 17 and {("causal", 32768), ("causal", 65536)} <= set(names)
 
 
 def test_cases_are_the_sets_their_flex_mask_mods_state():
@@ -120,7 +121,7 @@ def test_grouped_query_peers_equal_the_dense_oracle(peer):
     c, ei, q, k, v, ref = _gqa_inputs()
     if peer == "triton" and not interpreter_ready():
         pytest.skip("Triton's interpreter is not on (TRITON_INTERPRET=1 before triton is imported)")
-    x = gpu_peers.Inputs(c, ei, ei, q, k, v, flex_attention)
+    x = gpu_peers.Inputs(c, ei, ei, None, q, k, v, flex_attention)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager Flex: "called without torch.compile"
         out = _as_nhd(gpu_peers.build(peer, x).call())
@@ -131,7 +132,7 @@ def test_a_backend_this_checkout_lacks_is_not_available_with_the_reason(monkeypa
     import tgattn.functional
 
     c, ei, q, k, v, _ = _gqa_inputs()
-    x = gpu_peers.Inputs(c, ei, ei, q, k, v, None)
+    x = gpu_peers.Inputs(c, ei, ei, None, q, k, v, None)
     monkeypatch.setattr(tgattn.functional, "BACKENDS", tuple(b for b in tgattn.functional.BACKENDS if b != "tc"))
     with pytest.raises(gpu_peers.NotAvailable, match="no backend 'tc'"):
         gpu_peers.build("tc", x)
@@ -156,9 +157,9 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
         def tc_share(self):
             return self.tc_edges / self.num_edges
 
-    def plan_tiles(ptr, col, num_queries, num_keys, *, block_m, block_n, min_fill=None):
+    def plan_structure(s, *, block_m, block_n, min_fill=None):
         seen["blocks"], seen["min_fill"] = (block_m, block_n), min_fill
-        return Plan(ptr, col, num_queries, num_keys, block_m, block_n)
+        return Plan(s.rowptr.long(), s.src, s.n_q, s.n_k, block_m, block_n)
 
     def predict(plan, *, heads, head_dim, dtype, backward=False, card="h100"):
         seen.setdefault("calls", []).append((heads, head_dim, dtype, backward, card))
@@ -166,12 +167,13 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
 
     from tgattn.engine.triton import tc, tile_cost  # the suite plans as the tc backend does: through its names
 
-    monkeypatch.setattr(tc, "plan_tiles", plan_tiles)
+    monkeypatch.setattr(tc, "plan_structure", plan_structure)
     monkeypatch.setattr(tc, "choose_blocks", lambda dtype, d: (16, 16))
     monkeypatch.setattr(tc, "break_even_fill", lambda *shape: None)
     monkeypatch.setattr(tile_cost, "predict", predict)
     c = case("block_local", 512)  # blocks of 256: every 16 x 16 tile full
-    plan = gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h200")
+    s = analyse(c.make(torch.device("cpu")), 512, 512)
+    plan = gpu_suite.plan_case(c, s, torch.bfloat16, "h200")
     assert plan.note == "" and seen["blocks"] == (16, 16) and seen["min_fill"] is None  # no break-even: the default
     assert plan.columns["tc_share"] == 1.0 and plan.columns["n_partial"] == 0 and plan.columns["n_full"] == 2 * 16 * 16
     assert seen["calls"] == [(8, 64, torch.bfloat16, False, "h200"), (8, 64, torch.bfloat16, True, "h200")]
@@ -182,7 +184,7 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
     assert both["tc_over_pred"] == pytest.approx(2.0) and both["tc_over_roofline"] == pytest.approx(9.0)
     # grouped-query heads packed into the tiles' rows: a quarter of the rows a tile, a quarter of the heads
     seen.clear()
-    gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h100", group=4)
+    gpu_suite.plan_case(c, s, torch.bfloat16, "h100", group=4)
     assert seen["blocks"] == (4, 16) and {call[0] for call in seen["calls"]} == {2}
 
 
@@ -238,3 +240,54 @@ def test_molecule_steps_on_a_cpu_run_eagerly_and_say_why_the_rest_did_not():
     assert got[("compiled", "gat")]["ms"] > 0 and "eager" in got[("compiled", "gat")]["note"]
     assert all(r["ms"] or r["note"] for r in rows)
     assert {r["graphs"] for r in rows} == {4}
+
+
+def test_scattered_cases_plan_no_tile_and_tc_runs_them_on_the_gather_path_alone(monkeypatch):
+    """random / top-k 1 %: every tile under the break-even (tiles pay from ~3 % full, data/gpu/h100_suite),
+    so the plan holds no tile and ``tc`` calls the gather path itself: no tile launch, no merge."""
+    pytest.importorskip("triton")
+    from tgattn.engine.triton import tc
+
+    calls = []
+    monkeypatch.setattr(tc, "triton_attention", lambda *args, **kwargs: calls.append(args) or ("gathered", None))
+    monkeypatch.setattr(tc.TileAttention, "apply", lambda *args: pytest.fail("a plan without tiles ran the tiles"))
+    for name in ("random1%", "topk1%"):
+        c = case(name, 2048)
+        s = analyse(c.make(torch.device("cpu")), c.n, c.n)
+        plan = gpu_suite._plan_tiles(s, c, torch.bfloat16)
+        assert plan.n_full + plan.n_partial == 0 and plan.tc_share == 0.0, name
+        q = torch.randn(c.n, 2, 64, dtype=torch.bfloat16)
+        assert tc.tc_attention(q, q, q, s, None, 0.125) == ("gathered", None) and len(calls) == 1
+        calls.clear()
+
+
+def test_flex_on_its_flash_backend_says_in_one_line_why_it_cannot_run_here():
+    c, ei, q, k, v, _ = _gqa_inputs()
+    why = gpu_peers.flash_backend_missing(q)
+    assert why and "\n" not in why and ("FLASH" in why or "flash_attn" in why)
+    for peer in ("flex_fa4", "flex_fa4_dense"):
+        with pytest.raises(gpu_peers.NotAvailable, match=why.split("(")[0][:30]):
+            gpu_peers.build(peer, gpu_peers.Inputs(c, ei, ei, None, q, k, v, None))
+
+
+@pytest.mark.slow  # ~10 s: the tc path through Triton's interpreter at 64 x 64 tiles
+def test_a_band_past_the_list_size_runs_without_an_edge_list(monkeypatch):
+    """causal past the list size: tc over prepare_band's set, SDPA's mask from the band, and the
+    peers that need the edge list say why they did not run."""
+    from tgattn.engine.triton.attention import interpreter_ready
+
+    if not interpreter_ready():
+        pytest.skip("Triton's interpreter is not on (TRITON_INTERPRET=1 before triton is imported)")
+    monkeypatch.setattr(gpu_cases, "EDGE_LIST_MAX", 0)
+    made = []
+    c = case("causal", 64, heads=2, dim=16)
+    c = Case(**{**c.__dict__, "make": lambda device: made.append(1)})  # an edge list must not be asked for
+    rows, per_case = gpu_suite.attention_suite([c], gpu_peers.SUITE_PEERS, device=torch.device("cpu"),
+                                               dtype=torch.bfloat16, device_name="cpu", repeats=0,
+                                               clock=gpu_suite.Clock(86400.0), progress=False)
+    got = {(r["peer"], r["mode"]): r for r in rows}
+    assert not made and got[("tc", "fwd+bwd")]["ms"] and "prepare_band" in got[("tc", "fwd")]["note"]
+    for peer in ("triton", "flex_edges"):
+        assert got[(peer, "fwd")]["note"].startswith("not available: no edge list at 2,080 edges")
+    assert got[("sdpa_mask", "fwd")]["ms"] and "from the band" in got[("sdpa_mask", "fwd")]["note"]
+    assert [r["edges"] for r in per_case] == [64 * 65 // 2] * 2 and per_case[0]["tc_share"] == 1.0

@@ -17,14 +17,15 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..engine.bands import BandStructure, band_structure
 from .attention import _bytes_needed, _inputs
 from .gpu_cases import Case
-from .gpu_peers import FLEX_PEERS, GROUPED, Built, Inputs, NotAvailable, build
+from .gpu_peers import FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
 from .gpu_summary import MODES, case_rows
 from .measure import best_time, run_once
 
@@ -33,7 +34,7 @@ from .measure import best_time, run_once
 FLEX_COMPILE_S = {"fwd": 25.0, "fwd+bwd": 50.0}
 SLOW_CALL_S = 8.0  # a peer whose one call would take longer is not run at that size
 MEASURE_S = 3.0  # timed repeats stop after this many seconds (at least one runs)
-DENSE_PEERS = ("sdpa_mask", "sdpa_dense")  # whose time grows as n**2, not as the edges
+DENSE_PEERS = ("sdpa_mask", "sdpa_dense", "flex_fa4_dense")  # whose time grows as n**2, not as the edges
 
 
 class Clock:
@@ -94,17 +95,16 @@ def _plan_tiles(s, case: Case, dtype: torch.dtype, group: int = 1):
     return plan_for_inputs(s, dtype, case.dim, group)[0]
 
 
-def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: str, group: int = 1) -> Plan:
-    """The tile plan of the case's edge set (:func:`_plan_tiles`: share of edges on tensor cores,
-    tile counts, planning ms) and ``predict``'s times per mode (forward + backward: the forward's
-    and the backward's added). ``group``: query heads packed into a tile's rows (1: the heads run
-    apart, as in the calls per head group)."""
-    from ..engine import analyse
+def plan_case(case: Case, s, dtype: torch.dtype, card: str, group: int = 1) -> Plan:
+    """The tile plan of the case's edge set, analysed as ``s`` (:func:`_plan_tiles`: share of edges
+    on tensor cores, tile counts, planning ms; a band's from its rows' key ranges) and ``predict``'s
+    times per mode (forward + backward: the forward's and the backward's added). ``group``: query
+    heads packed into a tile's rows (1: the heads run apart, as in the calls per head group)."""
     from ..engine.triton.tile_cost import predict
 
     plan = Plan()
-    s = analyse(edge_index, case.n, case.n)
-    seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), edge_index.device)
+    s = _fresh(s) if isinstance(s, BandStructure) else replace(s, extras={})  # planned anew: timed
+    seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), s.rowptr.device)
     plan.columns = dict(tc_share=tiles.tc_share, tc_edges=tiles.tc_edges, n_full=tiles.n_full, n_partial=tiles.n_partial,
                         block_m=tiles.block_m, block_n=tiles.block_n, plan_ms=seconds * 1e3)
     fwd, bwd = ({key[:-2]: value * 1e3 for key, value in predict(  # "tiles_s" -> "tiles" ms
@@ -114,11 +114,19 @@ def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: st
     return plan
 
 
-def new_edge_set(edge_index: torch.Tensor, case: Case, dtype: torch.dtype):
+def _fresh(s: BandStructure) -> BandStructure:
+    """A band's analysis made again, nothing derived yet."""
+    return band_structure(s.band, s.n_q, s.n_k, s.rowptr.device)
+
+
+def new_edge_set(edge_index: Optional[torch.Tensor], case: Case, dtype: torch.dtype, device: torch.device):
     """What a never-seen edge set costs the ``tc`` path before its first kernel: the engine's
-    analysis and the tile plan, at the case's head grouping."""
+    analysis (of the band, where the case is one: ``prepare_band``'s) and the tile plan, at the
+    case's head grouping."""
     from ..engine import analyse
 
+    if case.band is not None:
+        return lambda: _plan_tiles(band_structure(case.band, case.n, case.n, device), case, dtype, case.groups)
     return lambda: _plan_tiles(analyse(edge_index, case.n, case.n), case, dtype, case.groups)
 
 
@@ -146,7 +154,8 @@ class Estimates:
 
     @staticmethod
     def _compile_key(case: Case, peer: str, mode: str) -> tuple:
-        return (peer, case.name if peer == "flex" else "edges", mode, case.groups > 1)
+        mask = {"flex": case.name, "flex_fa4": case.name, "flex_fa4_dense": "none"}.get(peer, "edges")  # its mask_mod
+        return (peer, mask, mode, case.groups > 1)
 
     def call_s(self, case: Case, edges: int, peer: str, mode: str) -> Optional[float]:
         """A call's expected seconds: the same case and peer at a smaller size, scaled by the work,
@@ -246,25 +255,28 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
     to run, each with its rows' note.
     """
     from .. import prepare
+    from ..edgeset import prepare_band
 
     device, dtype = run.device, run.dtype
-    edge_index = case.make(device)
-    edges = edge_index.shape[1]
+    # A band past the suite's list size makes no edge list: its peers that need one say so.
+    banded = None if case.band is None else prepare_band(case.n, lo=case.band.lo, hi=case.band.hi,
+                                                         lengths=case.band.lengths, device=device)
+    edge_index = case.make(device) if case.listed else None
+    listed = None if edge_index is None else prepare(edge_index, case.n, case.n)
+    edges = (listed or banded).num_edges
     base = dict(pattern=case.name, family=case.family, n=case.n, edges=edges, density=edges / case.n**2,
                 heads=case.heads, kv_heads=case.kv_heads, dim=case.dim, dtype=str(dtype).replace("torch.", ""))
     q, _, _, grad = _inputs(case.n, case.heads, case.dim, device=device, dtype=dtype)
     _, k, v, _ = _inputs(case.n, case.kv_heads, case.dim, seed=1, device=device, dtype=dtype)
-    edges_for_tgattn, over = prepare(edge_index, case.n, case.n), "over tgattn.prepare's EdgeSet"
-    x = Inputs(case, edge_index, edges_for_tgattn, q, k, v, run.flex, prepare=new_edge_set(edge_index, case, dtype),
-               flex_options=run.flex_options)
+    x = Inputs(case, edge_index, listed, banded, q, k, v, run.flex,
+               prepare=new_edge_set(edge_index, case, dtype, device), flex_options=run.flex_options)
     rows = []
     for peer in peers:
-        rows += _peer_rows(peer, x, grad, run, base, (skipped or {}).get(peer, ""),
-                           over if peer in ("tc", "triton") else "")
+        rows += _peer_rows(peer, x, grad, run, base, (skipped or {}).get(peer, ""))
     _ratios(rows)
     grouped = any(r["peer"] == "tc" and GROUPED in r["note"] for r in rows)
-    plan = plan_case(case, edge_index, dtype, run.card, case.groups if grouped else 1)
-    del q, k, v, grad, x, edge_index, edges_for_tgattn
+    plan = plan_case(case, (banded or listed).structure, dtype, run.card, case.groups if grouped else 1)
+    del q, k, v, grad, x, edge_index, listed, banded
     if run.cuda:
         torch.cuda.empty_cache()
     return rows, case_rows(base, plan.columns, plan.predicted, plan.note, rows)
@@ -274,7 +286,7 @@ SMALL_FLEX = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLO
               "num_stages": 1}  # Flex's tiles when Inductor's default config asks more shared memory than a GPU has
 
 
-def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over: str) -> List[dict]:
+def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str) -> List[dict]:
     """The rows of one peer on one case, forward and forward + backward (``why``: not run)."""
     case, edges = x.case, base["edges"]
     built = None
@@ -294,8 +306,8 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over:
         rows.append(row)
         if built is None:
             continue
-        notes = [n for n in (built.note, over) if n]
-        row["note"] = "; ".join(notes)
+        notes = [built.note] if built.note else []
+        row["note"] = built.note
         if backward and not built.backward:
             continue
         if peer == "sdpa_mask" and _bytes_needed(peer, case.n, edges, case.heads, case.dim, backward, run.cuda,
@@ -313,7 +325,7 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over:
             try:
                 row["ms"], row["first_s"] = _measure(built, backward, (x.q, x.k, x.v), grad, run.repeats)
             except Exception as err:
-                if peer not in FLEX_PEERS or "out of resource" not in str(err) or peer in run.flex_options:
+                if peer not in TRITON_FLEX_PEERS or "out of resource" not in str(err) or peer in run.flex_options:
                     raise
                 _recover(peer, run.device)  # Inductor's default tiles did not fit: Flex's smaller ones, from now on
                 run.flex_options[peer] = SMALL_FLEX

@@ -100,9 +100,10 @@ def suite_targets(cases: Sequence[dict], steps: Sequence[dict] = (), *, verdicts
         where = f"{r['pattern']} n={r['n']} {r['mode']}"
         family = r.get("family")
         if family == "structured" and r["mode"] == "fwd+bwd":
-            line(f"{where}: Flex kernel / tc >= 1", least(r.get("flex"), r.get("flex_edges")), lambda x: x >= 1)
-            line(f"{where}: (Flex + mask) / (tc + plan) >= 2", least(r.get("flex_setup"), r.get("flex_edges_setup")),
-                 lambda x: x >= 2)
+            line(f"{where}: Flex kernel / tc >= 1", least(r.get("flex"), r.get("flex_edges"), r.get("flex_fa4")),
+                 lambda x: x >= 1)
+            line(f"{where}: (Flex + mask) / (tc + plan) >= 2",
+                 least(r.get("flex_setup"), r.get("flex_edges_setup"), r.get("flex_fa4_setup")), lambda x: x >= 2)
         elif family == "scattered":
             line(f"{where}: min(gather, dense SDPA) / tc >= 1", least(r.get("triton"), r.get("sdpa_dense")), lambda x: x >= 1)
         elif family == "indexer" and r["mode"] == "fwd+bwd":
