@@ -148,8 +148,8 @@ def flash_backend_missing(q: Tensor) -> str:
     """Why FlexAttention's ``BACKEND="FLASH"`` cannot run inputs like ``q`` here (``""``: it can).
 
     Example:
-        >>> flash_backend_missing(torch.zeros(1))  # doctest: +ELLIPSIS
-        'FlexAttention's FLASH backend runs on CUDA ...'
+        >>> print(flash_backend_missing(torch.zeros(1)))  # doctest: +ELLIPSIS
+        FlexAttention's FLASH backend runs on CUDA ...
     """
     import importlib.util
 
