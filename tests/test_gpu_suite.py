@@ -291,3 +291,50 @@ def test_a_band_past_the_list_size_runs_without_an_edge_list(monkeypatch):
         assert got[(peer, "fwd")]["note"].startswith("not available: no edge list at 2,080 edges")
     assert got[("sdpa_mask", "fwd")]["ms"] and "from the band" in got[("sdpa_mask", "fwd")]["note"]
     assert [r["edges"] for r in per_case] == [64 * 65 // 2] * 2 and per_case[0]["tc_share"] == 1.0
+
+
+def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(monkeypatch, tmp_path):
+    import importlib.machinery
+    import sys
+    import types
+
+    seen = {}
+
+    def tune(device, *, budget_s, out, dry_run):
+        seen.update(device=device, budget_s=budget_s, out=out, dry_run=dry_run)
+        return iter([dict(kernel="forward", num_warps=4, num_stages=3)])
+
+    fake = types.ModuleType(gpu_suite.TUNE_MODULE)
+    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_suite.TUNE_MODULE, None)
+    fake.tune = tune
+    monkeypatch.setitem(sys.modules, gpu_suite.TUNE_MODULE, fake)
+    rows, note = gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True, reserve=20.0)
+    assert rows == [dict(kernel="forward", num_warps=4, num_stages=3)] and note.startswith("ran within")
+    assert seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
+    assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=True,
+                                reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
+    monkeypatch.delitem(sys.modules, gpu_suite.TUNE_MODULE)
+    monkeypatch.setattr(gpu_suite, "TUNE_MODULE", "tgattn.bench.no_such_sweep")
+    assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
+        "not run: no tgattn.bench.no_such_sweep")
+
+
+def test_case_rows_name_the_launch_options_the_tile_kernels_ran_with(monkeypatch):
+    import dataclasses
+    import importlib.machinery
+    import sys
+    import types
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        forward: tuple = (4, 3)
+        dq: tuple = (8, 2)
+
+    fake = types.ModuleType(gpu_suite.LAUNCH_MODULE)
+    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_suite.LAUNCH_MODULE, None)
+    fake.tile_config = lambda dtype, head_dim, rows, keys: Config() if (rows, keys) == (64, 64) else None
+    monkeypatch.setitem(sys.modules, gpu_suite.LAUNCH_MODULE, fake)
+    assert gpu_suite.launch_options(torch.bfloat16, 64, 64, 64) == "forward 4w 3s, dq 8w 2s"
+    monkeypatch.delitem(sys.modules, gpu_suite.LAUNCH_MODULE)
+    monkeypatch.setattr(gpu_suite, "LAUNCH_MODULE", "tgattn.engine.triton.no_such_table")
+    assert gpu_suite.launch_options(torch.bfloat16, 64, 64, 64) == ""

@@ -18,7 +18,7 @@ ATTENTION_FIELDS = ("pattern", "family", "n", "edges", "density", "heads", "kv_h
                     "ms", "first_s", "setup_ms", "ratio", "ratio_setup", "note", "device")
 RATIO_PEERS = tuple(p for p in SUITE_PEERS if p != "tc")
 CASE_FIELDS = (("pattern", "family", "n", "edges", "heads", "kv_heads", "dim", "dtype", "mode", "tc_share", "tc_edges",
-                "n_full", "n_partial", "block_m", "block_n", "plan_ms", "tc_ms", "gather_ms", "pred_ms", "pred_tiles_ms",
+                "n_full", "n_partial", "block_m", "block_n", "launch", "plan_ms", "tc_ms", "gather_ms", "pred_ms", "pred_tiles_ms",
                 "pred_gather_ms", "roofline_ms", "tc_over_pred", "tc_over_roofline")
                + RATIO_PEERS + tuple(f"{p}_setup" for p in FLEX_PEERS) + ("plan_note", "device"))
 PREDICTED = {"pred_ms": "total", "pred_tiles_ms": "tiles", "pred_gather_ms": "gather", "roofline_ms": "roofline"}
