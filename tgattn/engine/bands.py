@@ -145,7 +145,7 @@ def _recognised(s: Structure) -> Optional[Band]:
         return Band()
     if s.kind in ("causal", "packed_causal", "packed_full"):
         return Band(hi=0 if s.kind.endswith("causal") else None, lengths=s.lengths)
-    if not s.intervals:
+    if not s.intervals or s.num_edges < s.n_q:  # (rows without keys: a graph's, whose O(n) count would outweigh E)
         return None
     lo, hi = row_spans(s)[:2]
     band = Band(lo, hi)
