@@ -21,8 +21,8 @@ from torch import Tensor
 
 from . import native
 from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp
-from .bands import Band, BandStructure, band_structure
 from .validate import check_edge_index, check_ranges
+from .bands import Band, BandStructure, band_structure
 
 
 class EdgeSet:
