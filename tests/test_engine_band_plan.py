@@ -79,14 +79,14 @@ def test_the_plan_from_the_band_is_the_plan_from_the_edges(name, blocks, min_fil
 
 def test_planning_a_band_holds_no_tensor_of_its_edges():
     n, E = 4096, 4096 * 4097 // 2  # causal: 8.4 million edges, 2,080 tiles of 64 x 64
-    with LargestTensor() as made:
-        s = band_structure(Band(hi=0), n, n)
-        plan = plan_band(band_of(s), n, n, block_m=64, block_n=64)
+    with LargestTensor() as made:  # the tc backend's own way: a prepared band, its plan for bfloat16 at d = 64
+        es = prepare_band(n, hi=0)
+        plan = es.tile_plan(torch.bfloat16, 64)
     tiles = plan.n_full + plan.n_partial
-    assert plan.tc_edges == E and tiles == 2080
+    assert plan.tc_edges == E and tiles == 2080 and (plan.block_m, plan.block_n) == (64, 64)
     # The largest: the [tiles, block_m] overlap counts (133,120), three orders below E.
     assert made.largest <= tiles * 64 and made.largest < E / 50
-    assert "edges" not in s.extras
+    assert "edges" not in es.structure.extras
     small = analyse(builders.causal(512), 512, 512)  # the edge planner at a set 64x smaller holds its E
     with LargestTensor() as from_edges:
         plan_tiles(small.rowptr, small.src, 512, 512, block_m=64, block_n=64)
