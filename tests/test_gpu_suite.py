@@ -313,6 +313,9 @@ def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(mo
     assert seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
     assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=True,
                                 reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
+    fake.tune = lambda device, **kwargs: 1 / 0
+    assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True) == (
+        [], "failed: ZeroDivisionError: division by zero")
     monkeypatch.delitem(sys.modules, gpu_suite.TUNE_MODULE)
     monkeypatch.setattr(gpu_suite, "TUNE_MODULE", "tgattn.bench.no_such_sweep")
     assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(

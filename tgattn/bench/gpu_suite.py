@@ -454,7 +454,8 @@ def tune_sweep(device: torch.device, clock: Clock, out, *, dry_run: bool, reserv
     """``(rows, note)``: the tile kernels' launch-option sweep of :mod:`tgattn.bench.gpu_tune`, run
     before the attention cases so that the ``tc`` rows measure the tuned kernels, within
     :data:`TUNE_S` of the budget (less when the budget left, less ``reserve`` and
-    :data:`ATTENTION_MIN_S`, is shorter); ``rows`` empty and ``note`` saying why where it did not run.
+    :data:`ATTENTION_MIN_S`, is shorter); ``rows`` empty and ``note`` saying why where it did not
+    run or failed (the suite goes on).
 
     The contract with that module: ``tune(device, *, budget_s, out, dry_run) -> list of dicts``
     (one per configuration measured; it writes its own table under ``out``). A checkout without the
@@ -474,5 +475,9 @@ def tune_sweep(device: torch.device, clock: Clock, out, *, dry_run: bool, reserv
     budget = min(TUNE_S, clock.left(reserve + ATTENTION_MIN_S)) if device.type == "cuda" else clock.left(reserve)
     if budget <= 0:
         return [], f"skipped: time budget ({max(clock.left(), 0):.0f} s left of {clock.budget_s:.0f} s)"
-    rows = importlib.import_module(TUNE_MODULE).tune(device, budget_s=budget, out=out, dry_run=dry_run)
-    return list(rows), f"ran within {budget:.0f} s"
+    try:
+        rows = list(importlib.import_module(TUNE_MODULE).tune(device, budget_s=budget, out=out, dry_run=dry_run))
+    except Exception as err:  # the sweep failing must not cost the suite its cases
+        _recover("tc", device)
+        return [], f"failed: {type(err).__name__}: {str(err)[:200]}"
+    return rows, f"ran within {budget:.0f} s"
