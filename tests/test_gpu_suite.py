@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tgattn import builders
-from tgattn.bench import gpu_cases, gpu_peers, gpu_suite
+from tgattn.bench import gpu_cases, gpu_launch, gpu_peers, gpu_suite
 from tgattn.bench.gpu import main
 from tgattn.bench.gpu_cases import SIZES, Case, case, suite_cases
 from tgattn.bench.gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, case_rows, suite_targets
@@ -304,21 +304,21 @@ def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(mo
         seen.update(device=device, budget_s=budget_s, out=out, dry_run=dry_run)
         return iter([dict(kernel="forward", num_warps=4, num_stages=3)])
 
-    fake = types.ModuleType(gpu_suite.TUNE_MODULE)
-    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_suite.TUNE_MODULE, None)
+    fake = types.ModuleType(gpu_launch.TUNE_MODULE)
+    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_launch.TUNE_MODULE, None)
     fake.tune = tune
-    monkeypatch.setitem(sys.modules, gpu_suite.TUNE_MODULE, fake)
-    rows, note = gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True, reserve=20.0)
+    monkeypatch.setitem(sys.modules, gpu_launch.TUNE_MODULE, fake)
+    rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True, reserve=20.0)
     assert rows == [dict(kernel="forward", num_warps=4, num_stages=3)] and note.startswith("ran within")
     assert seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
-    assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=True,
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=True,
                                 reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
     fake.tune = lambda device, **kwargs: 1 / 0
-    assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True) == (
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True) == (
         [], "failed: ZeroDivisionError: division by zero")
-    monkeypatch.delitem(sys.modules, gpu_suite.TUNE_MODULE)
-    monkeypatch.setattr(gpu_suite, "TUNE_MODULE", "tgattn.bench.no_such_sweep")
-    assert gpu_suite.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
+    monkeypatch.delitem(sys.modules, gpu_launch.TUNE_MODULE)
+    monkeypatch.setattr(gpu_launch, "TUNE_MODULE", "tgattn.bench.no_such_sweep")
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
         "not run: no tgattn.bench.no_such_sweep")
 
 
@@ -333,11 +333,11 @@ def test_case_rows_name_the_launch_options_the_tile_kernels_ran_with(monkeypatch
         forward: tuple = (4, 3)
         dq: tuple = (8, 2)
 
-    fake = types.ModuleType(gpu_suite.LAUNCH_MODULE)
-    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_suite.LAUNCH_MODULE, None)
+    fake = types.ModuleType(gpu_launch.LAUNCH_MODULE)
+    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_launch.LAUNCH_MODULE, None)
     fake.tile_config = lambda dtype, head_dim, rows, keys: Config() if (rows, keys) == (64, 64) else None
-    monkeypatch.setitem(sys.modules, gpu_suite.LAUNCH_MODULE, fake)
-    assert gpu_suite.launch_options(torch.bfloat16, 64, 64, 64) == "forward 4w 3s, dq 8w 2s"
-    monkeypatch.delitem(sys.modules, gpu_suite.LAUNCH_MODULE)
-    monkeypatch.setattr(gpu_suite, "LAUNCH_MODULE", "tgattn.engine.triton.no_such_table")
-    assert gpu_suite.launch_options(torch.bfloat16, 64, 64, 64) == ""
+    monkeypatch.setitem(sys.modules, gpu_launch.LAUNCH_MODULE, fake)
+    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == "forward 4w 3s, dq 8w 2s"
+    monkeypatch.delitem(sys.modules, gpu_launch.LAUNCH_MODULE)
+    monkeypatch.setattr(gpu_launch, "LAUNCH_MODULE", "tgattn.engine.triton.no_such_table")
+    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == ""

@@ -276,7 +276,8 @@ def _suite(args: argparse.Namespace, device: torch.device) -> int:
     from .gpu_cases import suite_cases
     from .gpu_peers import FLEX_PEERS, SUITE_PEERS
     from .gpu_steps import STEP_FIELDS, molecule_steps
-    from .gpu_suite import Clock, attention_suite, tune_sweep
+    from .gpu_launch import tune_sweep
+    from .gpu_suite import Clock, attention_suite
     from .gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, plot_rows, steps_table, suite_targets, summary
     from .report import plot, write_csv
 

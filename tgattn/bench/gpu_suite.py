@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -25,6 +25,7 @@ import torch
 from ..engine.bands import BandStructure, band_structure
 from .attention import _bytes_needed, _inputs
 from .gpu_cases import Case
+from .gpu_launch import launch_options
 from .gpu_peers import FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
 from .gpu_summary import MODES, case_rows
 from .measure import best_time, run_once
@@ -113,26 +114,6 @@ def plan_case(case: Case, s, dtype: torch.dtype, card: str, group: int = 1) -> P
         for backward in (False, True))
     plan.predicted = {"fwd": fwd, "fwd+bwd": {key: fwd[key] + bwd[key] for key in fwd}}
     return plan
-
-
-LAUNCH_MODULE = "tgattn.engine.triton.tile_config"  # the tile kernels' launch options per card (branch tc-kernels)
-
-
-def launch_options(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> str:
-    """The tile kernels' launch options on this card for such tiles (``"forward 4w 3s, ..."``:
-    warps and pipeline stages per kernel, tuned or default), ``""`` where the checkout has no table.
-
-    Example:
-        >>> isinstance(launch_options(torch.bfloat16, 64, 64, 64), str)
-        True
-    """
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec(LAUNCH_MODULE) is None:
-        return ""
-    config = importlib.import_module(LAUNCH_MODULE).tile_config(dtype, head_dim, rows, keys)
-    return ", ".join(f"{f.name} {getattr(config, f.name)[0]}w {getattr(config, f.name)[1]}s" for f in fields(config))
 
 
 def _fresh(s: BandStructure) -> BandStructure:
@@ -444,40 +425,3 @@ def _case_or_skip(case: Case, peers: Sequence[str], run: Run, interpreted: set) 
         for p in DRY_RUN_INTERPRETED}
     return run_case(case, peers, run, skipped)
 
-
-TUNE_MODULE = "tgattn.bench.gpu_tune"  # the launch-option sweep (branch tc-kernels), run first where it exists
-TUNE_S = 100.0  # of the suite's budget, the most the sweep may take on a GPU (its own --tune may take 4 minutes)
-ATTENTION_MIN_S = 200.0  # of the budget, kept for the attention cases whatever the sweep asks
-
-
-def tune_sweep(device: torch.device, clock: Clock, out, *, dry_run: bool, reserve: float = 0.0) -> Tuple[List[dict], str]:
-    """``(rows, note)``: the tile kernels' launch-option sweep of :mod:`tgattn.bench.gpu_tune`, run
-    before the attention cases so that the ``tc`` rows measure the tuned kernels, within
-    :data:`TUNE_S` of the budget (less when the budget left, less ``reserve`` and
-    :data:`ATTENTION_MIN_S`, is shorter); ``rows`` empty and ``note`` saying why where it did not
-    run or failed (the suite goes on).
-
-    The contract with that module: ``tune(device, *, budget_s, out, dry_run) -> list of dicts``
-    (one per configuration measured; it writes its own table under ``out``). A checkout without the
-    module runs the suite on the default launch options.
-
-    Example:
-        >>> import importlib.util
-        >>> rows, note = tune_sweep(torch.device("cpu"), Clock(0.0), None, dry_run=True)
-        >>> rows, note.startswith("skipped") or importlib.util.find_spec(TUNE_MODULE) is None
-        ([], True)
-    """
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec(TUNE_MODULE) is None:
-        return [], f"not run: no {TUNE_MODULE} in this checkout (the tile kernels' default launch options)"
-    budget = min(TUNE_S, clock.left(reserve + ATTENTION_MIN_S)) if device.type == "cuda" else clock.left(reserve)
-    if budget <= 0:
-        return [], f"skipped: time budget ({max(clock.left(), 0):.0f} s left of {clock.budget_s:.0f} s)"
-    try:
-        rows = list(importlib.import_module(TUNE_MODULE).tune(device, budget_s=budget, out=out, dry_run=dry_run))
-    except Exception as err:  # the sweep failing must not cost the suite its cases
-        _recover("tc", device)
-        return [], f"failed: {type(err).__name__}: {str(err)[:200]}"
-    return rows, f"ran within {budget:.0f} s"
