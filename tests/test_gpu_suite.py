@@ -177,8 +177,12 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
     assert plan.note == "" and seen["blocks"] == (16, 16) and seen["min_fill"] is None  # no break-even: the default
     assert plan.columns["tc_share"] == 1.0 and plan.columns["n_partial"] == 0 and plan.columns["n_full"] == 2 * 16 * 16
     assert seen["calls"] == [(8, 64, torch.bfloat16, False, "h200"), (8, 64, torch.bfloat16, True, "h200")]
-    rows = [dict(peer="tc", mode="fwd+bwd", ms=18.0)]
+    tiles_flop = 2 * 16 * 16 * 16 * 16 * 8 * 4 * 64  # every tile of 16 x 16, 8 heads, 4 d a cell
+    assert plan.columns["tile_gflop"] == pytest.approx(tiles_flop / 1e9) and plan.columns["peak_tflops"] == 989.0
+    rows = [dict(peer="tc", mode="fwd+bwd", ms=18.0), dict(peer="tc", mode="fwd", ms=4.0)]
     fwd, both = case_rows(dict(pattern="block_local", n=512), plan.columns, plan.predicted, plan.note, rows)
+    assert fwd["tile_peak_pct"] == pytest.approx(100 * tiles_flop / 4e-3 / 989e12)  # forward: its own time
+    assert both["tile_peak_pct"] == pytest.approx(100 * 2.5 * tiles_flop / 14e-3 / 989e12)  # backward: 18 - 4 ms
     assert fwd["pred_ms"] == pytest.approx(3.0) and both["pred_ms"] == pytest.approx(9.0)
     assert both["pred_tiles_ms"] == pytest.approx(2.0) and both["roofline_ms"] == pytest.approx(2.0)
     assert both["tc_over_pred"] == pytest.approx(2.0) and both["tc_over_roofline"] == pytest.approx(9.0)
@@ -211,6 +215,8 @@ def test_the_guard_skips_a_slow_call_and_what_the_budget_cannot_hold():
 
 def test_targets_judge_each_family_by_its_own_peer():
     cases = [
+        dict(pattern="documents", family="structured", n=16384, mode="fwd", flex=1.1, flex_fa4=1.05),
+        dict(pattern="window256", family="structured", n=131072, mode="fwd", flex=1.4, tile_peak_pct=24.4),
         dict(pattern="random1%", family="scattered", n=16384, mode="fwd", triton=1.5, sdpa_dense=0.9),
         dict(pattern="indexer_gqa", family="indexer", n=16384, mode="fwd+bwd", triton=2.5),
         dict(pattern="graph16", family="gnn", n=131072, mode="fwd", triton=1 / 1.02),
@@ -218,6 +224,10 @@ def test_targets_judge_each_family_by_its_own_peer():
     ]
     steps = [dict(variant="new_edges", model="tgattn", vs_gat=0.65), dict(variant="cuda_graph", model="tgattn", vs_gat=0.55)]
     lines = {line[:70].strip(): line[70:].split() for line in suite_targets(cases, steps).splitlines()}
+    assert lines["documents n=16384 fwd: Flex kernel / tc >= 1"] == ["1.05x", "met"]  # the fastest Flex: FA4's
+    assert lines["window256 n=131072 fwd: Flex kernel / tc >= 1.3"] == ["1.40x", "met"]
+    assert lines["window256 n=131072 fwd: the forward's tiles at >= 25 % of the peak"] == ["24", "%", "NOT", "met"]
+    assert "documents n=16384 fwd: (Flex + mask) / (tc + plan) >= 2" not in lines  # setup counted from 65k
     assert lines["random1% n=16384 fwd: min(gather, dense SDPA) / tc >= 1"] == ["0.90x", "NOT", "met"]
     assert lines["indexer_gqa n=16384 fwd+bwd: gather / tc >= 2"] == ["2.50x", "met"]
     assert lines["graph16 n=131072 fwd: tc / gather <= 1.05"] == ["1.02x", "met"]

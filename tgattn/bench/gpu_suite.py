@@ -101,14 +101,17 @@ def plan_case(case: Case, s, dtype: torch.dtype, card: str, group: int = 1) -> P
     on tensor cores, tile counts, planning ms; a band's from its rows' key ranges) and ``predict``'s
     times per mode (forward + backward: the forward's and the backward's added). ``group``: query
     heads packed into a tile's rows (1: the heads run apart, as in the calls per head group)."""
-    from ..engine.triton.tile_cost import predict
+    from ..engine.triton.tile_cost import CARDS, predict
 
     plan = Plan()
     s = _fresh(s) if isinstance(s, BandStructure) else replace(s, extras={})  # planned anew: timed
     seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), s.rowptr.device)
     plan.columns = dict(tc_share=tiles.tc_share, tc_edges=tiles.tc_edges, n_full=tiles.n_full, n_partial=tiles.n_partial,
                         block_m=tiles.block_m, block_n=tiles.block_n, plan_ms=seconds * 1e3,
-                        launch=launch_options(dtype, case.dim, tiles.block_m, tiles.block_n))
+                        launch=launch_options(dtype, case.dim, tiles.block_m, tiles.block_n),
+                        # the tiles' forward products (4 d a cell and head: Q K^T, P V) and the card's peak
+                        tile_gflop=(tiles.n_full + tiles.n_partial) * tiles.block_m * tiles.block_n * (case.heads // group)
+                        * 4 * case.dim / 1e9, peak_tflops=CARDS[card].half_flops / 1e12)
     fwd, bwd = ({key[:-2]: value * 1e3 for key, value in predict(  # "tiles_s" -> "tiles" ms
         tiles, heads=case.heads // group, head_dim=case.dim, dtype=dtype, backward=backward, card=card).items()}
         for backward in (False, True))
