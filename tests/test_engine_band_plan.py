@@ -6,6 +6,7 @@ Oracles: the analysis of the builders' edge lists, :func:`plan_tiles` on those e
 checked against a dense recount in ``test_engine_tc_plan.py``), and the float64 dense attention.
 """
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -142,3 +143,25 @@ def test_tc_over_a_band_set_equals_the_oracle_and_never_makes_its_edges(band, n,
     assert max_err(out.detach().cpu().double(), ref) <= 2e-6
     for a, b in zip(grads, torch.autograd.grad(ref, exact, grad_out)):
         assert max_err(a.cpu().double(), b) <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_random_bands_give_the_analysis_and_the_plan_of_their_edges():
+    """Bands of every shape (empty, diagonal, one-sided, wider than the keys, rectangles, documents
+    of one token) at block shapes 1 x 1 to 64 x 128: the analysis of their edges (kind, lengths,
+    rows) and the plan from those edges, field for field."""
+    rng = random.Random(1)
+    for _ in range(150):
+        lengths = tuple(rng.randint(1, 40) for _ in range(rng.randint(1, 5))) if rng.random() < 0.4 else None
+        n_q = sum(lengths) if lengths else rng.randint(1, 90)
+        n_k = n_q if lengths or rng.random() < 0.5 else rng.randint(1, 90)
+        band = Band(rng.choice([None, rng.randint(-60, 20)]), rng.choice([None, rng.randint(-20, 60)]), lengths)
+        s = band_structure(band, n_q, n_k)
+        a = analyse(torch.stack([s.src, s.dst]), n_q, n_k)
+        assert (a.kind, a.lengths, a.intervals) == (s.kind, s.lengths, s.intervals) and torch.equal(a.rowptr, s.rowptr)
+        blocks = dict(block_m=rng.choice([1, 4, 16, 64]), block_n=rng.choice([1, 8, 32, 128]))
+        min_fill = rng.choice([0.0, 0.1, 0.5, None])
+        want = plan_tiles(a.rowptr, a.src, n_q, n_k, **blocks, min_fill=min_fill)
+        got = plan_band(band, n_q, n_k, **blocks, min_fill=min_fill)
+        for f in dataclasses.fields(want):
+            x, y = getattr(want, f.name), getattr(got, f.name)
+            assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y), (band, n_q, n_k, blocks, f.name)

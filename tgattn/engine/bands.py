@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .analysis import Structure, row_spans
+from .analysis import Structure, _packed_kind, row_spans
 
 
 @dataclass(frozen=True)
@@ -71,23 +71,18 @@ def _checked(band: Band, n_q: int, n_k: int) -> None:
                          f"(got n_q={n_q}, n_k={n_k}, lengths summing to {sum(band.lengths)})")
 
 
-def _effective(band: Band, n_q: int, n_k: int) -> Band:
-    """``band`` without the bounds that cut no row (``lo = -n`` is no bound), so that its kind reads off it."""
-    span_q, span_k = (max(band.lengths, default=1),) * 2 if band.lengths else (n_q, n_k)
-    lo = None if band.lo is not None and band.lo <= 1 - span_q else band.lo
-    hi = None if band.hi is not None and band.hi >= span_k - 1 else band.hi
-    return Band(lo, hi, band.lengths)
-
-
-def _kind(band: Band, n_q: int, n_k: int, num_edges: int) -> str:
-    """The analysis's kind of a band's edge set (what :func:`~.analysis.analyse` finds)."""
+def _kind(first: Tensor, last: Tensor, n_q: int, n_k: int, num_edges: int) -> Tuple[str, Optional[Tuple[int, ...]]]:
+    """``(kind, lengths)`` of a band's edge set from its rows' ranges, as :func:`~.analysis.analyse`
+    classes the edges (a diagonal is packed full documents of one token, one document is not packed)."""
     if num_edges and num_edges == n_q * n_k:
-        return "full"
-    if not num_edges or n_q != n_k or band.lo is not None or band.hi not in (None, 0):
-        return "general"
-    if band.lengths is None or len(band.lengths) == 1:
-        return "causal" if band.hi == 0 else "general"
-    return "packed_causal" if band.hi == 0 else "packed_full"
+        return "full", None
+    if not num_edges or n_q != n_k or bool((last < first).any()):  # the dense kinds have no empty row
+        return "general", None
+    rows = torch.arange(n_q)
+    if num_edges == n_q * (n_q + 1) // 2 and bool((last <= rows).all()):
+        return "causal", None
+    kind, lengths = _packed_kind(first, last, n_q)
+    return (kind, lengths) if kind is not None else ("general", None)
 
 
 class BandStructure(Structure):
@@ -130,9 +125,9 @@ def band_structure(band: Band, n_q: int, n_k: int, device=None) -> BandStructure
     rowptr = torch.zeros(n_q + 1, dtype=torch.int32 if num_edges < 2**31 else torch.long)
     torch.cumsum(degree, 0, out=rowptr[1:])
     rowptr = rowptr.to(device)
-    kind = _kind(_effective(band, n_q, n_k), n_q, n_k, num_edges)
-    s = BandStructure(n_q, n_k, num_edges, None, None, None, rowptr, False, kind=kind,
-                      lengths=band.lengths if kind.startswith("packed") else None, intervals=num_edges > 0)
+    kind, lengths = _kind(first, last, n_q, n_k, num_edges)
+    s = BandStructure(n_q, n_k, num_edges, None, None, None, rowptr, False, kind=kind, lengths=lengths,
+                      intervals=num_edges > 0)
     s.band = band
     s.extras["band"] = band
     return s
