@@ -351,3 +351,22 @@ def test_case_rows_name_the_launch_options_the_tile_kernels_ran_with(monkeypatch
     monkeypatch.delitem(sys.modules, gpu_launch.LAUNCH_MODULE)
     monkeypatch.setattr(gpu_launch, "LAUNCH_MODULE", "tgattn.engine.triton.no_such_table")
     assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == ""
+
+
+def test_a_flash_peer_that_fails_says_so_on_one_line_and_is_not_retried(monkeypatch):
+    calls = []
+
+    def broken(peer, x):
+        def call():
+            calls.append(x.case.n)
+            raise RuntimeError("BACKEND='FLASH' but flash attention cannot be used:\n  NYI")
+        return gpu_peers.Built(call)
+
+    monkeypatch.setattr(gpu_suite, "build", broken)
+    cases = [case("window64", 64, heads=2, dim=16), case("window64", 128, heads=2, dim=16)]
+    rows, _ = gpu_suite.attention_suite(cases, ["flex_fa4"], device=torch.device("cpu"), dtype=torch.float32,
+                                        device_name="cpu", repeats=0, clock=gpu_suite.Clock(86400.0), progress=False)
+    notes = [r["note"] for r in rows]
+    assert notes[0] == "failed: RuntimeError: BACKEND='FLASH' but flash attention cannot be used: NYI"
+    assert notes[2].startswith("skipped: failed at window64 n=64 (RuntimeError: BACKEND='FLASH'")
+    assert calls == [64, 64]  # forward and forward + backward once each, at the first case only

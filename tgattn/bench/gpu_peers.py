@@ -38,6 +38,7 @@ from .peers import _heads_first, require_backend
 SUITE_PEERS = ("tc", "triton", "flex", "flex_edges", "flex_fa4", "flex_fa4_dense", "sdpa_mask", "sdpa_dense")
 FLEX_PEERS = ("flex", "flex_edges", "flex_fa4", "flex_fa4_dense")
 TRITON_FLEX_PEERS = ("flex", "flex_edges")  # Flex on Inductor's Triton kernel (its tile options apply)
+FLASH_PEERS = ("flex_fa4", "flex_fa4_dense")  # Flex on its CuTe backend, compiled with static shapes
 GROUPED = "grouped heads in one call"  # the note of a tgattn peer that took grouped-query heads so
 
 
@@ -62,6 +63,9 @@ class Inputs:
     flex: Callable
     prepare: Optional[Callable[[], object]] = None  # a new edge set's analysis and tile plan (the tc path's setup)
     flex_options: Dict[str, dict] = field(default_factory=dict)  # Flex peer -> its kernel_options (none: Inductor's)
+    # flex_attention for the FLASH backend: compiled with static shapes, since FLASH cannot inline a
+    # mask_mod's captured int that dynamic shapes turn symbolic (torch's own NYI error); recompiles per size
+    flash: Optional[Callable] = None
 
 
 @dataclass
@@ -118,7 +122,8 @@ def _flex(x: Inputs, peer: str, block_mask, setup: Optional[Callable], note: str
         kwargs["kernel_options"] = options
     notes = [note, f"kernel_options {options}" if options else "",
              "" if x.q.is_cuda else "FlexAttention has no backward on a CPU"]
-    return Built(lambda: x.flex(qh, kh, vh, block_mask=block_mask, **kwargs), setup, "; ".join(filter(None, notes)),
+    attend = x.flash if peer in FLASH_PEERS and x.flash is not None else x.flex
+    return Built(lambda: attend(qh, kh, vh, block_mask=block_mask, **kwargs), setup, "; ".join(filter(None, notes)),
                  backward=x.q.is_cuda)
 
 

@@ -26,7 +26,7 @@ from ..engine.bands import BandStructure, band_structure
 from .attention import _bytes_needed, _inputs
 from .gpu_cases import Case
 from .gpu_launch import launch_options
-from .gpu_peers import FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
+from .gpu_peers import FLASH_PEERS, FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
 from .gpu_summary import MODES, case_rows
 from .measure import best_time, run_once
 
@@ -242,7 +242,9 @@ class Run:
     reserve: float
     estimates: Estimates
     flex: object = None
+    flash: object = None  # flex_attention compiled with static shapes for the FLASH backend (it inlines the masks' ints)
     flex_options: Dict[str, dict] = field(default_factory=dict)
+    broken: Dict[Tuple[str, str], str] = field(default_factory=dict)  # (FLASH peer, mode) -> its failure, not retried
 
     @property
     def cuda(self) -> bool:
@@ -274,7 +276,7 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
     q, _, _, grad = _inputs(case.n, case.heads, case.dim, device=device, dtype=dtype)
     _, k, v, _ = _inputs(case.n, case.kv_heads, case.dim, seed=1, device=device, dtype=dtype)
     x = Inputs(case, edge_index, listed, banded, q, k, v, run.flex,
-               prepare=new_edge_set(edge_index, case, dtype, device), flex_options=run.flex_options)
+               prepare=new_edge_set(edge_index, case, dtype, device), flex_options=run.flex_options, flash=run.flash)
     rows = []
     for peer in peers:
         rows += _peer_rows(peer, x, grad, run, base, (skipped or {}).get(peer, ""))
@@ -302,7 +304,7 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str) -> Li
         except NotAvailable as err:
             why = f"not available: {err}"
         except Exception as err:  # a peer that fails to build here (no compiler, a dtype it refuses, out of memory)
-            why = f"failed: {type(err).__name__}: {str(err)[:100]}"
+            why = _failed(err)
             _recover(peer, run.device)
     rows, setup = [], None
     for mode in MODES:
@@ -319,7 +321,8 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str) -> Li
                                                  x.q.element_size()) > run.memory:
             row["note"] = "skipped: does not fit in memory"
             continue
-        skip = _skip(run.estimates, run.clock, run.reserve, case, edges, peer, mode, run.repeats, run.cuda)
+        skip = run.broken.get((peer, mode)) or _skip(run.estimates, run.clock, run.reserve, case, edges, peer, mode,
+                                                     run.repeats, run.cuda)
         if skip:
             row["note"] = skip
             continue
@@ -339,9 +342,17 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str) -> Li
                 row["note"] = built.note
             run.estimates.record(case, edges, peer, mode, row["ms"], row["first_s"])
         except Exception as err:  # e.g. Flex failing to compile, out of memory
-            row["note"] = "; ".join([f"failed: {type(err).__name__}: {str(err)[:100]}"] + notes)
+            row["note"] = "; ".join([_failed(err)] + notes)
             _recover(peer, run.device)
+            if peer in FLASH_PEERS and not isinstance(err, torch.OutOfMemoryError):
+                # once: each failure resets dynamo, which would cost every Flex peer its compiles again
+                run.broken[(peer, mode)] = f"skipped: failed at {case.name} n={case.n} ({_failed(err)[8:60]}...)"
     return rows
+
+
+def _failed(err: Exception) -> str:
+    """A failure's note, on one line."""
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:160]}"
 
 
 def _recover(peer: str, device: torch.device) -> None:
@@ -384,7 +395,8 @@ def attention_suite(cases: Sequence[Case], peers: Sequence[str], *, device: torc
 
     cuda = device.type == "cuda"
     run = Run(device, dtype, card_of(device_name), repeats if cuda else 0, clock, reserve, Estimates(),
-              _flex_function(device, static_flex) if any(p in FLEX_PEERS for p in peers) else None)
+              _flex_function(device, static_flex) if any(p in FLEX_PEERS for p in peers) else None,
+              _flex_function(device, True) if any(p in FLASH_PEERS for p in peers) else None)
     rows: List[dict] = []
     cases_out: List[dict] = []
     grouped = [c.name for c in cases if c.groups > 1]
