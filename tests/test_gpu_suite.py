@@ -304,26 +304,35 @@ def test_a_band_past_the_list_size_runs_without_an_edge_list(monkeypatch):
 
 
 def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(monkeypatch, tmp_path):
+    """Through stand-ins with the sweep's and the table's names (branch tc-kernels): the sweep runs
+    within the budget left, and tc then reads the sweep's table."""
     import importlib.machinery
     import sys
     import types
 
     seen = {}
 
-    def tune(device, *, budget_s, out, dry_run):
-        seen.update(device=device, budget_s=budget_s, out=out, dry_run=dry_run)
-        return iter([dict(kernel="forward", num_warps=4, num_stages=3)])
+    def tune(out, *, dry_run, budget_s):
+        seen.update(out=out, dry_run=dry_run, budget_s=budget_s)
+        (out / "tile_configs.csv").write_text("card,kernel\nNVIDIA H200,forward\n")
+        return [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)], [dict(kernel="forward")]
 
-    fake = types.ModuleType(gpu_launch.TUNE_MODULE)
-    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_launch.TUNE_MODULE, None)
-    fake.tune = tune
-    monkeypatch.setitem(sys.modules, gpu_launch.TUNE_MODULE, fake)
+    def fake(name, **attrs):
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+        return module
+
+    fake(gpu_launch.TUNE_MODULE, tune=tune)
+    table = fake(gpu_launch.LAUNCH_MODULE, read_table=lambda path="committed": f"read {path}")
     rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True, reserve=20.0)
-    assert rows == [dict(kernel="forward", num_warps=4, num_stages=3)] and note.startswith("ran within")
+    assert rows == [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)] and note.startswith("ran within")
     assert seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
+    assert table.read_table() == f"read {tmp_path / 'tile_configs.csv'}"  # tc's table from here on: the sweep's
     assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=True,
-                                reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
-    fake.tune = lambda device, **kwargs: 1 / 0
+                                 reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
+    sys.modules[gpu_launch.TUNE_MODULE].tune = lambda out, **kwargs: 1 / 0
     assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True) == (
         [], "failed: ZeroDivisionError: division by zero")
     monkeypatch.delitem(sys.modules, gpu_launch.TUNE_MODULE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import fields
+from pathlib import Path
 from typing import List, Tuple
 
 import torch
@@ -33,23 +34,22 @@ def launch_options(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> s
 TUNE_MODULE = "tgattn.bench.gpu_tune"  # the launch-option sweep (branch tc-kernels), run first where it exists
 TUNE_S = 100.0  # of the suite's budget, the most the sweep may take on a GPU (its own --tune may take 4 minutes)
 ATTENTION_MIN_S = 200.0  # of the budget, kept for the attention cases whatever the sweep asks
+TUNED_TABLE = "tile_configs.csv"  # the sweep's table under --out (the committed one: data/gpu/tile_configs.csv)
 
 
-def tune_sweep(device: torch.device, clock, out, *, dry_run: bool, reserve: float = 0.0) -> Tuple[List[dict], str]:
-    """``(rows, note)``: the tile kernels' launch-option sweep of :mod:`tgattn.bench.gpu_tune`, run
-    before the attention cases so that the ``tc`` rows measure the tuned kernels, within
-    :data:`TUNE_S` of the budget (less when the budget left, less ``reserve`` and
-    :data:`ATTENTION_MIN_S`, is shorter); ``rows`` empty and ``note`` saying why where it did not
-    run or failed (the suite goes on).
-
-    The contract with that module: ``tune(device, *, budget_s, out, dry_run) -> list of dicts``
-    (one per configuration measured; it writes its own table under ``out``). A checkout without the
-    module runs the suite on the default launch options.
+def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve: float = 0.0) -> Tuple[List[dict], str]:
+    """``(rows, note)``: the tile kernels' launch-option sweep (:func:`tgattn.bench.gpu_tune.tune`:
+    ``tile_sweep.csv`` and ``tile_configs.csv`` under ``out``), run before the attention cases
+    within :data:`TUNE_S` of the budget (less when the budget left, less ``reserve`` and
+    :data:`ATTENTION_MIN_S`, is shorter); then this process's ``tc`` backend takes its launch
+    options from the sweep's table (:func:`use_table`), so that the ``tc`` rows measure the tuned
+    kernels. ``rows`` (the sweep's timings) empty and ``note`` saying why where it did not run or
+    failed (the suite goes on, on the launch options it had).
 
     Example:
         >>> import importlib.util
         >>> from tgattn.bench.gpu_suite import Clock
-        >>> rows, note = tune_sweep(torch.device("cpu"), Clock(0.0), None, dry_run=True)
+        >>> rows, note = tune_sweep(torch.device("cpu"), Clock(0.0), Path("."), dry_run=True)
         >>> rows, note.startswith("skipped") or importlib.util.find_spec(TUNE_MODULE) is None
         ([], True)
     """
@@ -59,9 +59,19 @@ def tune_sweep(device: torch.device, clock, out, *, dry_run: bool, reserve: floa
     if budget <= 0:
         return [], f"skipped: time budget ({max(clock.left(), 0):.0f} s left of {clock.budget_s:.0f} s)"
     try:
-        rows = list(importlib.import_module(TUNE_MODULE).tune(device, budget_s=budget, out=out, dry_run=dry_run))
+        sweep, table = importlib.import_module(TUNE_MODULE).tune(Path(out), dry_run=dry_run, budget_s=budget)
+        use_table(Path(out) / TUNED_TABLE)
     except Exception as err:  # the sweep failing must not cost the suite its cases
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return [], f"failed: {type(err).__name__}: {str(err)[:200]}"
-    return rows, f"ran within {budget:.0f} s"
+        return [], f"failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return list(sweep), (f"ran within {budget:.0f} s: {len(sweep)} timings, {len(table)} table rows "
+                         f"({Path(out) / TUNED_TABLE}), which tc takes from here on")
+
+
+def use_table(path: Path) -> None:
+    """This process's ``tc`` backend takes its launch options from the table at ``path`` (checked
+    as the committed one is, by ``tile_config.read_table``) instead of the committed table."""
+    tile_config = importlib.import_module(LAUNCH_MODULE)
+    tuned = tile_config.read_table(str(path))
+    tile_config.read_table = lambda: tuned
