@@ -326,14 +326,16 @@ def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(mo
 
     fake(gpu_launch.TUNE_MODULE, tune=tune)
     table = fake(gpu_launch.LAUNCH_MODULE, read_table=lambda path="committed": f"read {path}")
-    rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True, reserve=20.0)
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
+        "skipped: dry run")
+    rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False, reserve=20.0)
     assert rows == [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)] and note.startswith("ran within")
-    assert seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
+    assert not seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
     assert table.read_table() == f"read {tmp_path / 'tile_configs.csv'}"  # tc's table from here on: the sweep's
-    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=True,
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=False,
                                  reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
     sys.modules[gpu_launch.TUNE_MODULE].tune = lambda out, **kwargs: 1 / 0
-    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True) == (
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False) == (
         [], "failed: ZeroDivisionError: division by zero")
     monkeypatch.delitem(sys.modules, gpu_launch.TUNE_MODULE)
     monkeypatch.setattr(gpu_launch, "TUNE_MODULE", "tgattn.bench.no_such_sweep")

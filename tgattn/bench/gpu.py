@@ -28,7 +28,8 @@ Example::
 The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issues 50 and 56's
 targets and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes
 on an H100 or H200 with the start). First the tile kernels' launch-option sweep
-(``tgattn.bench.gpu_tune`` where the checkout has it, within 100 s; ``--no-tune`` skips it), then
+(``tgattn.bench.gpu_tune`` where the checkout has it, within 100 s, its table then taken by ``tc``
+for the rest of the run; ``--no-tune`` and a dry run skip it), then
 every case of :mod:`tgattn.bench.gpu_cases` (sliding windows 64 and 256, packed documents,
 block-local, BigBird at 16k-128k tokens; causal at 16k-64k, without an edge list past 16k;
 random and top-k 1 % at 16k and 64k; indexer top-k on grouped-query heads; GNN-sized sets),
@@ -53,8 +54,8 @@ and matplotlib (no carry, no wheels). One call, ``timeout_s`` 540, kind left out
     set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/suite.log;
     PYTHONUNBUFFERED=1 TGATTN_NO_FUSED=1 python3 -m tgattn.bench.gpu --suite --no-progress --out $OUT 2>&1 | tee -a $OUT/suite.log
 
-The four files and the log come back under the reply's ``files_at``; commit them to ``data/gpu``
-named by the card (``h200_suite/``). That leaves about 4 of the session's 15 minutes on the warm
+The four files, the log and the sweep's two tables come back under the reply's ``files_at``;
+commit them to ``data/gpu`` named by the card (``h200_suite/``). That leaves about 4 of the session's 15 minutes on the warm
 machine for a rerun of some cases: ``--cases ... --budget-s 180`` with ``timeout_s`` 240. Flex's
 FA4 backend needs ``flash-attn-4`` and its CuTe libraries, which the image lacks and one call
 cannot carry (92 MB): ``data/gpu/README.md`` says how they travel in two calls.

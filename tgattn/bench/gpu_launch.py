@@ -44,7 +44,8 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
     :data:`ATTENTION_MIN_S`, is shorter); then this process's ``tc`` backend takes its launch
     options from the sweep's table (:func:`use_table`), so that the ``tc`` rows measure the tuned
     kernels. ``rows`` (the sweep's timings) empty and ``note`` saying why where it did not run or
-    failed (the suite goes on, on the launch options it had).
+    failed (the suite goes on, on the launch options it had). A dry run skips it (its own dry run,
+    ``--tune --dry-run``, takes minutes under Triton's interpreter).
 
     Example:
         >>> import importlib.util
@@ -55,6 +56,8 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
     """
     if importlib.util.find_spec(TUNE_MODULE) is None:
         return [], f"not run: no {TUNE_MODULE} in this checkout (the tile kernels' default launch options)"
+    if dry_run:  # twelve tile launches under the interpreter: minutes of a dry run that CI keeps quick
+        return [], "skipped: dry run (python -m tgattn.bench.gpu --tune --dry-run runs the sweep on the CPU)"
     budget = min(TUNE_S, clock.left(reserve + ATTENTION_MIN_S)) if device.type == "cuda" else clock.left(reserve)
     if budget <= 0:
         return [], f"skipped: time budget ({max(clock.left(), 0):.0f} s left of {clock.budget_s:.0f} s)"
