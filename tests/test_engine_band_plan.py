@@ -94,6 +94,16 @@ def test_planning_a_band_holds_no_tensor_of_its_edges():
     assert from_edges.largest >= small.num_edges
 
 
+def test_a_band_set_pickles_as_its_band():
+    import pickle
+
+    es = prepare_band(4096, hi=0)
+    data = pickle.dumps(es)
+    back = pickle.loads(data)
+    assert len(data) < 2000 and "edges" not in es.structure.extras  # 8.4 million edges, never made
+    assert (back.kind, back.num_edges, back.structure.band) == ("causal", es.num_edges, es.structure.band)
+
+
 def test_prepare_band_names_bad_input():
     with pytest.raises(ValueError, match=r"n_q == n_k == sum\(lengths\).*lengths summing to 7"):
         prepare_band(8, hi=0, lengths=[3, 4])

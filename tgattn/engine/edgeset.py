@@ -57,6 +57,9 @@ class EdgeSet:
         raise AttributeError(f"EdgeSet is immutable (cannot delete {name!r})")
 
     def __reduce__(self):  # pickled (DataLoader workers, torch.save) as what it is prepared from
+        s = self._structure
+        if isinstance(s, BandStructure):  # its band, not edges it may never have made
+            return prepare_band, (s.band, s.n_q, s.n_k)
         return prepare, (self.edge_index, self.num_queries, self.num_keys)
 
     @property
