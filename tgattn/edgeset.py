@@ -34,15 +34,18 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from torch_geometric import EdgeIndex
 
-from .engine.bands import Band
 from .engine.edgeset import EdgeSet, edge_set_of, self_looped
 from .engine.edgeset import prepare as _prepare
-from .engine.edgeset import prepare_band as _prepare_band
 from .engine.validate import check_edge_index
 
-__all__ = ["EdgeSet", "as_edge_set", "checked_edges", "edge_tensor", "num_edges", "prepare", "prepare_band", "self_looped"]
+from .engine.bands import Band  # noqa: E402  (sets known by their shape: prepare_band)
+from .engine.edgeset import prepare_band as _prepare_band  # noqa: E402
+
+__all__ = ["EdgeSet", "as_edge_set", "checked_edges", "edge_tensor", "num_edges", "prepare", "self_looped"]
 
 Edges = Union[Tensor, EdgeSet]
+
+__all__ += ["prepare_band"]
 
 
 def prepare(edge_index: Tensor, num_queries: Optional[int] = None, num_keys: Optional[int] = None) -> EdgeSet:
