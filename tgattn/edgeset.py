@@ -38,9 +38,6 @@ from .engine.edgeset import EdgeSet, edge_set_of, self_looped
 from .engine.edgeset import prepare as _prepare
 from .engine.validate import check_edge_index
 
-from .engine.bands import Band  # noqa: E402  (sets known by their shape: prepare_band)
-from .engine.edgeset import prepare_band as _prepare_band  # noqa: E402
-
 __all__ = ["EdgeSet", "as_edge_set", "checked_edges", "edge_tensor", "num_edges", "prepare", "self_looped"]
 
 Edges = Union[Tensor, EdgeSet]
@@ -104,6 +101,9 @@ def prepare_band(num_queries: int, num_keys: Optional[int] = None, *, lo: Option
         >>> prepare_band(6, lo=-2, hi=2).num_edges == builders.window(6, 2).shape[1]
         True
     """
+    from .engine.bands import Band
+    from .engine.edgeset import prepare_band as _prepare_band
+
     lengths = None if lengths is None else tuple(int(n) for n in lengths)
     return _prepare_band(Band(lo, hi, lengths), num_queries, num_queries if num_keys is None else num_keys, device)
 
