@@ -270,7 +270,8 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
                                                          lengths=case.band.lengths, device=device)
     edge_index = case.make(device) if case.listed else None
     listed = None if edge_index is None else prepare(edge_index, case.n, case.n)
-    edges = (listed or banded).num_edges
+    analysed = banded if banded is not None else listed  # the band's analysis where the case is one
+    edges = analysed.num_edges
     base = dict(pattern=case.name, family=case.family, n=case.n, edges=edges, density=edges / case.n**2,
                 heads=case.heads, kv_heads=case.kv_heads, dim=case.dim, dtype=str(dtype).replace("torch.", ""))
     q, _, _, grad = _inputs(case.n, case.heads, case.dim, device=device, dtype=dtype)
@@ -282,8 +283,8 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
         rows += _peer_rows(peer, x, grad, run, base, (skipped or {}).get(peer, ""))
     _ratios(rows)
     grouped = any(r["peer"] == "tc" and GROUPED in r["note"] for r in rows)
-    plan = plan_case(case, (banded or listed).structure, dtype, run.card, case.groups if grouped else 1)
-    del q, k, v, grad, x, edge_index, listed, banded
+    plan = plan_case(case, analysed.structure, dtype, run.card, case.groups if grouped else 1)
+    del q, k, v, grad, x, edge_index, listed, banded, analysed
     if run.cuda:
         torch.cuda.empty_cache()
     return rows, case_rows(base, plan.columns, plan.predicted, plan.note, rows)
