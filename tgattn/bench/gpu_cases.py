@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import builders
-from ..engine.bands import Band
+from ..engine.bands import Band, band_structure
 from .gpu_packed import document_lengths
 from .patterns import _random, _topk, patterns
 
@@ -82,8 +82,6 @@ class Case:
         """Whether the suite makes the case's edge list (a band past :data:`EDGE_LIST_MAX` edges: no)."""
         if self.band is None:
             return True
-        from ..engine.bands import band_structure
-
         return band_structure(self.band, self.n, self.n).num_edges <= EDGE_LIST_MAX
 
 
@@ -171,8 +169,9 @@ def suite_cases(names: Sequence[str] = tuple(SIZES), *, dry_run: bool = False) -
     at its second, ... (a dry run: each once at ``DRY_RUN_N`` with 2 heads of 16 channels).
 
     Example:
-        >>> [(c.name, c.n) for c in suite_cases(["window64", "causal"])]
-        [('window64', 16384), ('causal', 16384), ('window64', 65536), ('causal', 32768), ('window64', 131072), ('causal', 65536)]
+        >>> [(c.name, c.n) for c in suite_cases(["window64", "causal"])]  # doctest: +NORMALIZE_WHITESPACE
+        [('window64', 16384), ('causal', 16384), ('window64', 65536), ('causal', 32768), ('window64', 131072),
+         ('causal', 65536)]
     """
     if dry_run:
         return [case(name, DRY_RUN_N, heads=2, dim=16, dry_run=True) for name in names]
