@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tgattn import builders
-from tgattn.bench import gpu_peers, gpu_suite
+from tgattn.bench import gpu_cases, gpu_launch, gpu_peers, gpu_suite
 from tgattn.bench.gpu import main
 from tgattn.bench.gpu_cases import SIZES, Case, case, suite_cases
 from tgattn.bench.gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, case_rows, suite_targets
+from tgattn.engine.analysis import analyse
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("torch_geometric")
@@ -77,7 +78,7 @@ def test_suite_order_runs_every_case_once_before_any_twice():
     names = [(c.name, c.n) for c in suite_cases()]
     assert [name for name, _ in names[: len(SIZES)]] == list(SIZES) and len(set(names)) == len(names)
     assert len(names) == sum(map(len, SIZES.values()))
-    assert max(n for _, n in names) == 1 << 17 and ("causal", 32768) in names
+    assert max(n for _, n in names) == 1 << 17 and {("causal", 32768), ("causal", 65536)} <= set(names)
 
 
 def test_cases_are_the_sets_their_flex_mask_mods_state():
@@ -120,7 +121,7 @@ def test_grouped_query_peers_equal_the_dense_oracle(peer):
     c, ei, q, k, v, ref = _gqa_inputs()
     if peer == "triton" and not interpreter_ready():
         pytest.skip("Triton's interpreter is not on (TRITON_INTERPRET=1 before triton is imported)")
-    x = gpu_peers.Inputs(c, ei, ei, q, k, v, flex_attention)
+    x = gpu_peers.Inputs(c, ei, ei, None, q, k, v, flex_attention)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager Flex: "called without torch.compile"
         out = _as_nhd(gpu_peers.build(peer, x).call())
@@ -131,7 +132,7 @@ def test_a_backend_this_checkout_lacks_is_not_available_with_the_reason(monkeypa
     import tgattn.functional
 
     c, ei, q, k, v, _ = _gqa_inputs()
-    x = gpu_peers.Inputs(c, ei, ei, q, k, v, None)
+    x = gpu_peers.Inputs(c, ei, ei, None, q, k, v, None)
     monkeypatch.setattr(tgattn.functional, "BACKENDS", tuple(b for b in tgattn.functional.BACKENDS if b != "tc"))
     with pytest.raises(gpu_peers.NotAvailable, match="no backend 'tc'"):
         gpu_peers.build("tc", x)
@@ -156,9 +157,9 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
         def tc_share(self):
             return self.tc_edges / self.num_edges
 
-    def plan_tiles(ptr, col, num_queries, num_keys, *, block_m, block_n, min_fill=None):
+    def plan_structure(s, *, block_m, block_n, min_fill=None):
         seen["blocks"], seen["min_fill"] = (block_m, block_n), min_fill
-        return Plan(ptr, col, num_queries, num_keys, block_m, block_n)
+        return Plan(s.rowptr.long(), s.src, s.n_q, s.n_k, block_m, block_n)
 
     def predict(plan, *, heads, head_dim, dtype, backward=False, card="h100"):
         seen.setdefault("calls", []).append((heads, head_dim, dtype, backward, card))
@@ -166,23 +167,28 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
 
     from tgattn.engine.triton import tc, tile_cost  # the suite plans as the tc backend does: through its names
 
-    monkeypatch.setattr(tc, "plan_tiles", plan_tiles)
+    monkeypatch.setattr(tc, "plan_structure", plan_structure)
     monkeypatch.setattr(tc, "choose_blocks", lambda dtype, d: (16, 16))
     monkeypatch.setattr(tc, "break_even_fill", lambda *shape: None)
     monkeypatch.setattr(tile_cost, "predict", predict)
     c = case("block_local", 512)  # blocks of 256: every 16 x 16 tile full
-    plan = gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h200")
+    s = analyse(c.make(torch.device("cpu")), 512, 512)
+    plan = gpu_suite.plan_case(c, s, torch.bfloat16, "h200")
     assert plan.note == "" and seen["blocks"] == (16, 16) and seen["min_fill"] is None  # no break-even: the default
     assert plan.columns["tc_share"] == 1.0 and plan.columns["n_partial"] == 0 and plan.columns["n_full"] == 2 * 16 * 16
     assert seen["calls"] == [(8, 64, torch.bfloat16, False, "h200"), (8, 64, torch.bfloat16, True, "h200")]
-    rows = [dict(peer="tc", mode="fwd+bwd", ms=18.0)]
+    tiles_flop = 2 * 16 * 16 * 16 * 16 * 8 * 4 * 64  # every tile of 16 x 16, 8 heads, 4 d a cell
+    assert plan.columns["tile_gflop"] == pytest.approx(tiles_flop / 1e9) and plan.columns["peak_tflops"] == 989.0
+    rows = [dict(peer="tc", mode="fwd+bwd", ms=18.0), dict(peer="tc", mode="fwd", ms=4.0)]
     fwd, both = case_rows(dict(pattern="block_local", n=512), plan.columns, plan.predicted, plan.note, rows)
+    assert fwd["tile_peak_pct"] == pytest.approx(100 * tiles_flop / 4e-3 / 989e12)  # forward: its own time
+    assert both["tile_peak_pct"] == pytest.approx(100 * 2.5 * tiles_flop / 14e-3 / 989e12)  # backward: 18 - 4 ms
     assert fwd["pred_ms"] == pytest.approx(3.0) and both["pred_ms"] == pytest.approx(9.0)
     assert both["pred_tiles_ms"] == pytest.approx(2.0) and both["roofline_ms"] == pytest.approx(2.0)
     assert both["tc_over_pred"] == pytest.approx(2.0) and both["tc_over_roofline"] == pytest.approx(9.0)
     # grouped-query heads packed into the tiles' rows: a quarter of the rows a tile, a quarter of the heads
     seen.clear()
-    gpu_suite.plan_case(c, c.make(torch.device("cpu")), torch.bfloat16, "h100", group=4)
+    gpu_suite.plan_case(c, s, torch.bfloat16, "h100", group=4)
     assert seen["blocks"] == (4, 16) and {call[0] for call in seen["calls"]} == {2}
 
 
@@ -209,6 +215,8 @@ def test_the_guard_skips_a_slow_call_and_what_the_budget_cannot_hold():
 
 def test_targets_judge_each_family_by_its_own_peer():
     cases = [
+        dict(pattern="documents", family="structured", n=16384, mode="fwd", flex=1.1, flex_fa4=1.05),
+        dict(pattern="window256", family="structured", n=131072, mode="fwd", flex=1.4, tile_peak_pct=24.4),
         dict(pattern="random1%", family="scattered", n=16384, mode="fwd", triton=1.5, sdpa_dense=0.9),
         dict(pattern="indexer_gqa", family="indexer", n=16384, mode="fwd+bwd", triton=2.5),
         dict(pattern="graph16", family="gnn", n=131072, mode="fwd", triton=1 / 1.02),
@@ -216,6 +224,10 @@ def test_targets_judge_each_family_by_its_own_peer():
     ]
     steps = [dict(variant="new_edges", model="tgattn", vs_gat=0.65), dict(variant="cuda_graph", model="tgattn", vs_gat=0.55)]
     lines = {line[:70].strip(): line[70:].split() for line in suite_targets(cases, steps).splitlines()}
+    assert lines["documents n=16384 fwd: Flex kernel / tc >= 1"] == ["1.05x", "met"]  # the fastest Flex: FA4's
+    assert lines["window256 n=131072 fwd: Flex kernel / tc >= 1.3"] == ["1.40x", "met"]
+    assert lines["window256 n=131072 fwd: the forward's tiles at >= 25 % of the peak"] == ["24", "%", "NOT", "met"]
+    assert "documents n=16384 fwd: (Flex + mask) / (tc + plan) >= 2" not in lines  # setup counted from 65k
     assert lines["random1% n=16384 fwd: min(gather, dense SDPA) / tc >= 1"] == ["0.90x", "NOT", "met"]
     assert lines["indexer_gqa n=16384 fwd+bwd: gather / tc >= 2"] == ["2.50x", "met"]
     assert lines["graph16 n=131072 fwd: tc / gather <= 1.05"] == ["1.02x", "met"]
@@ -238,3 +250,134 @@ def test_molecule_steps_on_a_cpu_run_eagerly_and_say_why_the_rest_did_not():
     assert got[("compiled", "gat")]["ms"] > 0 and "eager" in got[("compiled", "gat")]["note"]
     assert all(r["ms"] or r["note"] for r in rows)
     assert {r["graphs"] for r in rows} == {4}
+
+
+def test_scattered_cases_plan_no_tile_and_tc_runs_them_on_the_gather_path_alone(monkeypatch):
+    """random / top-k 1 %: every tile under the break-even (tiles pay from ~3 % full, data/gpu/h100_suite),
+    so the plan holds no tile and ``tc`` calls the gather path itself: no tile launch, no merge."""
+    pytest.importorskip("triton")
+    from tgattn.engine.triton import tc
+
+    calls = []
+    monkeypatch.setattr(tc, "triton_attention", lambda *args, **kwargs: calls.append(args) or ("gathered", None))
+    monkeypatch.setattr(tc.TileAttention, "apply", lambda *args: pytest.fail("a plan without tiles ran the tiles"))
+    for name in ("random1%", "topk1%"):
+        c = case(name, 2048)
+        s = analyse(c.make(torch.device("cpu")), c.n, c.n)
+        plan = gpu_suite._plan_tiles(s, c, torch.bfloat16)
+        assert plan.n_full + plan.n_partial == 0 and plan.tc_share == 0.0, name
+        q = torch.randn(c.n, 2, 64, dtype=torch.bfloat16)
+        assert tc.tc_attention(q, q, q, s, None, 0.125) == ("gathered", None) and len(calls) == 1
+        calls.clear()
+
+
+def test_flex_on_its_flash_backend_says_in_one_line_why_it_cannot_run_here():
+    c, ei, q, k, v, _ = _gqa_inputs()
+    why = gpu_peers.flash_backend_missing(q)
+    assert why and "\n" not in why and ("FLASH" in why or "flash_attn" in why)
+    for peer in ("flex_fa4", "flex_fa4_dense"):
+        with pytest.raises(gpu_peers.NotAvailable, match=why.split("(")[0][:30]):
+            gpu_peers.build(peer, gpu_peers.Inputs(c, ei, ei, None, q, k, v, None))
+
+
+@pytest.mark.slow  # ~10 s: the tc path through Triton's interpreter at 64 x 64 tiles
+def test_a_band_past_the_list_size_runs_without_an_edge_list(monkeypatch):
+    """causal past the list size: tc over prepare_band's set, SDPA's mask from the band, and the
+    peers that need the edge list say why they did not run."""
+    from tgattn.engine.triton.attention import interpreter_ready
+
+    if not interpreter_ready():
+        pytest.skip("Triton's interpreter is not on (TRITON_INTERPRET=1 before triton is imported)")
+    monkeypatch.setattr(gpu_cases, "EDGE_LIST_MAX", 0)
+    made = []
+    c = case("causal", 64, heads=2, dim=16)
+    c = Case(**{**c.__dict__, "make": lambda device: made.append(1)})  # an edge list must not be asked for
+    rows, per_case = gpu_suite.attention_suite([c], gpu_peers.SUITE_PEERS, device=torch.device("cpu"),
+                                               dtype=torch.bfloat16, device_name="cpu", repeats=0,
+                                               clock=gpu_suite.Clock(86400.0), progress=False)
+    got = {(r["peer"], r["mode"]): r for r in rows}
+    assert not made and got[("tc", "fwd+bwd")]["ms"] and "prepare_band" in got[("tc", "fwd")]["note"]
+    for peer in ("triton", "flex_edges"):
+        assert got[(peer, "fwd")]["note"].startswith("not available: no edge list at 2,080 edges")
+    assert got[("sdpa_mask", "fwd")]["ms"] and "from the band" in got[("sdpa_mask", "fwd")]["note"]
+    assert [r["edges"] for r in per_case] == [64 * 65 // 2] * 2 and per_case[0]["tc_share"] == 1.0
+
+
+def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(monkeypatch, tmp_path):
+    """Through stand-ins with the sweep's and the table's names (branch tc-kernels): the sweep runs
+    within the budget left, and tc then reads the sweep's table."""
+    import importlib.machinery
+    import sys
+    import types
+
+    seen = {}
+
+    def tune(out, *, dry_run, budget_s):
+        seen.update(out=out, dry_run=dry_run, budget_s=budget_s)
+        (out / "tile_configs.csv").write_text("card,kernel\nNVIDIA H200,forward\n")
+        return [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)], [dict(kernel="forward")]
+
+    def fake(name, **attrs):
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+        return module
+
+    fake(gpu_launch.TUNE_MODULE, tune=tune)
+    table = fake(gpu_launch.LAUNCH_MODULE, read_table=lambda path="committed": f"read {path}")
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
+        "skipped: dry run")
+    rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False, reserve=20.0)
+    assert rows == [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)] and note.startswith("ran within")
+    assert not seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
+    assert table.read_table() == f"read {tmp_path / 'tile_configs.csv'}"  # tc's table from here on: the sweep's
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=False,
+                                 reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
+    sys.modules[gpu_launch.TUNE_MODULE].tune = lambda out, **kwargs: 1 / 0
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False) == (
+        [], "failed: ZeroDivisionError: division by zero")
+    monkeypatch.delitem(sys.modules, gpu_launch.TUNE_MODULE)
+    monkeypatch.setattr(gpu_launch, "TUNE_MODULE", "tgattn.bench.no_such_sweep")
+    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
+        "not run: no tgattn.bench.no_such_sweep")
+
+
+def test_case_rows_name_the_launch_options_the_tile_kernels_ran_with(monkeypatch):
+    import dataclasses
+    import importlib.machinery
+    import sys
+    import types
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        forward: tuple = (4, 3)
+        dq: tuple = (8, 2)
+
+    fake = types.ModuleType(gpu_launch.LAUNCH_MODULE)
+    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_launch.LAUNCH_MODULE, None)
+    fake.tile_config = lambda dtype, head_dim, rows, keys: Config() if (rows, keys) == (64, 64) else None
+    monkeypatch.setitem(sys.modules, gpu_launch.LAUNCH_MODULE, fake)
+    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == "forward 4w 3s, dq 8w 2s"
+    monkeypatch.delitem(sys.modules, gpu_launch.LAUNCH_MODULE)
+    monkeypatch.setattr(gpu_launch, "LAUNCH_MODULE", "tgattn.engine.triton.no_such_table")
+    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == ""
+
+
+def test_a_flash_peer_that_fails_says_so_on_one_line_and_is_not_retried(monkeypatch):
+    calls = []
+
+    def broken(peer, x):
+        def call():
+            calls.append(x.case.n)
+            raise RuntimeError("BACKEND='FLASH' but flash attention cannot be used:\n  NYI")
+        return gpu_peers.Built(call)
+
+    monkeypatch.setattr(gpu_suite, "build", broken)
+    cases = [case("window64", 64, heads=2, dim=16), case("window64", 128, heads=2, dim=16)]
+    rows, _ = gpu_suite.attention_suite(cases, ["flex_fa4"], device=torch.device("cpu"), dtype=torch.float32,
+                                        device_name="cpu", repeats=0, clock=gpu_suite.Clock(86400.0), progress=False)
+    notes = [r["note"] for r in rows]
+    assert notes[0] == "failed: RuntimeError: BACKEND='FLASH' but flash attention cannot be used: NYI"
+    assert notes[2].startswith("skipped: failed at window64 n=64 (RuntimeError: BACKEND='FLASH'")
+    assert calls == [64, 64]  # forward and forward + backward once each, at the first case only

@@ -25,22 +25,27 @@ Example::
     python -m tgattn.bench.gpu --dry-run --out /tmp/gpu  # anywhere, in seconds
     python -m tgattn.bench.gpu --dtype bfloat16 --patterns window64 random0.01  # the targets' dtype
 
-The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issue 50's targets
-and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes on an H100
-or H200 with the start). Every case of :mod:`tgattn.bench.gpu_cases` (sliding windows 64 and 256,
-causal, packed documents, block-local, BigBird at 16k-128k tokens; random and top-k 1 % at 16k
-and 64k; indexer top-k on grouped-query heads; GNN-sized sets), forward and forward + backward:
-the share of edges on tensor cores (``plan_tiles``), the ``tc`` path's time beside the cost
-model's prediction and roofline (``tile_cost.predict``), and its ratio to every peer of
+The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issues 50 and 56's
+targets and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes
+on an H100 or H200 with the start). First the tile kernels' launch-option sweep
+(``tgattn.bench.gpu_tune`` where the checkout has it, within 100 s, its table then taken by ``tc``
+for the rest of the run; ``--no-tune`` and a dry run skip it), then
+every case of :mod:`tgattn.bench.gpu_cases` (sliding windows 64 and 256, packed documents,
+block-local, BigBird at 16k-128k tokens; causal at 16k-64k, without an edge list past 16k;
+random and top-k 1 % at 16k and 64k; indexer top-k on grouped-query heads; GNN-sized sets),
+forward and forward + backward: the share of edges on tensor cores (the ``tc`` backend's plan;
+a band's from its rows' key ranges), the ``tc`` path's time beside the cost model's prediction
+and roofline (``tile_cost.predict``), and its ratio to every peer of
 :mod:`tgattn.bench.gpu_peers` (compiled FlexAttention with its own ``mask_mod`` and with the edge
-set's BlockMask, each with and without its mask creation; SDPA with a boolean mask; dense SDPA
-without one; the gather path), then the molecule training step against GATConv, with a new
-edge set each step and with CUDA graphs over a fixed batch (:mod:`tgattn.bench.gpu_steps`). It
-writes ``suite_attention.csv``, ``suite_cases.csv``, ``suite_steps.csv`` and ``suite.png`` under
-``--out`` and prints the summary and the targets; what did not run says why in its row. A time
-guard skips, with a note, what the budget left cannot hold. ``--dry-run`` runs it on the CPU
-(tgattn's Triton paths through Triton's interpreter), ``--cases`` picks cases, ``--flex-static``
-compiles Flex per size.
+set's BlockMask, each with and without its mask creation; the same on Flex's CuTe /
+FlashAttention-4 backend, block-sparse and on all pairs, where this torch has it; SDPA with a
+boolean mask; dense SDPA without one; the gather path), then the molecule training step against
+GATConv, with a new edge set each step and with CUDA graphs over a fixed batch
+(:mod:`tgattn.bench.gpu_steps`). It writes ``suite_attention.csv``, ``suite_cases.csv`` (after
+every case), ``suite_steps.csv`` and ``suite.png`` under ``--out`` and prints the summary and the
+targets; what did not run says why in its row. A time guard skips, with a note, what the budget
+left cannot hold. ``--dry-run`` runs it on the CPU (tgattn's Triton paths through Triton's
+interpreter), ``--cases`` picks cases, ``--flex-static`` compiles Flex per size.
 
 The recipe on the device machine (the ``run`` verb; ``data/gpu/README.md`` says more). Nothing
 needs to travel: the machine's image has torch, triton, torch_geometric, networkx, scipy, tqdm
@@ -49,9 +54,11 @@ and matplotlib (no carry, no wheels). One call, ``timeout_s`` 540, kind left out
     set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/suite.log;
     PYTHONUNBUFFERED=1 TGATTN_NO_FUSED=1 python3 -m tgattn.bench.gpu --suite --no-progress --out $OUT 2>&1 | tee -a $OUT/suite.log
 
-The four files and the log come back under the reply's ``files_at``; commit them to ``data/gpu``
-named by the card (``h100_suite_*``). That leaves about 4 of the session's 15 minutes on the warm
-machine for a rerun of some cases: ``--cases ... --budget-s 180`` with ``timeout_s`` 240.
+The four files, the log and the sweep's two tables come back under the reply's ``files_at``;
+commit them to ``data/gpu`` named by the card (``h200_suite/``). That leaves about 4 of the session's 15 minutes on the warm
+machine for a rerun of some cases: ``--cases ... --budget-s 180`` with ``timeout_s`` 240. Flex's
+FA4 backend needs ``flash-attn-4`` and its CuTe libraries, which the image lacks and one call
+cannot carry (92 MB): ``data/gpu/README.md`` says how they travel in two calls.
 """
 from __future__ import annotations
 
@@ -196,6 +203,8 @@ def main(argv=None) -> int:
                        help=f"seconds the suite may take, from the command's start (default: {BUDGET_S:g})")
     suite.add_argument("--flex-static", action="store_true",
                        help="compile FlexAttention for each size (default: once per mask_mod, dynamic shapes)")
+    suite.add_argument("--no-tune", action="store_true",
+                       help="skip the tile kernels' launch-option sweep (tgattn.bench.gpu_tune, where it exists)")
     args = parser.parse_args(argv)
     if args.suite and args.dry_run and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # tgattn's Triton paths run on the CPU through the interpreter
@@ -268,6 +277,7 @@ def _suite(args: argparse.Namespace, device: torch.device) -> int:
     from .gpu_cases import suite_cases
     from .gpu_peers import FLEX_PEERS, SUITE_PEERS
     from .gpu_steps import STEP_FIELDS, molecule_steps
+    from .gpu_launch import tune_sweep
     from .gpu_suite import Clock, attention_suite
     from .gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, plot_rows, steps_table, suite_targets, summary
     from .report import plot, write_csv
@@ -276,6 +286,10 @@ def _suite(args: argparse.Namespace, device: torch.device) -> int:
     peers = [p for p in SUITE_PEERS if not (args.no_flex and p in FLEX_PEERS)]
     repeats = 0 if args.dry_run else args.repeats
     written = [args.out / "suite_attention.csv", args.out / "suite_cases.csv"]
+    reserve = 0.0 if args.no_gnn else STEPS_RESERVE_S
+    tuned, tune_note = ([], "not run: --no-tune") if args.no_tune else tune_sweep(
+        device, clock, args.out, dry_run=args.dry_run, reserve=reserve)  # first: the tc rows then run tuned kernels
+    print(f"launch-option sweep: {tune_note}", flush=True)
 
     def write_tables(rows: List[dict], cases: List[dict]) -> None:  # after every case: a crash keeps what ran
         write_csv(rows, written[0], ATTENTION_FIELDS)
@@ -283,7 +297,7 @@ def _suite(args: argparse.Namespace, device: torch.device) -> int:
 
     rows, cases = attention_suite(suite_cases(args.cases, dry_run=args.dry_run), peers, device=device, dtype=DTYPES[dtype],
                                   device_name=where, repeats=repeats, clock=clock,
-                                  reserve=0.0 if args.no_gnn else STEPS_RESERVE_S, static_flex=args.flex_static,
+                                  reserve=reserve, static_flex=args.flex_static,
                                   progress=not args.no_progress, on_case=write_tables)
     write_tables(rows, cases)
     drawn = plot_rows(rows, cases)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import builders
+from ..engine.bands import Band, band_structure
 from .gpu_packed import document_lengths
 from .patterns import _random, _topk, patterns
 
@@ -36,15 +37,16 @@ GRAPH_DEGREE = 16  # in-neighbours a node of the random graph
 MOLECULES = 4096  # ring graphs of 18-30 nodes in the molecule batch
 K128 = 1 << 17
 # Sizes on a GPU, the smallest of each case first: the suite runs every case at its first size,
-# then at its second, ... so that a budget that runs out leaves every case measured once. The
-# edge list caps causal at 32k (2**29 edges, 8.6 GB of int64 ids).
+# then at its second, ... so that a budget that runs out leaves every case measured once. Causal
+# past 16k runs without an edge list (prepare_band: 2.1 billion edges at 64k, 34 GB of ids).
 SIZES = {
-    "window64": (16384, 65536, K128), "window256": (16384, 65536, K128), "causal": (16384, 32768),
+    "window64": (16384, 65536, K128), "window256": (16384, 65536, K128), "causal": (16384, 32768, 65536),
     "documents": (16384, 65536, K128), "block_local": (16384, 65536, K128), "bigbird": (16384, 65536, K128),
     "random1%": (16384, 65536), "topk1%": (16384, 65536), "indexer_gqa": (16384, 65536),
     "graph16": (K128,), "molecules": (0,),  # the molecule batch's size is its node count
 }
 DRY_RUN_N = 64  # Triton's interpreter runs the tgattn paths of a dry run: about a second a call at 64 tokens
+EDGE_LIST_MAX = 1 << 28  # edges past which a case with a band makes no edge list (the peers that need one skip)
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,10 @@ class Case:
     ``make(device)`` returns ``LongTensor[2, E]`` on ``device``; ``mask_mod(device)`` the
     FlexAttention predicate ``(b, h, q_idx, kv_idx) -> bool`` of the same set (``None``: none is
     simple, Flex runs only on the BlockMask built from the edges); ``causal``: the set is exactly
-    ``j <= i``, so dense SDPA runs ``is_causal``; queries have ``heads`` heads, keys and values
-    ``kv_heads`` (fewer: grouped-query attention, ``heads // kv_heads`` query heads a key head).
+    ``j <= i``, so dense SDPA runs ``is_causal``; ``band``: the set's :class:`~tgattn.engine.bands.Band`
+    where it is one (the ``tc`` path then runs it through ``prepare_band``, without an edge list);
+    queries have ``heads`` heads, keys and values ``kv_heads`` (fewer: grouped-query attention,
+    ``heads // kv_heads`` query heads a key head).
     """
 
     name: str
@@ -64,6 +68,7 @@ class Case:
     make: Callable[[torch.device], Tensor]
     mask_mod: Optional[Callable[[torch.device], Callable]] = None
     causal: bool = False
+    band: Optional[Band] = None
     heads: int = 8
     kv_heads: int = 8
     dim: int = 64
@@ -71,6 +76,13 @@ class Case:
     @property
     def groups(self) -> int:
         return self.heads // self.kv_heads
+
+    @property
+    def listed(self) -> bool:
+        """Whether the suite makes the case's edge list (a band past :data:`EDGE_LIST_MAX` edges: no)."""
+        if self.band is None:
+            return True
+        return band_structure(self.band, self.n, self.n).num_edges <= EDGE_LIST_MAX
 
 
 def _within(w: int):
@@ -84,7 +96,7 @@ def _documents(n: int):
         doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
         return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
 
-    return (lambda device: builders.causal(lengths, device=device)), mask_mod
+    return (lambda device: builders.causal(lengths, device=device)), mask_mod, Band(hi=0, lengths=tuple(lengths))
 
 
 def _indexer(n: int, top: int, heads: int, dim: int):
@@ -122,16 +134,18 @@ def case(name: str, n: int, *, heads: int = 8, dim: int = 64, dry_run: bool = Fa
     base = dict(name=name, n=n, heads=heads, kv_heads=heads, dim=dim)
     if name in ("window64", "window256"):
         w = int(name[6:])
-        return Case(family="structured", make=lambda device: builders.window(n, w, device=device), mask_mod=_within(w), **base)
+        return Case(family="structured", make=lambda device: builders.window(n, w, device=device), mask_mod=_within(w),
+                    band=Band(-w, w), **base)
     if name == "causal":
         return Case(family="structured", make=lambda device: builders.causal(n, device=device), causal=True,
-                    mask_mod=lambda device: (lambda b, h, q, kv: q >= kv), **base)
+                    mask_mod=lambda device: (lambda b, h, q, kv: q >= kv), band=Band(hi=0), **base)
     if name == "documents":
-        make, mask_mod = _documents(n)
-        return Case(family="structured", make=make, mask_mod=mask_mod, **base)
+        make, mask_mod, band = _documents(n)
+        return Case(family="structured", make=make, mask_mod=mask_mod, band=band, **base)
     if name == "block_local":
         return Case(family="structured", make=lambda device: builders.block_local(n, BLOCK, device=device),
-                    mask_mod=lambda device: (lambda b, h, q, kv: q // BLOCK == kv // BLOCK), **base)
+                    mask_mod=lambda device: (lambda b, h, q, kv: q // BLOCK == kv // BLOCK),
+                    band=Band(lengths=(BLOCK,) * (n // BLOCK) + ((n % BLOCK,) if n % BLOCK else ())), **base)
     if name == "bigbird":
         return Case(family="structured", make=lambda device: patterns()["bigbird"].make(n).to(device), **base)
     if name == "random1%":
@@ -155,8 +169,9 @@ def suite_cases(names: Sequence[str] = tuple(SIZES), *, dry_run: bool = False) -
     at its second, ... (a dry run: each once at ``DRY_RUN_N`` with 2 heads of 16 channels).
 
     Example:
-        >>> [(c.name, c.n) for c in suite_cases(["window64", "causal"])]
-        [('window64', 16384), ('causal', 16384), ('window64', 65536), ('causal', 32768), ('window64', 131072)]
+        >>> [(c.name, c.n) for c in suite_cases(["window64", "causal"])]  # doctest: +NORMALIZE_WHITESPACE
+        [('window64', 16384), ('causal', 16384), ('window64', 65536), ('causal', 32768), ('window64', 131072),
+         ('causal', 65536)]
     """
     if dry_run:
         return [case(name, DRY_RUN_N, heads=2, dim=16, dry_run=True) for name in names]

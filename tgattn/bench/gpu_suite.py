@@ -17,14 +17,16 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..engine.bands import BandStructure, band_structure
 from .attention import _bytes_needed, _inputs
 from .gpu_cases import Case
-from .gpu_peers import FLEX_PEERS, GROUPED, Built, Inputs, NotAvailable, build
+from .gpu_launch import launch_options
+from .gpu_peers import FLASH_PEERS, FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
 from .gpu_summary import MODES, case_rows
 from .measure import best_time, run_once
 
@@ -33,7 +35,7 @@ from .measure import best_time, run_once
 FLEX_COMPILE_S = {"fwd": 25.0, "fwd+bwd": 50.0}
 SLOW_CALL_S = 8.0  # a peer whose one call would take longer is not run at that size
 MEASURE_S = 3.0  # timed repeats stop after this many seconds (at least one runs)
-DENSE_PEERS = ("sdpa_mask", "sdpa_dense")  # whose time grows as n**2, not as the edges
+DENSE_PEERS = ("sdpa_mask", "sdpa_dense", "flex_fa4_dense")  # whose time grows as n**2, not as the edges
 
 
 class Clock:
@@ -94,19 +96,22 @@ def _plan_tiles(s, case: Case, dtype: torch.dtype, group: int = 1):
     return plan_for_inputs(s, dtype, case.dim, group)[0]
 
 
-def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: str, group: int = 1) -> Plan:
-    """The tile plan of the case's edge set (:func:`_plan_tiles`: share of edges on tensor cores,
-    tile counts, planning ms) and ``predict``'s times per mode (forward + backward: the forward's
-    and the backward's added). ``group``: query heads packed into a tile's rows (1: the heads run
-    apart, as in the calls per head group)."""
-    from ..engine import analyse
-    from ..engine.triton.tile_cost import predict
+def plan_case(case: Case, s, dtype: torch.dtype, card: str, group: int = 1) -> Plan:
+    """The tile plan of the case's edge set, analysed as ``s`` (:func:`_plan_tiles`: share of edges
+    on tensor cores, tile counts, planning ms; a band's from its rows' key ranges) and ``predict``'s
+    times per mode (forward + backward: the forward's and the backward's added). ``group``: query
+    heads packed into a tile's rows (1: the heads run apart, as in the calls per head group)."""
+    from ..engine.triton.tile_cost import CARDS, predict
 
     plan = Plan()
-    s = analyse(edge_index, case.n, case.n)
-    seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), edge_index.device)
+    s = _fresh(s) if isinstance(s, BandStructure) else replace(s, extras={})  # planned anew: timed
+    seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), s.rowptr.device)
     plan.columns = dict(tc_share=tiles.tc_share, tc_edges=tiles.tc_edges, n_full=tiles.n_full, n_partial=tiles.n_partial,
-                        block_m=tiles.block_m, block_n=tiles.block_n, plan_ms=seconds * 1e3)
+                        block_m=tiles.block_m, block_n=tiles.block_n, plan_ms=seconds * 1e3,
+                        launch=launch_options(dtype, case.dim, tiles.block_m, tiles.block_n),
+                        # the tiles' forward products (4 d a cell and head: Q K^T, P V) and the card's peak
+                        tile_gflop=(tiles.n_full + tiles.n_partial) * tiles.block_m * tiles.block_n * (case.heads // group)
+                        * 4 * case.dim / 1e9, peak_tflops=CARDS[card].half_flops / 1e12)
     fwd, bwd = ({key[:-2]: value * 1e3 for key, value in predict(  # "tiles_s" -> "tiles" ms
         tiles, heads=case.heads // group, head_dim=case.dim, dtype=dtype, backward=backward, card=card).items()}
         for backward in (False, True))
@@ -114,11 +119,19 @@ def plan_case(case: Case, edge_index: torch.Tensor, dtype: torch.dtype, card: st
     return plan
 
 
-def new_edge_set(edge_index: torch.Tensor, case: Case, dtype: torch.dtype):
+def _fresh(s: BandStructure) -> BandStructure:
+    """A band's analysis made again, nothing derived yet."""
+    return band_structure(s.band, s.n_q, s.n_k, s.rowptr.device)
+
+
+def new_edge_set(edge_index: Optional[torch.Tensor], case: Case, dtype: torch.dtype, device: torch.device):
     """What a never-seen edge set costs the ``tc`` path before its first kernel: the engine's
-    analysis and the tile plan, at the case's head grouping."""
+    analysis (of the band, where the case is one: ``prepare_band``'s) and the tile plan, at the
+    case's head grouping."""
     from ..engine import analyse
 
+    if case.band is not None:
+        return lambda: _plan_tiles(band_structure(case.band, case.n, case.n, device), case, dtype, case.groups)
     return lambda: _plan_tiles(analyse(edge_index, case.n, case.n), case, dtype, case.groups)
 
 
@@ -146,7 +159,8 @@ class Estimates:
 
     @staticmethod
     def _compile_key(case: Case, peer: str, mode: str) -> tuple:
-        return (peer, case.name if peer == "flex" else "edges", mode, case.groups > 1)
+        mask = {"flex": case.name, "flex_fa4": case.name, "flex_fa4_dense": "none"}.get(peer, "edges")  # its mask_mod
+        return (peer, mask, mode, case.groups > 1)
 
     def call_s(self, case: Case, edges: int, peer: str, mode: str) -> Optional[float]:
         """A call's expected seconds: the same case and peer at a smaller size, scaled by the work,
@@ -228,7 +242,9 @@ class Run:
     reserve: float
     estimates: Estimates
     flex: object = None
+    flash: object = None  # flex_attention compiled with static shapes for the FLASH backend (it inlines the masks' ints)
     flex_options: Dict[str, dict] = field(default_factory=dict)
+    broken: Dict[Tuple[str, str], str] = field(default_factory=dict)  # (FLASH peer, mode) -> its failure, not retried
 
     @property
     def cuda(self) -> bool:
@@ -246,25 +262,29 @@ def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[
     to run, each with its rows' note.
     """
     from .. import prepare
+    from ..edgeset import prepare_band
 
     device, dtype = run.device, run.dtype
-    edge_index = case.make(device)
-    edges = edge_index.shape[1]
+    # A band past the suite's list size makes no edge list: its peers that need one say so.
+    banded = None if case.band is None else prepare_band(case.n, lo=case.band.lo, hi=case.band.hi,
+                                                         lengths=case.band.lengths, device=device)
+    edge_index = case.make(device) if case.listed else None
+    listed = None if edge_index is None else prepare(edge_index, case.n, case.n)
+    analysed = banded if banded is not None else listed  # the band's analysis where the case is one
+    edges = analysed.num_edges
     base = dict(pattern=case.name, family=case.family, n=case.n, edges=edges, density=edges / case.n**2,
                 heads=case.heads, kv_heads=case.kv_heads, dim=case.dim, dtype=str(dtype).replace("torch.", ""))
     q, _, _, grad = _inputs(case.n, case.heads, case.dim, device=device, dtype=dtype)
     _, k, v, _ = _inputs(case.n, case.kv_heads, case.dim, seed=1, device=device, dtype=dtype)
-    edges_for_tgattn, over = prepare(edge_index, case.n, case.n), "over tgattn.prepare's EdgeSet"
-    x = Inputs(case, edge_index, edges_for_tgattn, q, k, v, run.flex, prepare=new_edge_set(edge_index, case, dtype),
-               flex_options=run.flex_options)
+    x = Inputs(case, edge_index, listed, banded, q, k, v, run.flex,
+               prepare=new_edge_set(edge_index, case, dtype, device), flex_options=run.flex_options, flash=run.flash)
     rows = []
     for peer in peers:
-        rows += _peer_rows(peer, x, grad, run, base, (skipped or {}).get(peer, ""),
-                           over if peer in ("tc", "triton") else "")
+        rows += _peer_rows(peer, x, grad, run, base, (skipped or {}).get(peer, ""))
     _ratios(rows)
     grouped = any(r["peer"] == "tc" and GROUPED in r["note"] for r in rows)
-    plan = plan_case(case, edge_index, dtype, run.card, case.groups if grouped else 1)
-    del q, k, v, grad, x, edge_index, edges_for_tgattn
+    plan = plan_case(case, analysed.structure, dtype, run.card, case.groups if grouped else 1)
+    del q, k, v, grad, x, edge_index, listed, banded, analysed
     if run.cuda:
         torch.cuda.empty_cache()
     return rows, case_rows(base, plan.columns, plan.predicted, plan.note, rows)
@@ -274,7 +294,7 @@ SMALL_FLEX = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLO
               "num_stages": 1}  # Flex's tiles when Inductor's default config asks more shared memory than a GPU has
 
 
-def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over: str) -> List[dict]:
+def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str) -> List[dict]:
     """The rows of one peer on one case, forward and forward + backward (``why``: not run)."""
     case, edges = x.case, base["edges"]
     built = None
@@ -285,7 +305,7 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over:
         except NotAvailable as err:
             why = f"not available: {err}"
         except Exception as err:  # a peer that fails to build here (no compiler, a dtype it refuses, out of memory)
-            why = f"failed: {type(err).__name__}: {str(err)[:100]}"
+            why = _failed(err)
             _recover(peer, run.device)
     rows, setup = [], None
     for mode in MODES:
@@ -294,15 +314,16 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over:
         rows.append(row)
         if built is None:
             continue
-        notes = [n for n in (built.note, over) if n]
-        row["note"] = "; ".join(notes)
+        notes = [built.note] if built.note else []
+        row["note"] = built.note
         if backward and not built.backward:
             continue
         if peer == "sdpa_mask" and _bytes_needed(peer, case.n, edges, case.heads, case.dim, backward, run.cuda,
                                                  x.q.element_size()) > run.memory:
             row["note"] = "skipped: does not fit in memory"
             continue
-        skip = _skip(run.estimates, run.clock, run.reserve, case, edges, peer, mode, run.repeats, run.cuda)
+        skip = run.broken.get((peer, mode)) or _skip(run.estimates, run.clock, run.reserve, case, edges, peer, mode,
+                                                     run.repeats, run.cuda)
         if skip:
             row["note"] = skip
             continue
@@ -313,7 +334,7 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over:
             try:
                 row["ms"], row["first_s"] = _measure(built, backward, (x.q, x.k, x.v), grad, run.repeats)
             except Exception as err:
-                if peer not in FLEX_PEERS or "out of resource" not in str(err) or peer in run.flex_options:
+                if peer not in TRITON_FLEX_PEERS or "out of resource" not in str(err) or peer in run.flex_options:
                     raise
                 _recover(peer, run.device)  # Inductor's default tiles did not fit: Flex's smaller ones, from now on
                 run.flex_options[peer] = SMALL_FLEX
@@ -322,9 +343,17 @@ def _peer_rows(peer: str, x: Inputs, grad, run: Run, base: dict, why: str, over:
                 row["note"] = built.note
             run.estimates.record(case, edges, peer, mode, row["ms"], row["first_s"])
         except Exception as err:  # e.g. Flex failing to compile, out of memory
-            row["note"] = "; ".join([f"failed: {type(err).__name__}: {str(err)[:100]}"] + notes)
+            row["note"] = "; ".join([_failed(err)] + notes)
             _recover(peer, run.device)
+            if peer in FLASH_PEERS and not isinstance(err, torch.OutOfMemoryError):
+                # once: each failure resets dynamo, which would cost every Flex peer its compiles again
+                run.broken[(peer, mode)] = f"skipped: failed at {case.name} n={case.n} ({_failed(err)[8:60]}...)"
     return rows
+
+
+def _failed(err: Exception) -> str:
+    """A failure's note, on one line."""
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:160]}"
 
 
 def _recover(peer: str, device: torch.device) -> None:
@@ -367,7 +396,8 @@ def attention_suite(cases: Sequence[Case], peers: Sequence[str], *, device: torc
 
     cuda = device.type == "cuda"
     run = Run(device, dtype, card_of(device_name), repeats if cuda else 0, clock, reserve, Estimates(),
-              _flex_function(device, static_flex) if any(p in FLEX_PEERS for p in peers) else None)
+              _flex_function(device, static_flex) if any(p in FLEX_PEERS for p in peers) else None,
+              _flex_function(device, True) if any(p in FLASH_PEERS for p in peers) else None)
     rows: List[dict] = []
     cases_out: List[dict] = []
     grouped = [c.name for c in cases if c.groups > 1]
@@ -409,4 +439,12 @@ def _case_or_skip(case: Case, peers: Sequence[str], run: Run, interpreted: set) 
     skipped = {} if run.cuda or case.name in interpreted else {
         p: "skipped: dry run (Triton's interpreter takes seconds a call: first and grouped-query cases only)"
         for p in DRY_RUN_INTERPRETED}
+    if case.family == "gnn" and run.cuda:
+        skipped.update({p: GNN_FLEX_NOTE for p in FLEX_PEERS})
     return run_case(case, peers, run, skipped)
+
+
+# GNN-sized sets are judged against the gather path; Flex's compiles for them cost the budget ~30 s
+GNN_FLEX_NOTE = ("skipped: a GNN set is judged against the gather path (Flex on its edge BlockMask ran 200-340x "
+                 "slower than tc on the H100, data/gpu/h100_suite)")
+

@@ -22,6 +22,7 @@ from torch import Tensor
 from . import native
 from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp
 from .validate import check_edge_index, check_ranges
+from .bands import Band, BandStructure, band_structure
 
 
 class EdgeSet:
@@ -56,6 +57,9 @@ class EdgeSet:
         raise AttributeError(f"EdgeSet is immutable (cannot delete {name!r})")
 
     def __reduce__(self):  # pickled (DataLoader workers, torch.save) as what it is prepared from
+        s = self._structure
+        if isinstance(s, BandStructure):  # its band, not edges it may never have made
+            return prepare_band, (s.band, s.n_q, s.n_k)
         return prepare, (self.edge_index, self.num_queries, self.num_keys)
 
     @property
@@ -86,7 +90,7 @@ class EdgeSet:
 
     @property
     def device(self) -> torch.device:
-        return self._structure.src.device
+        return self._structure.rowptr.device  # (a set known by its shape makes its src on first read)
 
     @property
     def edge_index(self) -> Tensor:
@@ -173,7 +177,10 @@ class EdgeSet:
 
 
 def _moved(s: Structure, device: torch.device) -> Structure:
-    """``s`` with its tensors on ``device``; what is derived is made again there, on first use."""
+    """``s`` with its tensors on ``device``; what is derived is made again there, on first use (a set
+    known by its shape is made there from its band, its edges still not made)."""
+    if isinstance(s, BandStructure):
+        return band_structure(s.band, s.n_q, s.n_k, device)
     tensors = {name: None if getattr(s, name) is None else getattr(s, name).to(device)
                for name in ("perm", "src", "dst", "rowptr")}
     return dataclasses.replace(s, **tensors, extras={})
@@ -215,6 +222,22 @@ def prepare(edge_index: Tensor, num_queries: int, num_keys: int) -> EdgeSet:
     copy = edge_index.detach().to(torch.long, copy=True)
     made.derived("edge_index", lambda: copy)
     return made
+
+
+def prepare_band(band: Band, num_queries: int, num_keys: int, device=None) -> EdgeSet:
+    """The :class:`EdgeSet` of the edges :class:`~tgattn.engine.bands.Band` states (full, causal, a
+    window, packed documents), prepared without an edge list: its analysis from the band in O(n)
+    (:func:`~tgattn.engine.bands.band_structure`), its tile plan from the rows' key ranges, its sorted
+    edges and :attr:`~EdgeSet.edge_index` made only if a call reads them (the ``tc`` backend's
+    tiles, SDPA on a full / causal set and the analysis never do).
+
+    Example:
+        >>> from tgattn.engine.bands import Band
+        >>> es = prepare_band(Band(lo=-1, hi=1), 5, 5)  # a window of radius 1
+        >>> es, es.edge_index[:, :4].tolist()
+        (EdgeSet(num_queries=5, num_keys=5, num_edges=13, kind='general'), [[0, 1, 0, 1], [0, 0, 1, 1]])
+    """
+    return EdgeSet(band_structure(band, num_queries, num_keys, device))
 
 
 def structure_of(edge_index: Tensor, n_q: int, n_k: int) -> Structure:

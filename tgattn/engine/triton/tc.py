@@ -1,7 +1,8 @@
 """The ``tc`` backend: tiles of the edge set on tensor cores, the scattered rest on the gather kernels.
 
 :func:`tc_attention` plans the tiles once per edge set and block shape
-(:func:`~.tile_plan.plan_tiles`, cached on the :class:`~tgattn.engine.analysis.Structure`), runs
+(:func:`~.band_plan.plan_structure`: from the rows' key ranges of a set known by its shape, else
+from the edges; cached on the :class:`~tgattn.engine.analysis.Structure`), runs
 the scattered remainder through the gather forward (:mod:`.kernels`) and then the tiles
 (:mod:`.tile_kernels`), whose online softmax takes in the remainder's output and log-sum-exp:
 one exact softmax over all of a row's edges. The backward runs both with the call's
@@ -27,7 +28,8 @@ from torch import Tensor
 from ..analysis import Structure
 from .attention import _unit_stride, blocks_for, interpreting, kernels_module, triton_attention, walks
 from .tile_cost import break_even_fill
-from .tile_plan import TILE_DTYPES, TilePlan, choose_blocks, plan_tiles
+from .band_plan import plan_structure
+from .tile_plan import TILE_DTYPES, TilePlan, choose_blocks
 
 
 def tile_kernels_module():
@@ -58,7 +60,7 @@ def plan_for(s: Structure, blocks: Tuple[int, int], min_fill: float) -> Tuple[Ti
     that a prepared :class:`~tgattn.engine.edgeset.EdgeSet` carries its plan from call to call."""
 
     def make() -> Tuple[TilePlan, Structure]:
-        plan = plan_tiles(s.rowptr, s.src, s.n_q, s.n_k, block_m=blocks[0], block_n=blocks[1], min_fill=min_fill)
+        plan = plan_structure(s, block_m=blocks[0], block_n=blocks[1], min_fill=min_fill)  # a band: from its rows
         counts = plan.rest_ptr[1:] - plan.rest_ptr[:-1]
         rest = Structure(
             n_q=s.n_q, n_k=s.n_k, num_edges=plan.rest_col.numel(), perm=None, src=plan.rest_col,

@@ -112,10 +112,14 @@ class TilePlan:
         return -(-self.block_n // WORD_BITS)
 
 
-def _check(ptr: Tensor, col: Tensor, num_queries: int, num_keys: int, block_m: int, block_n: int) -> None:
+def _check_blocks(block_m: int, block_n: int) -> None:
     for name, b in (("block_m", block_m), ("block_n", block_n)):
         if b < 1 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two (got {b})")
+
+
+def _check(ptr: Tensor, col: Tensor, num_queries: int, num_keys: int, block_m: int, block_n: int) -> None:
+    _check_blocks(block_m, block_n)
     if ptr.dim() != 1 or ptr.numel() != num_queries + 1:
         raise ValueError(f"ptr must be [num_queries + 1] = [{num_queries + 1}] (got {list(ptr.shape)})")
     if col.dim() != 1 or int(ptr[-1]) != col.numel():
