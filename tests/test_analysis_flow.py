@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis_cases import HAND, dense_residual, random_edges, random_stack
+from analysis_cases import HAND, dense_residual, flow_oracle, random_edges, random_stack
 from tgattn import builders
 from tgattn.analysis import attention_flow, attention_rollout, top_flow
 from tgattn.analysis.flow import flow_cone, flow_upper_bounds
@@ -169,33 +169,6 @@ def test_a_gap_left_open_is_an_error_not_a_value(monkeypatch):
         network.max_flow(0, 2)
 
 
-def finite_flow_oracle(layers, output, n, residual=True):
-    """Flow into ``output`` by networkx on the dense layered graph, written here: NaN for an input with a path
-    through a non-finite capacity, else the max flow over the finite edges (the others are never on its paths)."""
-    depth = len(layers)
-    graph, bad = nx.DiGraph(), []
-    graph.add_nodes_from((layer, i) for layer in range(depth + 1) for i in range(n))
-    for layer, (edge_index, alpha) in enumerate(layers, start=1):
-        a = torch.zeros(n, n, dtype=torch.float64)
-        a.index_put_((edge_index[1], edge_index[0]), (alpha.double()[:, None] if alpha.dim() == 1 else alpha.double()).mean(1), accumulate=True)
-        edges = builders.to_mask(edge_index, n, n) | (torch.eye(n, dtype=torch.bool) if residual else False)
-        if residual:
-            a = 0.5 * a + 0.5 * torch.eye(n, dtype=torch.float64)
-            a = a / a.sum(1, keepdim=True)
-        for i in range(n):
-            for j in range(n):
-                if edges[i, j] and not a[i, j] <= 0:  # an edge, positive or NaN / inf
-                    graph.add_edge((layer - 1, j), (layer, i), capacity=float(a[i, j]))
-                    if not torch.isfinite(a[i, j]):
-                        bad.append(((layer - 1, j), (layer, i)))
-    sink = (depth, output)
-    unknown = {j for j in range(n) for tail, head in bad
-               if nx.has_path(graph, (0, j), tail) and nx.has_path(graph, head, sink)}
-    graph.remove_edges_from(bad)
-    return torch.tensor([float("nan") if j in unknown else nx.maximum_flow_value(graph, (0, j), sink)
-                         for j in range(n)], dtype=torch.float64)
-
-
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
 def test_a_non_finite_weight_gives_nan_to_exactly_the_inputs_whose_paths_cross_it(bad, depth):
@@ -204,7 +177,7 @@ def test_a_non_finite_weight_gives_nan_to_exactly_the_inputs_whose_paths_cross_i
     alpha = torch.tensor([0.3, 0.6, bad, 0.2, 0.5, 0.3], dtype=torch.float64)
     layers = [(ei, alpha)] * depth
     for output in range(5):
-        expected = finite_flow_oracle(layers, output, 5)
+        expected = flow_oracle(layers, output, 5)
         torch.testing.assert_close(attention_flow(layers, output, num_nodes=5), expected, atol=1e-12, rtol=0,
                                    equal_nan=True)
         solved = attention_flow(layers, output, num_nodes=5, flow_func=nx.algorithms.flow.edmonds_karp)
@@ -254,7 +227,7 @@ def test_the_closed_form_equals_the_general_path_on_150_random_stacks():
         shortcut = attention_flow(layers, output, num_nodes=n, residual=residual)
         general = attention_flow(layers, output, num_nodes=n, residual=residual, flow_func=nx.algorithms.flow.edmonds_karp)
         torch.testing.assert_close(shortcut, general, atol=1e-12, rtol=0, equal_nan=True)
-        torch.testing.assert_close(shortcut, finite_flow_oracle(layers, output, n, residual), atol=1e-12, rtol=0,
+        torch.testing.assert_close(shortcut, flow_oracle(layers, output, n, residual), atol=1e-12, rtol=0,
                                    equal_nan=True)
         empty_cones += int(not shortcut.nan_to_num(1).any())
         unknown += int(shortcut.isnan().any())
