@@ -7,6 +7,10 @@ strongest keys whose weight is at least ``threshold`` are kept, so the data grow
 and weighed per view (``pruned``). Weights are quantised per query to 16 bits of the query's
 largest kept weight (error below 8e-6 of it), and every array is little-endian binary in
 base64, which a browser decodes view by view.
+
+A NaN or infinite weight is kept (ranked first: its size is unknown) and marked in the view's
+``flags``; a total it enters is written as ``null`` beside a count of such weights
+(``nonfinite``), so the file stays JSON that a browser parses and the page can say what it holds.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from tqdm import tqdm
 
 from ..builders._common import check_count
 from .budget import THRESHOLD, TOP_K
-from .flow import flow_cone, top_flow
+from .flow import check_finite_cone, flow_cone, top_flow
 from .rollout import rollout_tiles
 from .weights import Layer, as_layers, count_nodes, layer_csr
 
@@ -141,21 +145,31 @@ def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshol
         keys = cols[(ptr[start:stop][None, :, None] + where).clamp(max=max(len(cols) - 1, 0))] if len(cols) else where
         for view in range(views):
             kept[view].append((top[view], keys[view]))
-    total = values.sum(0)
     out, lost = [], []
     for view in range(views):
         top = torch.cat([t for t, _ in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.float64)
         keys = torch.cat([k for _, k in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.long)
         out.append(_packed(top, keys, threshold))
-        held = float(out[-1][2].sum())
-        lost.append({"edges": int(len(cols) - len(out[-1][1])), "weight": round(float(total[view]) - held, 12),
-                     "total": round(float(total[view]), 12)})
+        lost.append(_lost(values[:, view], out[-1][2]))
     return out, lost
+
+
+def _lost(values: Tensor, held: Tensor) -> dict:
+    """What pruning dropped from a view of ``values``, of which ``held`` were kept: edges, weight, total weight.
+
+    A non-finite weight makes the totals unknown: they are written as ``None`` (JSON ``null``) and
+    ``nonfinite`` counts such weights (JSON has no NaN: a bare ``NaN`` left the page blank).
+    """
+    nonfinite = int((~values.isfinite()).sum())
+    total, kept = float(values.sum()), float(held.sum())
+    out = {"edges": int(len(values) - len(held)), "weight": round(total - kept, 12) if not nonfinite else None,
+           "total": round(total, 12) if not nonfinite else None}
+    return {**out, "nonfinite": nonfinite} if nonfinite else out
 
 
 def _packed(top: Tensor, keys: Tensor, threshold: float) -> Tuple[Tensor, Tensor, Tensor]:
     """``[rows, k]`` candidates (largest first, padding < 0) -> CSR ``(ptr, keys, weights)`` of the kept ones."""
-    keep = (top >= threshold) & (top > 0)
+    keep = ((top >= threshold) & (top > 0)) | top.isnan()  # NaN kept (padding is -1): the page shows it
     ptr = torch.zeros(top.shape[0] + 1, dtype=torch.long)
     ptr[1:] = torch.cumsum(keep.sum(1), 0)
     return ptr, keys[keep], top[keep]
@@ -181,10 +195,8 @@ def _rollout_top(layers: List[Layer], matrices: list, top_k: int, threshold: flo
         tops.append(torch.nn.functional.pad(top, (0, top_k - top.shape[1]), value=-1.0))
         keys.append(torch.nn.functional.pad(where + first, (0, top_k - where.shape[1])))
     kept = _packed(torch.cat(tops), torch.cat(keys), threshold)
-    total = float(sum(tile.sum() for _, tile in tiles))
-    edges = int(sum(np.count_nonzero(tile) for _, tile in tiles))
-    held = float(kept[2].sum())
-    return kept, {"edges": edges - len(kept[1]), "weight": round(total - held, 12), "total": round(total, 12)}
+    entries = torch.from_numpy(np.concatenate([tile[tile != 0] for _, tile in tiles]))  # the rollout's nonzeros
+    return kept, _lost(entries, kept[2])
 
 
 def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
@@ -192,25 +204,38 @@ def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
     cone = flow_cone(matrices, query)
     if len(layers) > 2 and cone.num_edges > FLOW_EDGES:
         return {"token": query, "skipped": f"its cone has {cone.num_edges:,} edges, more than {FLOW_EDGES:,}"}
+    try:
+        check_finite_cone(cone, query)
+    except ValueError as unknown:
+        return {"token": query, "skipped": str(unknown)}
     index, value = top_flow(layers, query, top_k, num_nodes=n)
     return {"token": query, "index": index.tolist(), "value": [round(v, 12) for v in value.tolist()]}
 
 
+FLAGS = (np.nan, np.inf)  # a kept weight's flag 1 + f means FLAGS[f]: NaN, or +inf (negative weights are refused)
+
+
 def _encode(ptr: Tensor, keys: Tensor, weights: Tensor, wide: bool) -> Dict[str, str]:
     """CSR rows as base64: ``counts`` (uint16 per query), ``keys`` (uint16, uint32 past 65,536 tokens),
-    ``scale`` (float32: the query's largest kept weight) and ``weights`` (uint16 fractions of it)."""
+    ``scale`` (float32: the query's largest kept finite weight) and ``weights`` (uint16 fractions of it);
+    where a kept weight is not finite, ``flags`` (uint8 per kept weight: 0 finite, 1 NaN, 2 +inf)."""
     counts = (ptr[1:] - ptr[:-1]).numpy()
     rows = np.repeat(np.arange(len(counts)), counts)
+    value = weights.numpy()
+    finite = np.isfinite(value)
     scale = np.zeros(len(counts), dtype=np.float32)
-    if len(weights):
-        np.maximum.at(scale, rows, weights.numpy().astype(np.float32))
-    fraction = weights.numpy() / np.maximum(scale[rows].astype(np.float64), np.finfo(np.float32).tiny)
-    return {
+    if finite.any():
+        np.maximum.at(scale, rows[finite], value[finite].astype(np.float32))
+    fraction = np.where(finite, value, 0) / np.maximum(scale[rows].astype(np.float64), np.finfo(np.float32).tiny)
+    view = {
         "counts": _b64(counts.astype("<u2")),
         "keys": _b64(keys.numpy().astype("<u4" if wide else "<u2")),
         "scale": _b64(scale.astype("<f4")),
         "weights": _b64(np.rint(np.clip(fraction, 0, 1) * LEVELS).astype("<u2")),
     }
+    if not finite.all():
+        view["flags"] = _b64(np.where(finite, 0, np.where(np.isnan(value), 1, 2)).astype("u1"))
+    return view
 
 
 def _decode(view: Dict[str, str], wide: bool) -> Tuple[Tensor, Tensor, Tensor]:
@@ -219,7 +244,11 @@ def _decode(view: Dict[str, str], wide: bool) -> Tuple[Tensor, Tensor, Tensor]:
     scale = np.frombuffer(base64.b64decode(view["scale"]), dtype="<f4").astype(np.float64)
     fraction = np.frombuffer(base64.b64decode(view["weights"]), dtype="<u2") / LEVELS
     rows = np.repeat(np.arange(len(counts)), counts)
-    return torch.from_numpy(rows), torch.from_numpy(keys), torch.from_numpy(fraction * scale[rows])
+    weight = fraction * scale[rows]
+    if "flags" in view:
+        flags = np.frombuffer(base64.b64decode(view["flags"]), dtype="u1")
+        weight[flags > 0] = np.array(FLAGS)[flags[flags > 0] - 1]
+    return torch.from_numpy(rows), torch.from_numpy(keys), torch.from_numpy(weight)
 
 
 def _b64(array: np.ndarray) -> str:
@@ -248,7 +277,7 @@ def kept_rollout(data: dict) -> Tuple[Tensor, Tensor]:
 
 def save_influence(data: dict, path: Union[str, Path]) -> None:
     """Write :func:`influence_data` to ``path`` as JSON (UTF-8)."""
-    Path(path).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    Path(path).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False), encoding="utf-8")
 
 
 def load_influence(path: Union[str, Path]) -> dict:

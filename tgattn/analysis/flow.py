@@ -164,7 +164,7 @@ def top_flow(
     k = check_count("k", k)
     _, output, matrices = _prepare(attention, output, head, residual, num_nodes)
     cone = flow_cone(matrices, output)
-    _refuse_unknown(cone, output)
+    check_finite_cone(cone, output)
     inputs = cone.levels[0]
     found: List[Tuple[float, int]] = []  # (flow, token), best first, at most k
     if flow_func is None and len(matrices) <= 2:
@@ -238,7 +238,7 @@ def _finite_part(cone: Cone) -> Cone:
     return Cone(cone.levels, cone.offsets, cone.src[keep], cone.dst[keep], cone.cap[keep], cone.layer[keep])
 
 
-def _refuse_unknown(cone: Cone, output: int) -> None:
+def check_finite_cone(cone: Cone, output: int) -> None:
     """A ranking needs every value: name the first non-finite capacity on a path into ``output``."""
     bad = np.flatnonzero(~np.isfinite(cone.cap))
     if len(bad):

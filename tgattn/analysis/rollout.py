@@ -99,9 +99,13 @@ def rollout_tiles(matrices: Sequence[csr_matrix], *, progress: bool = False) -> 
     Block t holds rows ``t * TILE ..``; its tile covers the columns from the first to the last
     one any of its rows reaches, so a window or causal pattern costs what its band costs,
     never an ``N x N`` array. Returns ``None`` (take the sparse product) when the first
-    layer's edges fill less than :data:`DENSE_ENOUGH` of their blocks' spans.
+    layer's edges fill less than :data:`DENSE_ENOUGH` of their blocks' spans, or when a layer
+    holds a NaN / inf: in a dense tile, ``0 * NaN`` would spread it to every row of the block,
+    where the sparse product gives it to the rows that reach it only.
     """
     layers = list(matrices)
+    if not all(np.isfinite(layer.data).all() for layer in layers):
+        return None
     n = layers[0].shape[0]
     spans = [_span(layers[0], start) for start in range(0, n, TILE)]
     if layers[0].nnz < DENSE_ENOUGH * sum(min(TILE, n - start) * (hi - lo) for start, (lo, hi) in
