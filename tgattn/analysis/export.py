@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -27,12 +27,12 @@ from tqdm import tqdm
 from ..builders._common import check_count
 from .budget import THRESHOLD, TOP_K
 from .flow import check_finite_cone, flow_cone, top_flow
+from .influence_file import LEVELS, check_influence  # a weight is stored as round(LEVELS * weight / its row's scale)
 from .rollout import rollout_tiles
 from .weights import Layer, as_layers, count_nodes, layer_csr
 
 FORMAT, VERSION = "tgattn.influence", 1
 FLOW_EDGES = 300_000  # the largest flow cone solved for the data (larger ones are skipped, and said so)
-LEVELS = 65535  # a weight is stored as round(LEVELS * weight / the query's largest kept weight)
 
 
 def influence_data(
@@ -280,14 +280,26 @@ def save_influence(data: dict, path: Union[str, Path]) -> None:
     Path(path).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False), encoding="utf-8")
 
 
-def load_influence(path: Union[str, Path]) -> dict:
-    """Read a file written by :func:`save_influence` (or ``show --json``), checking its format and version."""
+def load_influence(path: Union[str, Path], *, max_bytes: Optional[int] = None) -> dict:
+    """Read a file written by :func:`save_influence` (or ``show --json``), checking its format and version,
+    then every field (:func:`tgattn.analysis.influence_file.check_influence`): a file is refused with one
+    line naming the field that is wrong. A file over ``max_bytes`` is refused before it is read."""
+    size = Path(path).stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{path} takes {size / 1e6:.2f} MB, more than the page's budget of {max_bytes / 1e6:.2f} MB "
+                         "(its page would be larger still)")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not a JSON file ({err})") from None
+    except RecursionError:  # e.g. 100,000 nested [: Python's parser recurses once per level
+        raise ValueError(f"{path} nests its values too deeply for an influence file") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a tgattn influence file (no \"format\": \"{FORMAT}\")")
     if data.get("version") != VERSION:
         raise ValueError(f"{path} has version {data.get('version')!r}; this tgattn reads version {VERSION}")
+    try:
+        check_influence(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     return data

@@ -238,7 +238,7 @@ def _page_from_file(args: argparse.Namespace) -> int:
     from .export import load_influence
     from .page import page_from_data
 
-    data = load_influence(args.source)
+    data = load_influence(args.source, max_bytes=int(args.max_page_mb * 1e6))  # every field checked
     Path(args.html).write_text(page_from_data(data, max_bytes=int(args.max_page_mb * 1e6)), encoding="utf-8")
     print(f"wrote {args.html} from {args.source} (open it in a browser)")
     return 0
