@@ -59,12 +59,11 @@ def flow_oracle(layers, output, n, residual=True):
         if residual:
             a = 0.5 * a + 0.5 * torch.eye(n, dtype=torch.float64)
             a = a / a.sum(1, keepdim=True)
-        for i in range(n):
-            for j in range(n):
-                if edges[i, j] and not a[i, j] <= 0:  # an edge, positive or NaN / inf
-                    graph.add_edge((layer - 1, j), (layer, i), capacity=float(a[i, j]))
-                    if not torch.isfinite(a[i, j]):
-                        bad.append(((layer - 1, j), (layer, i)))
+        for i, j in edges.nonzero().tolist():
+            if not a[i, j] <= 0:  # positive or NaN / inf
+                graph.add_edge((layer - 1, j), (layer, i), capacity=float(a[i, j]))
+                if not torch.isfinite(a[i, j]):
+                    bad.append(((layer - 1, j), (layer, i)))
     sink = (depth, output)
     unknown = {j for j in range(n) for tail, head in bad
                if nx.has_path(graph, (0, j), tail) and nx.has_path(graph, head, sink)}

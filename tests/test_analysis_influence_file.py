@@ -13,7 +13,7 @@ from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import influence_data, save_influence
 from tgattn.analysis.influence_file import check_influence
-from tgattn.analysis.show import random_attention
+from tgattn.analysis.random_layers import random_attention
 
 TOKENS = "the sky is blue and the sea is deep".split()
 

@@ -19,7 +19,7 @@ from tgattn.__main__ import main
 from tgattn.analysis import attention_rollout, influence_data, kept_edges, kept_rollout, layer_matrix, save_influence
 from tgattn.analysis.budget import THRESHOLD, TOP_K
 from tgattn.analysis.page import attention_page
-from tgattn.analysis.show import random_attention
+from tgattn.analysis.random_layers import random_attention
 
 TEXT = "the sky is blue and the sea is deep while every cloud moves over quiet hills"
 BROWSER = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome")

@@ -8,8 +8,9 @@ from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from conftest import one_line_error
-from tgattn.analysis import figure, plots, show
-from tgattn.analysis.show import checkpoint_attention, random_attention
+from tgattn.analysis import figure, plots, random_layers, show
+from tgattn.analysis.random_layers import random_attention
+from tgattn.analysis.show import checkpoint_attention
 from tgattn.lm import save_checkpoint
 from tgattn.models import GPT, GPTConfig
 
@@ -84,7 +85,8 @@ def test_show_with_checkpoint(tmp_path, capsys):
     ],
 )
 def test_bad_options_are_one_line_errors_before_any_work(cli, tmp_path, monkeypatch, argv, message):
-    monkeypatch.setattr(show, "random_attention", None)  # the work: never reached
+    monkeypatch.setattr(random_layers, "random_attention", None)  # the work: never reached
+    monkeypatch.setattr(random_layers, "random_attention_blocks", None)
     out = [] if "--out" in argv else ["--out", str(tmp_path / "x.png")]
     status, err = cli(main, ["show", *argv, *out])
     assert status == 2 and one_line_error(err, "python -m tgattn show").startswith(message)
@@ -109,7 +111,7 @@ def test_a_checkpoint_whose_config_does_not_fit_its_weights_is_a_one_line_error(
 
 def test_without_matplotlib_show_names_the_extra_up_front(cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    monkeypatch.setattr(show, "random_attention", None)
+    monkeypatch.setattr(random_layers, "random_attention", None)
     status, err = cli(main, ["show", "--out", str(tmp_path / "x.png")])
     assert status == 2 and 'pip install "tgattn[plot]"' in one_line_error(err, "python -m tgattn show")
 

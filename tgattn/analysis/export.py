@@ -83,40 +83,53 @@ def influence_data(
     if isinstance(query, bool) or not isinstance(query, int) or not -n <= query < n:
         raise ValueError(f"query must be a token index in [0, {n}) (got {query!r})")
     query %= n
-    wide = n > 65536
-    views, pruned = [], []
+    kept, pruned = [], []
     for edge_index, alpha in tqdm(layers, disable=not progress, desc="pruning the layers"):
-        kept, lost = _prune_layer(edge_index, alpha, n, top_k, threshold)
-        views.append([_encode(*view, wide) for view in kept])
-        pruned.append(lost)
+        views, weights = _prune_layer(edge_index, alpha, n, top_k, threshold)
+        kept.append(views)
+        pruned.append([Tally().add(weights[:, v], view[2]).lost() for v, view in enumerate(views)])
     matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]  # rownorm(0.5 A + 0.5 I), mean over heads
     rollout, rollout_lost = _rollout_top(layers, matrices, top_k, threshold, progress)
+    return document(tokens, title=title, query=query, top_k=top_k, threshold=threshold, layers=kept, pruned=pruned,
+                    rollout=rollout, rollout_pruned=rollout_lost,
+                    flow=_flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"})
+
+
+Kept = Tuple[Tensor, Tensor, Tensor]  # the kept entries of a view, as CSR rows: (ptr [N + 1], keys [K], weights [K])
+
+
+def document(tokens: Sequence[str], *, title: str, query: int, top_k: int, threshold: float, layers: List[List[Kept]],
+             pruned: List[List[dict]], rollout: Kept, rollout_pruned: dict, flow: dict) -> dict:
+    """The influence data, from what was kept per layer and view (the mean, then each head) and of the rollout."""
+    wide = len(tokens) > 65536
     return {
         "format": FORMAT,
         "version": VERSION,
         "title": title,
         "tokens": [str(token) for token in tokens],
         "query": query,
-        "heads": [_heads(alpha) for _, alpha in layers],
+        "heads": [len(views) - 1 for views in layers],
         "keep": {"top_k": top_k, "threshold": threshold},
         "index_bytes": 4 if wide else 2,
-        "layers": views,
+        "layers": [[_encode(*view, wide) for view in views] for views in layers],
         "pruned": pruned,
         "rollout": _encode(*rollout, wide),
-        "rollout_pruned": rollout_lost,
-        "flow": _flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"},
+        "rollout_pruned": rollout_pruned,
+        "flow": flow,
     }
 
 
-def _heads(alpha: Tensor) -> int:
-    return alpha.shape[1] if alpha.dim() == 2 else 1
+def views_of(alpha: Tensor) -> Tensor:
+    """The weights of every view of a layer, ``float64 [E, 1 + H]``: the mean over heads, head 0, head 1, ..."""
+    alpha = alpha.detach().to("cpu", torch.float64)
+    alpha = alpha[:, None] if alpha.dim() == 1 else alpha  # [E, H]
+    return torch.cat([alpha.mean(1, keepdim=True), alpha], 1)
 
 
 def _prune_layer(edge_index: Tensor, alpha: Tensor, n: int, top_k: int, threshold: float):
-    """Per view (the mean over heads, then each head): the kept ``(ptr, keys, weights)`` and what was dropped."""
-    alpha = alpha.detach().to("cpu", torch.float64)
-    alpha = alpha[:, None] if alpha.dim() == 1 else alpha  # [E, H]
-    weights = torch.cat([alpha.mean(1, keepdim=True), alpha], 1).numpy()  # [E, V]: mean, head 0, ...
+    """Per view (the mean over heads, then each head): the kept ``(ptr, keys, weights)``; and the weights ``[E', V]``
+    (duplicate edges added up)."""
+    weights = views_of(alpha).numpy()  # [E, V]: mean, head 0, ...
     key = edge_index[1].cpu().numpy() * n + edge_index[0].cpu().numpy()  # sorted by (query, key) as builders emit
     if len(key) and not (np.diff(key) > 0).all():  # unsorted or duplicates: sort, add duplicates up
         order = np.argsort(key, kind="stable")
@@ -124,11 +137,12 @@ def _prune_layer(edge_index: Tensor, alpha: Tensor, n: int, top_k: int, threshol
         starts = np.flatnonzero(np.r_[True, np.diff(key) != 0])
         key, weights = key[starts], np.add.reduceat(weights, starts, axis=0)
     ptr = torch.from_numpy(np.searchsorted(key // max(n, 1), np.arange(n + 1)).astype(np.int64))
-    return _top_per_row(ptr, torch.from_numpy(key % max(n, 1)), torch.from_numpy(weights), top_k, threshold)
+    weights = torch.from_numpy(weights)
+    return top_per_row(ptr, torch.from_numpy(key % max(n, 1)), weights, top_k, threshold), weights
 
 
-def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshold: float):
-    """Top ``top_k`` entries >= ``threshold`` of every row of a CSR matrix with ``V`` value columns."""
+def top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshold: float) -> List[Kept]:
+    """Top ``top_k`` entries >= ``threshold`` of every row of a CSR matrix with ``V`` value columns, per column."""
     n, views = len(ptr) - 1, values.shape[1]
     degree = ptr[1:] - ptr[:-1]
     width = max(int(degree.max()) if n else 0, 1)
@@ -145,26 +159,51 @@ def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshol
         keys = cols[(ptr[start:stop][None, :, None] + where).clamp(max=max(len(cols) - 1, 0))] if len(cols) else where
         for view in range(views):
             kept[view].append((top[view], keys[view]))
-    out, lost = [], []
+    out = []
     for view in range(views):
         top = torch.cat([t for t, _ in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.float64)
         keys = torch.cat([k for _, k in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.long)
         out.append(_packed(top, keys, threshold))
-        lost.append(_lost(values[:, view], out[-1][2]))
-    return out, lost
+    return out
 
 
-def _lost(values: Tensor, held: Tensor) -> dict:
-    """What pruning dropped from a view of ``values``, of which ``held`` were kept: edges, weight, total weight.
+def concat(pieces: Sequence[Kept]) -> Kept:
+    """CSR pieces of consecutive rows as one."""
+    ptr = [torch.zeros(1, dtype=torch.long)]
+    for piece in pieces:
+        ptr.append(piece[0][1:] + ptr[-1][-1])
+    return torch.cat(ptr), torch.cat([p[1] for p in pieces]), torch.cat([p[2] for p in pieces])
+
+
+class Tally:
+    """What pruning dropped from one view, added up piece by piece: ``lost()`` is ``{"edges", "weight", "total"}``.
 
     A non-finite weight makes the totals unknown: they are written as ``None`` (JSON ``null``) and
     ``nonfinite`` counts such weights (JSON has no NaN: a bare ``NaN`` left the page blank).
     """
-    nonfinite = int((~values.isfinite()).sum())
-    total, kept = float(values.sum()), float(held.sum())
-    out = {"edges": int(len(values) - len(held)), "weight": round(total - kept, 12) if not nonfinite else None,
-           "total": round(total, 12) if not nonfinite else None}
-    return {**out, "nonfinite": nonfinite} if nonfinite else out
+
+    def __init__(self):
+        self.edges, self.nonfinite, self.total, self.held = 0, 0, 0.0, 0.0
+
+    def add(self, values: Tensor, held: Tensor) -> "Tally":
+        """``values`` of a piece (every edge or entry), of which ``held`` were kept."""
+        self.edges += len(values) - len(held)
+        self.nonfinite += int((~values.isfinite()).sum())
+        self.total += float(values.sum())
+        self.held += float(held.sum())
+        return self
+
+    def lost(self) -> dict:
+        if self.nonfinite:
+            return {"edges": self.edges, "weight": None, "total": None, "nonfinite": self.nonfinite}
+        return {"edges": self.edges, "weight": round(self.total - self.held, 12), "total": round(self.total, 12)}
+
+
+def tile_top(first: int, tile: np.ndarray, top_k: int, threshold: float) -> Kept:
+    """The kept entries of the rows of a rollout tile (:func:`~tgattn.analysis.rollout.rollout_tiles`)."""
+    block = torch.from_numpy(tile)
+    top, where = block.topk(min(top_k, block.shape[1]), dim=1)
+    return _packed(top, where + first, threshold)
 
 
 def _packed(top: Tensor, keys: Tensor, threshold: float) -> Tuple[Tensor, Tensor, Tensor]:
@@ -186,17 +225,13 @@ def _rollout_top(layers: List[Layer], matrices: list, top_k: int, threshold: flo
         (rows, cols), values = rollout.indices(), rollout.values()[:, None]
         ptr = torch.zeros(n + 1, dtype=torch.long)
         ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
-        kept, lost = _top_per_row(ptr, cols, values, top_k, threshold)
-        return kept[0], lost[0]
-    tops, keys = [], []
+        kept = top_per_row(ptr, cols, values, top_k, threshold)[0]
+        return kept, Tally().add(values[:, 0], kept[2]).lost()
+    pieces, tally = [], Tally()
     for first, tile in tiles:
-        block = torch.from_numpy(tile)
-        top, where = block.topk(min(top_k, block.shape[1]), dim=1)
-        tops.append(torch.nn.functional.pad(top, (0, top_k - top.shape[1]), value=-1.0))
-        keys.append(torch.nn.functional.pad(where + first, (0, top_k - where.shape[1])))
-    kept = _packed(torch.cat(tops), torch.cat(keys), threshold)
-    entries = torch.from_numpy(np.concatenate([tile[tile != 0] for _, tile in tiles]))  # the rollout's nonzeros
-    return kept, _lost(entries, kept[2])
+        pieces.append(tile_top(first, tile, top_k, threshold))
+        tally.add(torch.from_numpy(tile[tile != 0]), pieces[-1][2])  # the rollout's nonzeros
+    return concat(pieces), tally.lost()
 
 
 def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import networkx as nx
 import numpy as np
@@ -163,20 +163,33 @@ def top_flow(
     """
     k = check_count("k", k)
     _, output, matrices = _prepare(attention, output, head, residual, num_nodes)
+    return top_flow_of(matrices, output, k, flow_func=flow_func, progress=progress)
+
+
+def top_flow_of(matrices: Sequence[csr_matrix], output: int, k: int, *, flow_func: Optional[Callable] = None,
+                progress: bool = False) -> Tuple[Tensor, Tensor]:
+    """:func:`top_flow` of layer matrices (:func:`~tgattn.analysis.weights.layer_csr`, first layer first).
+
+    Only the rows in the output's cone are read (:func:`flow_cone`): the other rows may be left empty.
+    """
     cone = flow_cone(matrices, output)
     check_finite_cone(cone, output)
     inputs = cone.levels[0]
     found: List[Tuple[float, int]] = []  # (flow, token), best first, at most k
     if flow_func is None and len(matrices) <= 2:
-        found = list(zip(_shallow_flows(cone).tolist(), inputs.tolist()))
-    else:
-        bound = flow_upper_bounds(matrices, cone.levels)  # [inputs]
-        solve = _solver(cone, flow_func)
-        for r in tqdm(torch.sort(-bound, stable=True).indices.tolist(), disable=not progress,
-                      desc=f"top {k} flow into token {output}"):
-            if len(found) == k and (k == 0 or float(bound[r]) < found[-1][0] - 1e-12):
-                break
-            found = sorted(found + [(solve(r), int(inputs[r]))], key=lambda p: (-p[0], p[1]))[:k]
+        return ranked(zip(_shallow_flows(cone).tolist(), inputs.tolist()), k)
+    bound = flow_upper_bounds(matrices, cone.levels)  # [inputs]
+    solve = _solver(cone, flow_func)
+    for r in tqdm(torch.sort(-bound, stable=True).indices.tolist(), disable=not progress,
+                  desc=f"top {k} flow into token {output}"):
+        if len(found) == k and (k == 0 or float(bound[r]) < found[-1][0] - 1e-12):
+            break
+        found = sorted(found + [(solve(r), int(inputs[r]))], key=lambda p: (-p[0], p[1]))[:k]
+    return ranked(found, k)
+
+
+def ranked(found: Iterable[Tuple[float, int]], k: int) -> Tuple[Tensor, Tensor]:
+    """``(index, value)`` of the ``k`` largest ``(flow, token)`` pairs (ties: smaller token first), zeros left out."""
     found = [(value, j) for value, j in sorted(found, key=lambda p: (-p[0], p[1]))[:k] if value > 0]
     index = torch.tensor([j for _, j in found], dtype=torch.long)
     return index, torch.tensor([value for value, _ in found], dtype=torch.float64)

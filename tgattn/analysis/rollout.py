@@ -107,33 +107,43 @@ def rollout_tiles(matrices: Sequence[csr_matrix], *, progress: bool = False) -> 
     if not all(np.isfinite(layer.data).all() for layer in layers):
         return None
     n = layers[0].shape[0]
-    spans = [_span(layers[0], start) for start in range(0, n, TILE)]
-    if layers[0].nnz < DENSE_ENOUGH * sum(min(TILE, n - start) * (hi - lo) for start, (lo, hi) in
-                                          zip(range(0, n, TILE), spans)):
+    starts = range(0, n, TILE)
+    spans = [_span(layers[0][start:start + TILE]) for start in starts]
+    if layers[0].nnz < DENSE_ENOUGH * sum(min(TILE, n - start) * (hi - lo) for start, (lo, hi) in zip(starts, spans)):
         return None
-    current = [(lo, layers[0][start:start + TILE, lo:hi].toarray()) for start, (lo, hi) in zip(range(0, n, TILE), spans)]
+    current = [first_tile(layers[0][start:start + TILE]) for start in starts]
     bar = tqdm(total=(len(layers) - 1) * len(current), disable=not progress, desc="rollout")
     for layer in layers[1:]:
         following = []
-        for start in range(0, n, TILE):
-            block = layer[start:start + TILE]
-            lo, hi = _span(layer, start)
-            if hi == lo:  # rows without entries (cannot happen with the residual mix): nothing reaches them
-                following.append((0, np.zeros((block.shape[0], 0))))
-                continue
-            covered = range(lo // TILE, (hi - 1) // TILE + 1)  # the blocks of R holding rows lo .. hi - 1
-            first = min(current[t][0] for t in covered)
-            last = max(current[t][0] + current[t][1].shape[1] for t in covered)
-            below = np.zeros((hi - lo, last - first))  # R[lo:hi, first:last]
-            for t in covered:
-                column, tile = current[t]
-                top, bottom = max(t * TILE, lo), min(t * TILE + tile.shape[0], hi)
-                below[top - lo:bottom - lo, column - first:column - first + tile.shape[1]] = tile[top - t * TILE:bottom - t * TILE]
-            following.append((first, block[:, lo:hi].toarray() @ below))
+        for start in starts:
+            following.append(next_tile(current, layer[start:start + TILE]))
             bar.update()
         current = following
     bar.close()
     return current
+
+
+def first_tile(block: csr_matrix) -> Tuple[int, np.ndarray]:
+    """Rows ``[B, N]`` of the first layer's matrix as a tile: ``(first column, dense [B, span])``."""
+    lo, hi = _span(block)
+    return lo, block[:, lo:hi].toarray()
+
+
+def next_tile(current: Tiles, block: csr_matrix) -> Tuple[int, np.ndarray]:
+    """One block of the next rollout, ``A[rows] @ R``: ``block`` holds rows ``[B, N]`` of the next layer's
+    matrix, ``current`` every tile of ``R`` (blocks of :data:`TILE` rows). Only ``[B, span]`` is formed."""
+    lo, hi = _span(block)
+    if hi == lo:  # rows without entries (cannot happen with the residual mix): nothing reaches them
+        return 0, np.zeros((block.shape[0], 0))
+    covered = range(lo // TILE, (hi - 1) // TILE + 1)  # the tiles of R holding rows lo .. hi - 1
+    first = min(current[t][0] for t in covered)
+    last = max(current[t][0] + current[t][1].shape[1] for t in covered)
+    out = np.zeros((block.shape[0], last - first))  # [B, span]
+    for t in covered:
+        column, tile = current[t]
+        top, bottom = max(t * TILE, lo), min(t * TILE + tile.shape[0], hi)
+        out[:, column - first:column - first + tile.shape[1]] += block[:, top:bottom].toarray() @ tile[top - t * TILE:bottom - t * TILE]
+    return first, out
 
 
 def tiles_to_coo(tiles: Tiles, n: int) -> Tensor:
@@ -149,7 +159,7 @@ def tiles_to_coo(tiles: Tiles, n: int) -> Tensor:
                                    check_invariants=False)
 
 
-def _span(matrix: csr_matrix, start: int) -> Tuple[int, int]:
-    """The columns ``[lo, hi)`` that rows ``start .. start + TILE`` reach (``(0, 0)`` for none)."""
-    columns = matrix.indices[matrix.indptr[start]:matrix.indptr[min(start + TILE, matrix.shape[0])]]
+def _span(block: csr_matrix) -> Tuple[int, int]:
+    """The columns ``[lo, hi)`` that the rows of ``block`` reach (``(0, 0)`` for none)."""
+    columns = block.indices[block.indptr[0]:block.indptr[-1]]
     return (int(columns.min()), int(columns.max()) + 1) if len(columns) else (0, 0)
