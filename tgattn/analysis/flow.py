@@ -99,7 +99,9 @@ def attention_flow(
         progress: show a tqdm bar over the inputs.
 
     Returns:
-        ``float64`` tensor ``[N]``: the flow from each input token to ``output``.
+        ``float64`` tensor ``[N]``: the flow from each input token to ``output``; NaN for an input
+        with a path through a NaN or infinite weight (its max-flow is unknown; the others never
+        touch that edge). A negative weight is refused (``ValueError`` naming layer and edge).
 
     Example (3 tokens; every value is worked out by hand in ``tests/test_analysis_flow.py``):
         >>> from tgattn import builders

@@ -52,7 +52,9 @@ def attention_rollout(
         progress: show a tqdm bar over the blocks of the product.
 
     Returns:
-        Sparse COO ``float64`` tensor ``[N, N]``, or ``[len(queries), N]``.
+        Sparse COO ``float64`` tensor ``[N, N]``, or ``[len(queries), N]``. A NaN or infinite
+        weight makes its row NaN, and so every entry it reaches; a negative weight is refused
+        (``ValueError`` naming layer and edge).
 
     Example (3 tokens; row 2 of the result is worked out by hand in ``tests/test_analysis_rollout.py``):
         >>> from tgattn import builders
