@@ -48,7 +48,7 @@ def key_ranges(pattern: str, n: int, window: int = 2) -> Tuple[np.ndarray, np.nd
     return rule[pattern]
 
 
-ROWS = 128  # queries per streamed block: rollout.TILE (asserted in the streamed data)
+ROWS = 128  # queries per streamed block and per rollout tile (rollout.TILE)
 BASE_BYTES = 700_000_000  # python, torch, tgattn and SciPy loaded, the model, the kept data: 0.54 GB measured (200 words)
 # per edge of the largest block in work (the layer's scores and weights, its indices, weights per view, padded top-k,
 # CSR rows): 460-550 measured at 5,000 and 10,000 causal tokens (peak RSS less the base and the tiles)

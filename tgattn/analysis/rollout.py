@@ -9,6 +9,7 @@ from scipy.sparse import csr_matrix
 from torch import Tensor
 from tqdm import tqdm
 
+from .budget import ROWS
 from .weights import Head, Layer, as_layers, count_nodes, layer_csr, to_torch
 
 
@@ -88,7 +89,7 @@ def attention_rollout(
     return to_torch(result)
 
 
-TILE = 128  # queries per block of the tiled product
+TILE = ROWS  # queries per block of the tiled product (the blocks the page data is streamed in, and estimated by)
 DENSE_ENOUGH = 1 / 8  # the least share of a block's key span its edges fill for the tiled product
 
 Tiles = List[Tuple[int, np.ndarray]]  # per block of TILE rows: (first column, dense block [rows, span])

@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .export import FLOW_EDGES, Tally, concat, document, tile_top, top_per_row, views_of
-from .flow import ranked, top_flow_of
+from .flow import check_finite_cone, flow_cone, ranked, top_flow_of
 from .rollout import TILE, Tiles, first_tile, next_tile
 from .weights import layer_csr
 
@@ -145,7 +145,8 @@ def _deep_flow(cone_rows: List[List[Tuple[int, csr_matrix]]], n: int, query: int
         rows = vstack([part for _, part in pieces])
         matrices.append(vstack([csr_matrix((first, n)), rows, csr_matrix((n - first - rows.shape[0], n))]).tocsr())
     try:
-        index, value = top_flow_of(matrices, query, top_k)
+        check_finite_cone(flow_cone(matrices, query), query)
     except ValueError as unknown:
         return {"token": query, "skipped": str(unknown)}
+    index, value = top_flow_of(matrices, query, top_k)
     return {"token": query, "index": index.tolist(), "value": [round(v, 12) for v in value.tolist()]}
