@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import one_line_error
 from tgattn import builders

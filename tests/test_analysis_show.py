@@ -8,7 +8,7 @@ from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from conftest import one_line_error
-from tgattn.analysis import figure, plots, random_layers, show
+from tgattn.analysis import figure, plots, random_layers
 from tgattn.analysis.random_layers import random_attention
 from tgattn.analysis.show import checkpoint_attention
 from tgattn.lm import save_checkpoint

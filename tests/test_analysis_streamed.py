@@ -1,12 +1,9 @@
 """The page data made block by block (tgattn.analysis.streamed, random_layers, budget.estimate_memory): the same
 kept keys as the whole layers, checked against dense softmax + top-k, and a peak memory that follows what is
 kept (issue 57, item 10: 10,000 causal tokens took >= 9.5 GB)."""
-import resource
 import subprocess
 import sys
 
-import networkx as nx
-import numpy as np
 import pytest
 import torch
 

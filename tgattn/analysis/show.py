@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 from .._cli import missing_plot_extra, non_negative_int, positive_float, positive_int, run, seed_int
 from .budget import DIM, MAX_BYTES, THRESHOLD, TOP_K, estimate_bytes, estimate_memory
