@@ -243,3 +243,23 @@ def test_show_html_of_a_transformers_model(tmp_path, capsys):
     assert main(["show", "--hf", "random", "--text", "the sky is the limit of it", "--html", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     assert "tiny random Llama" in page and '"format":"tgattn.influence"' in page
+
+
+def test_a_checkpoint_with_a_nan_weight_gives_a_page_that_says_so(tmp_path, cli):
+    # issue 57: rc 0 and a page whose data held a bare NaN (JSON.parse refused it: 0 tokens shown)
+    import json
+    import re
+
+    path, page = tmp_path / "gpt.pt", tmp_path / "nan.html"
+    model = save_gpt_checkpoint(path)
+    weights = model.state_dict()
+    weights["transformer.wpe.weight"][0, 0] = float("nan")  # position 0: every query reads it in layer 1
+    save_checkpoint(path, {"model": weights, "config": asdict(model.config), "vocab": "abc"})
+    status, err = cli(main, ["show", "--text", "abcabc", "--checkpoint", str(path), "--html", str(page)])
+    if status != 0:  # refusing the checkpoint is the other answer the issue allows: one line naming the NaN
+        assert "nan" in one_line_error(err, "python -m tgattn show").lower()
+        return
+    block = re.search(r'type="application/json">(.*?)</script>', page.read_text(encoding="utf-8"), re.S).group(1)
+    data = json.loads(block, parse_constant=lambda literal: pytest.fail(f"bare {literal} in the page's data"))
+    assert data["pruned"][0][0] == {"edges": 0, "weight": None, "total": None, "nonfinite": 21}  # causal(6): 21 edges
+    assert "is not finite (nan)" in data["flow"]["skipped"]
