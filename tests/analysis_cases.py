@@ -1,4 +1,5 @@
 """Shared inputs for the analysis tests: a hand-checked 3-token stack and random stacks."""
+import networkx as nx
 import torch
 
 from tgattn import builders
@@ -43,3 +44,30 @@ def random_edges(n, p, seed):
     """A random edge set with every self-loop (so every query sees something)."""
     g = torch.Generator().manual_seed(seed)
     return builders.from_mask((torch.rand(n, n, generator=g) < p) | torch.eye(n, dtype=torch.bool))
+
+
+def flow_oracle(layers, output, n, residual=True):
+    """Flow into ``output`` by networkx on the dense layered graph, written here: NaN for an input with a path
+    through a non-finite capacity, else the max flow over the finite edges (the others are never on its paths)."""
+    depth = len(layers)
+    graph, bad = nx.DiGraph(), []
+    graph.add_nodes_from((layer, i) for layer in range(depth + 1) for i in range(n))
+    for layer, (edge_index, alpha) in enumerate(layers, start=1):
+        a = torch.zeros(n, n, dtype=torch.float64)
+        a.index_put_((edge_index[1], edge_index[0]), (alpha.double()[:, None] if alpha.dim() == 1 else alpha.double()).mean(1), accumulate=True)
+        edges = builders.to_mask(edge_index, n, n) | (torch.eye(n, dtype=torch.bool) if residual else False)
+        if residual:
+            a = 0.5 * a + 0.5 * torch.eye(n, dtype=torch.float64)
+            a = a / a.sum(1, keepdim=True)
+        for i, j in edges.nonzero().tolist():
+            if not a[i, j] <= 0:  # positive or NaN / inf
+                graph.add_edge((layer - 1, j), (layer, i), capacity=float(a[i, j]))
+                if not torch.isfinite(a[i, j]):
+                    bad.append(((layer - 1, j), (layer, i)))
+    sink = (depth, output)
+    unknown = {j for j in range(n) for tail, head in bad
+               if nx.has_path(graph, (0, j), tail) and nx.has_path(graph, head, sink)}
+    graph.remove_edges_from(bad)
+    return torch.tensor([float("nan") if j in unknown else nx.maximum_flow_value(graph, (0, j), sink)
+                         for j in range(n)], dtype=torch.float64)
+

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis_cases import HAND, dense_residual, random_edges, random_stack
+from analysis_cases import HAND, dense_residual, flow_oracle, random_edges, random_stack
 from tgattn import builders
-from tgattn.analysis import attention_flow, top_flow
+from tgattn.analysis import attention_flow, attention_rollout, top_flow
 from tgattn.analysis.flow import flow_cone, flow_upper_bounds
 from tgattn.analysis.weights import layer_csr
 from tgattn.analysis.maxflow import Network
@@ -167,3 +167,79 @@ def test_a_gap_left_open_is_an_error_not_a_value(monkeypatch):
     monkeypatch.setattr(maxflow, "MAX_ROUNDS", 0)
     with pytest.raises(RuntimeError, match=r"max-flow from 0 to 2: 0 rounds left a gap of 0.3"):
         network.max_flow(0, 2)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_a_non_finite_weight_gives_nan_to_exactly_the_inputs_whose_paths_cross_it(bad, depth):
+    # issue 57: the max-flow solver dropped the NaN capacity and returned finite numbers
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 4, 4]])
+    alpha = torch.tensor([0.3, 0.6, bad, 0.2, 0.5, 0.3], dtype=torch.float64)
+    layers = [(ei, alpha)] * depth
+    for output in range(5):
+        expected = flow_oracle(layers, output, 5)
+        torch.testing.assert_close(attention_flow(layers, output, num_nodes=5), expected, atol=1e-12, rtol=0,
+                                   equal_nan=True)
+        solved = attention_flow(layers, output, num_nodes=5, flow_func=nx.algorithms.flow.edmonds_karp)
+        torch.testing.assert_close(solved, expected, atol=1e-12, rtol=0, equal_nan=True)
+    if depth >= 2:  # input 2 reaches token 4 only over the bad edge (2 -> 3), then 3 -> 4
+        assert attention_flow(layers, 4, num_nodes=5)[2].isnan()
+        assert attention_rollout(layers, num_nodes=5).to_dense()[4].isnan().any()  # as rollout says
+    with pytest.raises(ValueError, match=r"layer \d: the weight of key \d -> query 3 is not finite \(nan\) on a path "
+                                         r"into token 3: the flows through it are unknown"):
+        top_flow(layers, 3, 2, num_nodes=5)
+
+
+def test_negative_weights_are_refused_naming_the_layer_and_edge():
+    from tgattn.analysis import influence_data
+
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 4, 4]])
+    good = torch.full((6, 2), 0.5, dtype=torch.float64)
+    bad = good.clone()
+    bad[2, 1] = -0.5
+    layers = [(ei, good), (ei, bad), (ei, good)]
+    message = r"layer 1: edge 2 \(key 2 -> query 3\) has weight -0.5 in head 1: attention weights are shares"
+    for call in (lambda: attention_flow(layers, 4), lambda: attention_flow(layers[:2], 4), lambda: top_flow(layers, 4, 2),
+                 lambda: attention_rollout(layers), lambda: attention_rollout(layers, queries=4, residual=False),
+                 lambda: influence_data(list("abcde"), layers)):
+        with pytest.raises(ValueError, match=message):
+            call()
+    with pytest.raises(ValueError, match=r"layer 0: edge 5 \(key 0 -> query 4\) has weight -inf: "):
+        attention_rollout((ei, torch.tensor([0.1] * 5 + [-float("inf")])))
+
+
+def test_the_closed_form_equals_the_general_path_on_150_random_stacks():
+    # issue 57: the one/two-layer shortcut crashed (a dtype mismatch) on cones without edges, 4 in 150 stacks
+    g = torch.Generator().manual_seed(57)
+    empty_cones = unknown = 0
+    for _ in range(150):
+        n, depth, heads = int(torch.randint(2, 7, (1,), generator=g)), int(torch.randint(1, 3, (1,), generator=g)), 2
+        residual = bool(torch.randint(0, 2, (1,), generator=g))
+        layers = []
+        for _ in range(depth):
+            p = [0.0, 0.2, 0.5, 1.0][int(torch.randint(0, 4, (1,), generator=g))]
+            ei = builders.from_mask(torch.rand(n, n, generator=g) < p)
+            alpha = torch.rand(ei.shape[1], heads, generator=g, dtype=torch.float64)
+            if ei.shape[1] and torch.rand(1, generator=g) < 0.15:
+                alpha[int(torch.randint(0, ei.shape[1], (1,), generator=g))] = float("nan")
+            layers.append((ei, alpha))
+        output = int(torch.randint(0, n, (1,), generator=g))
+        shortcut = attention_flow(layers, output, num_nodes=n, residual=residual)
+        general = attention_flow(layers, output, num_nodes=n, residual=residual, flow_func=nx.algorithms.flow.edmonds_karp)
+        torch.testing.assert_close(shortcut, general, atol=1e-12, rtol=0, equal_nan=True)
+        torch.testing.assert_close(shortcut, flow_oracle(layers, output, n, residual), atol=1e-12, rtol=0,
+                                   equal_nan=True)
+        empty_cones += int(not shortcut.nan_to_num(1).any())
+        unknown += int(shortcut.isnan().any())
+        if not shortcut.isnan().any():
+            index, value = top_flow(layers, output, 3, num_nodes=n, residual=residual)
+            order = sorted(range(n), key=lambda j: (-float(shortcut[j]), j))[:3]
+            assert index.tolist() == [j for j in order if shortcut[j] > 0]
+            torch.testing.assert_close(value, shortcut[index], atol=1e-12, rtol=0)
+    assert empty_cones >= 4 and unknown >= 4  # the cases of the issue were drawn
+
+
+def test_the_compiled_solver_refuses_a_capacity_it_would_drop():
+    for cap in (float("nan"), float("inf"), 0.0, -0.1):
+        with pytest.raises(ValueError, match=r"capacities must be finite and > 0 \(edge 1 has "):
+            Network(3, np.array([0, 1]), np.array([1, 2]), np.array([0.3, cap]))

@@ -5,6 +5,7 @@ its tokens' colours, values and lists are compared with the attention and rollou
 here, pruned to each token's top keys. Hovering is a real ``mouseover`` event dispatched on a
 token in the page. Skipped where no Chromium is installed (``apt-get install chromium``).
 """
+import json
 import re
 import shutil
 import subprocess
@@ -15,10 +16,10 @@ import torch
 
 from tgattn import builders
 from tgattn.__main__ import main
-from tgattn.analysis import attention_rollout, influence_data, kept_edges, kept_rollout, layer_matrix
+from tgattn.analysis import attention_rollout, influence_data, kept_edges, kept_rollout, layer_matrix, save_influence
 from tgattn.analysis.budget import THRESHOLD, TOP_K
 from tgattn.analysis.page import attention_page
-from tgattn.analysis.show import random_attention
+from tgattn.analysis.random_layers import random_attention
 
 TEXT = "the sky is blue and the sea is deep while every cloud moves over quiet hills"
 BROWSER = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome")
@@ -239,3 +240,65 @@ def test_a_page_of_3000_tokens_in_4_layers_of_4_heads_opens_and_answers_a_hover(
     exact = layer_matrix(*attention[2], n, head=2, residual=False).to_dense()[hovered]
     expect_pane(dom.panes["attends"], exact, hovered)
     assert dom.lists["attends-title"] == [f"'{tokens[hovered]}' (#{hovered}) attends to, in layer 3 (head 2)"]
+
+
+def nan_attention():
+    """The page's 16 tokens over 2 causal layers, with one NaN weight: layer 2, head 0, key 3 -> query 6."""
+    tokens = TEXT.split()
+    attention = random_attention(tokens, builders.causal(len(tokens)), layers=2, heads=2)
+    edge = int(((attention[1][0][0] == 3) & (attention[1][0][1] == 6)).nonzero())
+    attention[1][1][edge, 0] = float("nan")
+    return tokens, attention
+
+
+def strict_json(text: str):
+    """JSON as a browser's ``JSON.parse`` reads it: no ``NaN`` / ``Infinity`` literals."""
+    def refuse(literal):
+        raise ValueError(f"{literal} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_nan_weight_is_written_as_null_and_a_flag(tmp_path):
+    # issue 57: a bare NaN in the data block, which JSON.parse refuses (0 tokens shown)
+    tokens, attention = nan_attention()
+    data = influence_data(tokens, attention)
+    save_influence(data, tmp_path / "nan.json")
+    back = strict_json((tmp_path / "nan.json").read_text(encoding="utf-8"))
+    kept_head_0 = len(kept_edges(back, 1, 0)[1])
+    assert back["pruned"][1][1] == {"edges": 136 - kept_head_0, "weight": None, "total": None, "nonfinite": 1}  # 16 tokens
+    assert back["pruned"][1][0]["nonfinite"] == 1 and back["pruned"][1][2].get("nonfinite") is None  # mean: NaN; head 1 not
+    assert back["rollout_pruned"]["nonfinite"] == 7  # token 6 reads inputs 0-6 through the NaN row, nothing else does
+    assert len(back["flow"]["value"]) == 10  # into token 15: layer 2's row 6 is on no path
+    skipped = influence_data(tokens, attention, query=6)["flow"]["skipped"]
+    assert re.fullmatch(r"layer 1: the weight of key \d+ -> query 6 is not finite \(nan\) on a path into token 6: .*", skipped)
+    (keys, queries), weight = kept_edges(back, 1, 0)
+    nan = weight.isnan()
+    assert keys[nan].tolist() == [3] and queries[nan].tolist() == [6]
+    (keys, rows), share = kept_rollout(back)
+    assert set(rows[share.isnan()].tolist()) == {6} and share[rows != 6].isfinite().all()
+    page = attention_page(tokens, attention)
+    strict_json(re.search(r'type="application/json">(.*?)</script>', page, re.S).group(1))
+
+
+@needs_browser
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["one NaN weight", "a NaN layer"])
+def test_a_page_with_nan_weights_shows_its_tokens_and_says_so(tmp_path, case):
+    tokens, attention = nan_attention()
+    if case == "a NaN layer":
+        attention[0] = (attention[0][0], torch.full_like(attention[0][1], float("nan")))
+    dom = render(attention_page(tokens, attention), tmp_path, hover=6, hash="#layer=2&head=0")
+    for pane in ("attends", "influenced"):
+        assert [span["text"] for span in dom.panes[pane]] == tokens
+    warning = re.search(r'id="nonfinite">([^<]*)<', dom.raw).group(1)
+    assert "not finite (NaN / inf)" in warning
+    if case == "one NaN weight":
+        assert "layer 2 mean: 1, layer 2 head 0: 1, rollout: 7." in warning
+        spans = {int(s["data-i"]): s for s in dom.panes["attends"]}
+        assert spans[3]["data-weight"] == "NaN" and "nonfinite" in spans[3]["class"]
+        assert all("nonfinite" not in s["class"] for j, s in spans.items() if j != 3)
+        assert dom.lists["attends-top"][0] == f"{tokens[3]} (#3) NaN"  # the unknown weight listed first
+    else:  # every weight of layer 1, in every view: 136 causal edges, and every rollout entry (136)
+        assert "layer 1 mean: 136, layer 1 head 0: 136, layer 1 head 1: 136, layer 2 mean: 1, layer 2 head 0: 1, " \
+               "rollout: 136." in warning
+    assert all("NaN" in item or "Infinity" in item for item in dom.lists["influenced-top"])  # token 6's rollout row

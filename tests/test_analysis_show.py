@@ -8,8 +8,9 @@ from tgattn import builders
 from tgattn.__main__ import main
 from tgattn.analysis import top_influencers
 from conftest import one_line_error
-from tgattn.analysis import figure, plots, show
-from tgattn.analysis.show import checkpoint_attention, random_attention
+from tgattn.analysis import figure, plots, random_layers
+from tgattn.analysis.random_layers import random_attention
+from tgattn.analysis.show import checkpoint_attention
 from tgattn.lm import save_checkpoint
 from tgattn.models import GPT, GPTConfig
 
@@ -84,7 +85,8 @@ def test_show_with_checkpoint(tmp_path, capsys):
     ],
 )
 def test_bad_options_are_one_line_errors_before_any_work(cli, tmp_path, monkeypatch, argv, message):
-    monkeypatch.setattr(show, "random_attention", None)  # the work: never reached
+    monkeypatch.setattr(random_layers, "random_attention", None)  # the work: never reached
+    monkeypatch.setattr(random_layers, "random_attention_blocks", None)
     out = [] if "--out" in argv else ["--out", str(tmp_path / "x.png")]
     status, err = cli(main, ["show", *argv, *out])
     assert status == 2 and one_line_error(err, "python -m tgattn show").startswith(message)
@@ -109,7 +111,7 @@ def test_a_checkpoint_whose_config_does_not_fit_its_weights_is_a_one_line_error(
 
 def test_without_matplotlib_show_names_the_extra_up_front(cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    monkeypatch.setattr(show, "random_attention", None)
+    monkeypatch.setattr(random_layers, "random_attention", None)
     status, err = cli(main, ["show", "--out", str(tmp_path / "x.png")])
     assert status == 2 and 'pip install "tgattn[plot]"' in one_line_error(err, "python -m tgattn show")
 
@@ -192,7 +194,8 @@ def test_json_then_from_makes_the_same_page_and_the_budget_is_kept(tmp_path, cap
     assert main(["show", "--from", str(data), "--html", str(again)]) == 0
     assert again.read_bytes() == direct.read_bytes()
     assert f"wrote {again} from {data}" in capsys.readouterr().out
-    status, err = cli(main, ["show", "--from", str(data), "--html", str(tmp_path / "big.html"), "--max-page-mb", "0.01"])
+    budget = f"{(data.stat().st_size + 1) / 1e6:.6f}"  # the file fits, the page around it does not
+    status, err = cli(main, ["show", "--from", str(data), "--html", str(tmp_path / "big.html"), "--max-page-mb", budget])
     assert status == 2 and "the page would take 0." in one_line_error(err, "python -m tgattn show")
     assert not (tmp_path / "big.html").exists()
     data.write_text('{"format": "something else"}')
@@ -240,3 +243,23 @@ def test_show_html_of_a_transformers_model(tmp_path, capsys):
     assert main(["show", "--hf", "random", "--text", "the sky is the limit of it", "--html", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     assert "tiny random Llama" in page and '"format":"tgattn.influence"' in page
+
+
+def test_a_checkpoint_with_a_nan_weight_gives_a_page_that_says_so(tmp_path, cli):
+    # issue 57: rc 0 and a page whose data held a bare NaN (JSON.parse refused it: 0 tokens shown)
+    import json
+    import re
+
+    path, page = tmp_path / "gpt.pt", tmp_path / "nan.html"
+    model = save_gpt_checkpoint(path)
+    weights = model.state_dict()
+    weights["transformer.wpe.weight"][0, 0] = float("nan")  # position 0: every query reads it in layer 1
+    save_checkpoint(path, {"model": weights, "config": asdict(model.config), "vocab": "abc"})
+    status, err = cli(main, ["show", "--text", "abcabc", "--checkpoint", str(path), "--html", str(page)])
+    if status != 0:  # refusing the checkpoint is the other answer the issue allows: one line naming the NaN
+        assert "nan" in one_line_error(err, "python -m tgattn show").lower()
+        return
+    block = re.search(r'type="application/json">(.*?)</script>', page.read_text(encoding="utf-8"), re.S).group(1)
+    data = json.loads(block, parse_constant=lambda literal: pytest.fail(f"bare {literal} in the page's data"))
+    assert data["pruned"][0][0] == {"edges": 0, "weight": None, "total": None, "nonfinite": 21}  # causal(6): 21 edges
+    assert "is not finite (nan)" in data["flow"]["skipped"]

@@ -7,13 +7,17 @@ strongest keys whose weight is at least ``threshold`` are kept, so the data grow
 and weighed per view (``pruned``). Weights are quantised per query to 16 bits of the query's
 largest kept weight (error below 8e-6 of it), and every array is little-endian binary in
 base64, which a browser decodes view by view.
+
+A NaN or infinite weight is kept (ranked first: its size is unknown) and marked in the view's
+``flags``; a total it enters is written as ``null`` beside a count of such weights
+(``nonfinite``), so the file stays JSON that a browser parses and the page can say what it holds.
 """
 from __future__ import annotations
 
 import base64
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -22,13 +26,13 @@ from tqdm import tqdm
 
 from ..builders._common import check_count
 from .budget import THRESHOLD, TOP_K
-from .flow import flow_cone, top_flow
+from .flow import check_finite_cone, flow_cone, top_flow
+from .influence_file import LEVELS, check_influence  # a weight is stored as round(LEVELS * weight / its row's scale)
 from .rollout import rollout_tiles
 from .weights import Layer, as_layers, count_nodes, layer_csr
 
 FORMAT, VERSION = "tgattn.influence", 1
 FLOW_EDGES = 300_000  # the largest flow cone solved for the data (larger ones are skipped, and said so)
-LEVELS = 65535  # a weight is stored as round(LEVELS * weight / the query's largest kept weight)
 
 
 def influence_data(
@@ -79,40 +83,53 @@ def influence_data(
     if isinstance(query, bool) or not isinstance(query, int) or not -n <= query < n:
         raise ValueError(f"query must be a token index in [0, {n}) (got {query!r})")
     query %= n
-    wide = n > 65536
-    views, pruned = [], []
+    kept, pruned = [], []
     for edge_index, alpha in tqdm(layers, disable=not progress, desc="pruning the layers"):
-        kept, lost = _prune_layer(edge_index, alpha, n, top_k, threshold)
-        views.append([_encode(*view, wide) for view in kept])
-        pruned.append(lost)
+        views, weights = _prune_layer(edge_index, alpha, n, top_k, threshold)
+        kept.append(views)
+        pruned.append([Tally().add(weights[:, v], view[2]).lost() for v, view in enumerate(views)])
     matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]  # rownorm(0.5 A + 0.5 I), mean over heads
     rollout, rollout_lost = _rollout_top(layers, matrices, top_k, threshold, progress)
+    return document(tokens, title=title, query=query, top_k=top_k, threshold=threshold, layers=kept, pruned=pruned,
+                    rollout=rollout, rollout_pruned=rollout_lost,
+                    flow=_flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"})
+
+
+Kept = Tuple[Tensor, Tensor, Tensor]  # the kept entries of a view, as CSR rows: (ptr [N + 1], keys [K], weights [K])
+
+
+def document(tokens: Sequence[str], *, title: str, query: int, top_k: int, threshold: float, layers: List[List[Kept]],
+             pruned: List[List[dict]], rollout: Kept, rollout_pruned: dict, flow: dict) -> dict:
+    """The influence data, from what was kept per layer and view (the mean, then each head) and of the rollout."""
+    wide = len(tokens) > 65536
     return {
         "format": FORMAT,
         "version": VERSION,
         "title": title,
         "tokens": [str(token) for token in tokens],
         "query": query,
-        "heads": [_heads(alpha) for _, alpha in layers],
+        "heads": [len(views) - 1 for views in layers],
         "keep": {"top_k": top_k, "threshold": threshold},
         "index_bytes": 4 if wide else 2,
-        "layers": views,
+        "layers": [[_encode(*view, wide) for view in views] for views in layers],
         "pruned": pruned,
         "rollout": _encode(*rollout, wide),
-        "rollout_pruned": rollout_lost,
-        "flow": _flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"},
+        "rollout_pruned": rollout_pruned,
+        "flow": flow,
     }
 
 
-def _heads(alpha: Tensor) -> int:
-    return alpha.shape[1] if alpha.dim() == 2 else 1
+def views_of(alpha: Tensor) -> Tensor:
+    """The weights of every view of a layer, ``float64 [E, 1 + H]``: the mean over heads, head 0, head 1, ..."""
+    alpha = alpha.detach().to("cpu", torch.float64)
+    alpha = alpha[:, None] if alpha.dim() == 1 else alpha  # [E, H]
+    return torch.cat([alpha.mean(1, keepdim=True), alpha], 1)
 
 
 def _prune_layer(edge_index: Tensor, alpha: Tensor, n: int, top_k: int, threshold: float):
-    """Per view (the mean over heads, then each head): the kept ``(ptr, keys, weights)`` and what was dropped."""
-    alpha = alpha.detach().to("cpu", torch.float64)
-    alpha = alpha[:, None] if alpha.dim() == 1 else alpha  # [E, H]
-    weights = torch.cat([alpha.mean(1, keepdim=True), alpha], 1).numpy()  # [E, V]: mean, head 0, ...
+    """Per view (the mean over heads, then each head): the kept ``(ptr, keys, weights)``; and the weights ``[E', V]``
+    (duplicate edges added up)."""
+    weights = views_of(alpha).numpy()  # [E, V]: mean, head 0, ...
     key = edge_index[1].cpu().numpy() * n + edge_index[0].cpu().numpy()  # sorted by (query, key) as builders emit
     if len(key) and not (np.diff(key) > 0).all():  # unsorted or duplicates: sort, add duplicates up
         order = np.argsort(key, kind="stable")
@@ -120,11 +137,12 @@ def _prune_layer(edge_index: Tensor, alpha: Tensor, n: int, top_k: int, threshol
         starts = np.flatnonzero(np.r_[True, np.diff(key) != 0])
         key, weights = key[starts], np.add.reduceat(weights, starts, axis=0)
     ptr = torch.from_numpy(np.searchsorted(key // max(n, 1), np.arange(n + 1)).astype(np.int64))
-    return _top_per_row(ptr, torch.from_numpy(key % max(n, 1)), torch.from_numpy(weights), top_k, threshold)
+    weights = torch.from_numpy(weights)
+    return top_per_row(ptr, torch.from_numpy(key % max(n, 1)), weights, top_k, threshold), weights
 
 
-def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshold: float):
-    """Top ``top_k`` entries >= ``threshold`` of every row of a CSR matrix with ``V`` value columns."""
+def top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshold: float) -> List[Kept]:
+    """Top ``top_k`` entries >= ``threshold`` of every row of a CSR matrix with ``V`` value columns, per column."""
     n, views = len(ptr) - 1, values.shape[1]
     degree = ptr[1:] - ptr[:-1]
     width = max(int(degree.max()) if n else 0, 1)
@@ -141,21 +159,56 @@ def _top_per_row(ptr: Tensor, cols: Tensor, values: Tensor, top_k: int, threshol
         keys = cols[(ptr[start:stop][None, :, None] + where).clamp(max=max(len(cols) - 1, 0))] if len(cols) else where
         for view in range(views):
             kept[view].append((top[view], keys[view]))
-    total = values.sum(0)
-    out, lost = [], []
+    out = []
     for view in range(views):
         top = torch.cat([t for t, _ in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.float64)
         keys = torch.cat([k for _, k in kept[view]]) if n else torch.zeros(0, 1, dtype=torch.long)
         out.append(_packed(top, keys, threshold))
-        held = float(out[-1][2].sum())
-        lost.append({"edges": int(len(cols) - len(out[-1][1])), "weight": round(float(total[view]) - held, 12),
-                     "total": round(float(total[view]), 12)})
-    return out, lost
+    return out
+
+
+def concat(pieces: Sequence[Kept]) -> Kept:
+    """CSR pieces of consecutive rows as one."""
+    ptr = [torch.zeros(1, dtype=torch.long)]
+    for piece in pieces:
+        ptr.append(piece[0][1:] + ptr[-1][-1])
+    return torch.cat(ptr), torch.cat([p[1] for p in pieces]), torch.cat([p[2] for p in pieces])
+
+
+class Tally:
+    """What pruning dropped from one view, added up piece by piece: ``lost()`` is ``{"edges", "weight", "total"}``.
+
+    A non-finite weight makes the totals unknown: they are written as ``None`` (JSON ``null``) and
+    ``nonfinite`` counts such weights (JSON has no NaN: a bare ``NaN`` left the page blank).
+    """
+
+    def __init__(self):
+        self.edges, self.nonfinite, self.total, self.held = 0, 0, 0.0, 0.0
+
+    def add(self, values: Tensor, held: Tensor) -> "Tally":
+        """``values`` of a piece (every edge or entry), of which ``held`` were kept."""
+        self.edges += len(values) - len(held)
+        self.nonfinite += int((~values.isfinite()).sum())
+        self.total += float(values.sum())
+        self.held += float(held.sum())
+        return self
+
+    def lost(self) -> dict:
+        if self.nonfinite:
+            return {"edges": self.edges, "weight": None, "total": None, "nonfinite": self.nonfinite}
+        return {"edges": self.edges, "weight": round(self.total - self.held, 12), "total": round(self.total, 12)}
+
+
+def tile_top(first: int, tile: np.ndarray, top_k: int, threshold: float) -> Kept:
+    """The kept entries of the rows of a rollout tile (:func:`~tgattn.analysis.rollout.rollout_tiles`)."""
+    block = torch.from_numpy(tile)
+    top, where = block.topk(min(top_k, block.shape[1]), dim=1)
+    return _packed(top, where + first, threshold)
 
 
 def _packed(top: Tensor, keys: Tensor, threshold: float) -> Tuple[Tensor, Tensor, Tensor]:
     """``[rows, k]`` candidates (largest first, padding < 0) -> CSR ``(ptr, keys, weights)`` of the kept ones."""
-    keep = (top >= threshold) & (top > 0)
+    keep = ((top >= threshold) & (top > 0)) | top.isnan()  # NaN kept (padding is -1): the page shows it
     ptr = torch.zeros(top.shape[0] + 1, dtype=torch.long)
     ptr[1:] = torch.cumsum(keep.sum(1), 0)
     return ptr, keys[keep], top[keep]
@@ -172,19 +225,13 @@ def _rollout_top(layers: List[Layer], matrices: list, top_k: int, threshold: flo
         (rows, cols), values = rollout.indices(), rollout.values()[:, None]
         ptr = torch.zeros(n + 1, dtype=torch.long)
         ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
-        kept, lost = _top_per_row(ptr, cols, values, top_k, threshold)
-        return kept[0], lost[0]
-    tops, keys = [], []
+        kept = top_per_row(ptr, cols, values, top_k, threshold)[0]
+        return kept, Tally().add(values[:, 0], kept[2]).lost()
+    pieces, tally = [], Tally()
     for first, tile in tiles:
-        block = torch.from_numpy(tile)
-        top, where = block.topk(min(top_k, block.shape[1]), dim=1)
-        tops.append(torch.nn.functional.pad(top, (0, top_k - top.shape[1]), value=-1.0))
-        keys.append(torch.nn.functional.pad(where + first, (0, top_k - where.shape[1])))
-    kept = _packed(torch.cat(tops), torch.cat(keys), threshold)
-    total = float(sum(tile.sum() for _, tile in tiles))
-    edges = int(sum(np.count_nonzero(tile) for _, tile in tiles))
-    held = float(kept[2].sum())
-    return kept, {"edges": edges - len(kept[1]), "weight": round(total - held, 12), "total": round(total, 12)}
+        pieces.append(tile_top(first, tile, top_k, threshold))
+        tally.add(torch.from_numpy(tile[tile != 0]), pieces[-1][2])  # the rollout's nonzeros
+    return concat(pieces), tally.lost()
 
 
 def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
@@ -192,25 +239,38 @@ def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
     cone = flow_cone(matrices, query)
     if len(layers) > 2 and cone.num_edges > FLOW_EDGES:
         return {"token": query, "skipped": f"its cone has {cone.num_edges:,} edges, more than {FLOW_EDGES:,}"}
+    try:
+        check_finite_cone(cone, query)
+    except ValueError as unknown:
+        return {"token": query, "skipped": str(unknown)}
     index, value = top_flow(layers, query, top_k, num_nodes=n)
     return {"token": query, "index": index.tolist(), "value": [round(v, 12) for v in value.tolist()]}
 
 
+FLAGS = (np.nan, np.inf)  # a kept weight's flag 1 + f means FLAGS[f]: NaN, or +inf (negative weights are refused)
+
+
 def _encode(ptr: Tensor, keys: Tensor, weights: Tensor, wide: bool) -> Dict[str, str]:
     """CSR rows as base64: ``counts`` (uint16 per query), ``keys`` (uint16, uint32 past 65,536 tokens),
-    ``scale`` (float32: the query's largest kept weight) and ``weights`` (uint16 fractions of it)."""
+    ``scale`` (float32: the query's largest kept finite weight) and ``weights`` (uint16 fractions of it);
+    where a kept weight is not finite, ``flags`` (uint8 per kept weight: 0 finite, 1 NaN, 2 +inf)."""
     counts = (ptr[1:] - ptr[:-1]).numpy()
     rows = np.repeat(np.arange(len(counts)), counts)
+    value = weights.numpy()
+    finite = np.isfinite(value)
     scale = np.zeros(len(counts), dtype=np.float32)
-    if len(weights):
-        np.maximum.at(scale, rows, weights.numpy().astype(np.float32))
-    fraction = weights.numpy() / np.maximum(scale[rows].astype(np.float64), np.finfo(np.float32).tiny)
-    return {
+    if finite.any():
+        np.maximum.at(scale, rows[finite], value[finite].astype(np.float32))
+    fraction = np.where(finite, value, 0) / np.maximum(scale[rows].astype(np.float64), np.finfo(np.float32).tiny)
+    view = {
         "counts": _b64(counts.astype("<u2")),
         "keys": _b64(keys.numpy().astype("<u4" if wide else "<u2")),
         "scale": _b64(scale.astype("<f4")),
         "weights": _b64(np.rint(np.clip(fraction, 0, 1) * LEVELS).astype("<u2")),
     }
+    if not finite.all():
+        view["flags"] = _b64(np.where(finite, 0, np.where(np.isnan(value), 1, 2)).astype("u1"))
+    return view
 
 
 def _decode(view: Dict[str, str], wide: bool) -> Tuple[Tensor, Tensor, Tensor]:
@@ -219,7 +279,11 @@ def _decode(view: Dict[str, str], wide: bool) -> Tuple[Tensor, Tensor, Tensor]:
     scale = np.frombuffer(base64.b64decode(view["scale"]), dtype="<f4").astype(np.float64)
     fraction = np.frombuffer(base64.b64decode(view["weights"]), dtype="<u2") / LEVELS
     rows = np.repeat(np.arange(len(counts)), counts)
-    return torch.from_numpy(rows), torch.from_numpy(keys), torch.from_numpy(fraction * scale[rows])
+    weight = fraction * scale[rows]
+    if "flags" in view:
+        flags = np.frombuffer(base64.b64decode(view["flags"]), dtype="u1")
+        weight[flags > 0] = np.array(FLAGS)[flags[flags > 0] - 1]
+    return torch.from_numpy(rows), torch.from_numpy(keys), torch.from_numpy(weight)
 
 
 def _b64(array: np.ndarray) -> str:
@@ -248,17 +312,29 @@ def kept_rollout(data: dict) -> Tuple[Tensor, Tensor]:
 
 def save_influence(data: dict, path: Union[str, Path]) -> None:
     """Write :func:`influence_data` to ``path`` as JSON (UTF-8)."""
-    Path(path).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    Path(path).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False), encoding="utf-8")
 
 
-def load_influence(path: Union[str, Path]) -> dict:
-    """Read a file written by :func:`save_influence` (or ``show --json``), checking its format and version."""
+def load_influence(path: Union[str, Path], *, max_bytes: Optional[int] = None) -> dict:
+    """Read a file written by :func:`save_influence` (or ``show --json``), checking its format and version,
+    then every field (:func:`tgattn.analysis.influence_file.check_influence`): a file is refused with one
+    line naming the field that is wrong. A file over ``max_bytes`` is refused before it is read."""
+    size = Path(path).stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{path} takes {size / 1e6:.2f} MB, more than the page's budget of {max_bytes / 1e6:.2f} MB "
+                         "(its page would be larger still)")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not a JSON file ({err})") from None
+    except RecursionError:  # e.g. 100,000 nested [: Python's parser recurses once per level
+        raise ValueError(f"{path} nests its values too deeply for an influence file") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a tgattn influence file (no \"format\": \"{FORMAT}\")")
     if data.get("version") != VERSION:
         raise ValueError(f"{path} has version {data.get('version')!r}; this tgattn reads version {VERSION}")
+    try:
+        check_influence(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     return data

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import networkx as nx
 import numpy as np
@@ -99,7 +99,9 @@ def attention_flow(
         progress: show a tqdm bar over the inputs.
 
     Returns:
-        ``float64`` tensor ``[N]``: the flow from each input token to ``output``.
+        ``float64`` tensor ``[N]``: the flow from each input token to ``output``; NaN for an input
+        with a path through a NaN or infinite weight (its max-flow is unknown; the others never
+        touch that edge). A negative weight is refused (``ValueError`` naming layer and edge).
 
     Example (3 tokens; every value is worked out by hand in ``tests/test_analysis_flow.py``):
         >>> from tgattn import builders
@@ -118,10 +120,12 @@ def attention_flow(
     values = torch.zeros(n, dtype=torch.float64)
     inputs = cone.levels[0]
     if flow_func is None and len(matrices) <= 2:
-        values[inputs] = torch.from_numpy(_shallow_flows(cone))
+        values[inputs] = torch.from_numpy(_shallow_flows(cone))  # NaN capacities give NaN sums by themselves
         return values
-    solve = _solver(cone, flow_func)
-    for r in tqdm(range(len(inputs)), disable=not progress, desc=f"flow into token {output}"):
+    unknown = _unknown_inputs(cone)
+    values[inputs[torch.from_numpy(unknown)]] = float("nan")
+    solve = _solver(_finite_part(cone), flow_func)
+    for r in tqdm(np.flatnonzero(~unknown).tolist(), disable=not progress, desc=f"flow into token {output}"):
         values[inputs[r]] = solve(r)
     return values
 
@@ -161,19 +165,33 @@ def top_flow(
     """
     k = check_count("k", k)
     _, output, matrices = _prepare(attention, output, head, residual, num_nodes)
+    return top_flow_of(matrices, output, k, flow_func=flow_func, progress=progress)
+
+
+def top_flow_of(matrices: Sequence[csr_matrix], output: int, k: int, *, flow_func: Optional[Callable] = None,
+                progress: bool = False) -> Tuple[Tensor, Tensor]:
+    """:func:`top_flow` of layer matrices (:func:`~tgattn.analysis.weights.layer_csr`, first layer first).
+
+    Only the rows in the output's cone are read (:func:`flow_cone`): the other rows may be left empty.
+    """
     cone = flow_cone(matrices, output)
+    check_finite_cone(cone, output)
     inputs = cone.levels[0]
     found: List[Tuple[float, int]] = []  # (flow, token), best first, at most k
     if flow_func is None and len(matrices) <= 2:
-        found = list(zip(_shallow_flows(cone).tolist(), inputs.tolist()))
-    else:
-        bound = flow_upper_bounds(matrices, cone.levels)  # [inputs]
-        solve = _solver(cone, flow_func)
-        for r in tqdm(torch.sort(-bound, stable=True).indices.tolist(), disable=not progress,
-                      desc=f"top {k} flow into token {output}"):
-            if len(found) == k and (k == 0 or float(bound[r]) < found[-1][0] - 1e-12):
-                break
-            found = sorted(found + [(solve(r), int(inputs[r]))], key=lambda p: (-p[0], p[1]))[:k]
+        return ranked(zip(_shallow_flows(cone).tolist(), inputs.tolist()), k)
+    bound = flow_upper_bounds(matrices, cone.levels)  # [inputs]
+    solve = _solver(cone, flow_func)
+    for r in tqdm(torch.sort(-bound, stable=True).indices.tolist(), disable=not progress,
+                  desc=f"top {k} flow into token {output}"):
+        if len(found) == k and (k == 0 or float(bound[r]) < found[-1][0] - 1e-12):
+            break
+        found = sorted(found + [(solve(r), int(inputs[r]))], key=lambda p: (-p[0], p[1]))[:k]
+    return ranked(found, k)
+
+
+def ranked(found: Iterable[Tuple[float, int]], k: int) -> Tuple[Tensor, Tensor]:
+    """``(index, value)`` of the ``k`` largest ``(flow, token)`` pairs (ties: smaller token first), zeros left out."""
     found = [(value, j) for value, j in sorted(found, key=lambda p: (-p[0], p[1]))[:k] if value > 0]
     index = torch.tensor([j for _, j in found], dtype=torch.long)
     return index, torch.tensor([value for value, _ in found], dtype=torch.float64)
@@ -198,16 +216,54 @@ def flow_upper_bounds(matrices: Sequence[csr_matrix], levels: Sequence[Tensor]) 
 
 
 def _shallow_flows(cone: Cone) -> np.ndarray:
-    """The flow of every input of a cone of one or two layers (the paths share no edge)."""
+    """The flow of every input of a cone of one or two layers (the paths share no edge), ``float64``.
+
+    A non-finite capacity gives NaN to exactly the inputs with a path through it (``np.minimum``
+    and the sums carry it), as :func:`_unknown_inputs` says for deeper stacks.
+    """
     inputs = len(cone.levels[0])
+    cap = np.where(np.isfinite(cone.cap), cone.cap, np.nan)  # an infinite share is as unknown as a NaN one
     if len(cone.levels) == 2:  # one layer: the edge into the output is the only path
-        return np.bincount(cone.src, weights=cone.cap, minlength=inputs)
+        return np.bincount(cone.src, weights=cap, minlength=inputs).astype(np.float64)  # (empty: int64)
     last = cone.layer == 2
     into_output = np.zeros(cone.num_nodes)
-    into_output[cone.src[last]] = cone.cap[last]  # per middle node m: capacity of (1, m) -> (2, output)
+    into_output[cone.src[last]] = cap[last]  # per middle node m: capacity of (1, m) -> (2, output)
     first = ~last
-    return np.bincount(cone.src[first], weights=np.minimum(cone.cap[first], into_output[cone.dst[first]]),
-                       minlength=inputs)
+    return np.bincount(cone.src[first], weights=np.minimum(cap[first], into_output[cone.dst[first]]),
+                       minlength=inputs).astype(np.float64)
+
+
+def _unknown_inputs(cone: Cone) -> np.ndarray:
+    """``bool [inputs]``: the inputs with a path through an edge of non-finite capacity (their flow is NaN).
+
+    Every node of the cone reaches the output, so an input's max-flow can use a NaN edge exactly
+    when the input reaches the edge's tail; the others never touch it.
+    """
+    tainted = np.zeros(cone.num_nodes, dtype=bool)
+    tainted[cone.src[~np.isfinite(cone.cap)]] = True
+    for layer in range(len(cone.levels) - 1, 0, -1):  # from the output down: the tails of edges into tainted nodes
+        edges = cone.layer == layer
+        tainted[cone.src[edges][tainted[cone.dst[edges]]]] = True
+    return tainted[: len(cone.levels[0])]
+
+
+def _finite_part(cone: Cone) -> Cone:
+    """The cone without its non-finite edges (no input solved on it reaches them)."""
+    keep = np.isfinite(cone.cap)
+    return Cone(cone.levels, cone.offsets, cone.src[keep], cone.dst[keep], cone.cap[keep], cone.layer[keep])
+
+
+def check_finite_cone(cone: Cone, output: int) -> None:
+    """A ranking needs every value: name the first non-finite capacity on a path into ``output``."""
+    bad = np.flatnonzero(~np.isfinite(cone.cap))
+    if len(bad):
+        e = bad[0]
+        layer = int(cone.layer[e])
+        key = int(cone.levels[layer - 1][cone.src[e] - cone.offsets[layer - 1]])
+        query = int(cone.levels[layer][cone.dst[e] - cone.offsets[layer]])
+        raise ValueError(f"layer {layer - 1}: the weight of key {key} -> query {query} is not finite "
+                         f"({cone.cap[e]}) on a path into token {output}: the flows through it are unknown "
+                         "and cannot be ranked")
 
 
 def _solver(cone: Cone, flow_func: Optional[Callable]) -> Callable[[int], float]:
@@ -241,7 +297,7 @@ def flow_cone(matrices: Sequence[csr_matrix], output: int) -> Cone:
 
     ``matrices`` are the layers' ``[N, N]`` matrices (:func:`~tgattn.analysis.weights.layer_csr`,
     rows = queries i), first layer first; edge ``(l-1, j) -> (l, i)`` gets ``capacity =
-    matrices[l-1][i, j]``; zero entries are left out (they carry no flow).
+    matrices[l-1][i, j]``; zero entries are left out (they carry no flow), NaN ones kept.
     """
     current = np.array([output])
     levels, edges = [current], []
@@ -249,7 +305,7 @@ def flow_cone(matrices: Sequence[csr_matrix], output: int) -> Cone:
         matrix = matrices[layer - 1]
         starts, counts = matrix.indptr[current], np.diff(matrix.indptr)[current]
         pos = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())  # the rows' entries
-        keep = matrix.data[pos] > 0
+        keep = ~(matrix.data[pos] <= 0)  # NaN kept: a flow through it is unknown, not 0
         rows, cols, caps = np.repeat(current, counts)[keep], matrix.indices[pos][keep], matrix.data[pos][keep]
         below = np.unique(cols)
         edges.insert(0, (layer, np.searchsorted(below, cols), np.searchsorted(current, rows), caps))

@@ -37,6 +37,9 @@ class Network:
 
     def __init__(self, num_nodes: int, src: np.ndarray, dst: np.ndarray, cap: np.ndarray):
         self.num_nodes, self.cap = num_nodes, np.asarray(cap, dtype=np.float64)
+        bad = np.flatnonzero(~(np.isfinite(self.cap) & (self.cap > 0)))
+        if len(bad):  # the integer solver would drop such an edge (NaN scales to 0) and return a finite, wrong flow
+            raise ValueError(f"capacities must be finite and > 0 (edge {bad[0]} has {self.cap[bad[0]]})")
         self.src, self.dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
         rows = np.concatenate([self.src, self.dst])  # forward residual edges, then backward ones
         cols = np.concatenate([self.dst, self.src])

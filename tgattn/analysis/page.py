@@ -70,7 +70,8 @@ def page_from_data(data: dict, *, max_bytes: int = MAX_BYTES) -> str:
     The data block is JSON with ``<``, ``>``, ``&`` and the line separators written as ``\\uXXXX``
     escapes, so no token or title (``</script>``, ``<!--<script>``, ...) changes how the page parses.
     """
-    block = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_SAFE)
+    # allow_nan=False: a bare NaN is not JSON, the page's parser would refuse it (non-finite values are null + flags)
+    block = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).translate(_SAFE)
     page = TEMPLATE.read_text(encoding="utf-8")
     page = page.replace('type="application/json">DATA</script>', f'type="application/json">{block}</script>', 1)
     page = page.replace("<title>TITLE</title>", f"<title>{html.escape(data['title'])}</title>", 1)

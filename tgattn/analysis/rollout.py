@@ -9,6 +9,7 @@ from scipy.sparse import csr_matrix
 from torch import Tensor
 from tqdm import tqdm
 
+from .budget import ROWS
 from .weights import Head, Layer, as_layers, count_nodes, layer_csr, to_torch
 
 
@@ -52,7 +53,9 @@ def attention_rollout(
         progress: show a tqdm bar over the blocks of the product.
 
     Returns:
-        Sparse COO ``float64`` tensor ``[N, N]``, or ``[len(queries), N]``.
+        Sparse COO ``float64`` tensor ``[N, N]``, or ``[len(queries), N]``. A NaN or infinite
+        weight makes its row NaN, and so every entry it reaches; a negative weight is refused
+        (``ValueError`` naming layer and edge).
 
     Example (3 tokens; row 2 of the result is worked out by hand in ``tests/test_analysis_rollout.py``):
         >>> from tgattn import builders
@@ -86,7 +89,7 @@ def attention_rollout(
     return to_torch(result)
 
 
-TILE = 128  # queries per block of the tiled product
+TILE = ROWS  # queries per block of the tiled product (the blocks the page data is streamed in, and estimated by)
 DENSE_ENOUGH = 1 / 8  # the least share of a block's key span its edges fill for the tiled product
 
 Tiles = List[Tuple[int, np.ndarray]]  # per block of TILE rows: (first column, dense block [rows, span])
@@ -99,37 +102,51 @@ def rollout_tiles(matrices: Sequence[csr_matrix], *, progress: bool = False) -> 
     Block t holds rows ``t * TILE ..``; its tile covers the columns from the first to the last
     one any of its rows reaches, so a window or causal pattern costs what its band costs,
     never an ``N x N`` array. Returns ``None`` (take the sparse product) when the first
-    layer's edges fill less than :data:`DENSE_ENOUGH` of their blocks' spans.
+    layer's edges fill less than :data:`DENSE_ENOUGH` of their blocks' spans, or when a layer
+    holds a NaN / inf: in a dense tile, ``0 * NaN`` would spread it to every row of the block,
+    where the sparse product gives it to the rows that reach it only.
     """
     layers = list(matrices)
-    n = layers[0].shape[0]
-    spans = [_span(layers[0], start) for start in range(0, n, TILE)]
-    if layers[0].nnz < DENSE_ENOUGH * sum(min(TILE, n - start) * (hi - lo) for start, (lo, hi) in
-                                          zip(range(0, n, TILE), spans)):
+    if not all(np.isfinite(layer.data).all() for layer in layers):
         return None
-    current = [(lo, layers[0][start:start + TILE, lo:hi].toarray()) for start, (lo, hi) in zip(range(0, n, TILE), spans)]
+    n = layers[0].shape[0]
+    starts = range(0, n, TILE)
+    spans = [_span(layers[0][start:start + TILE]) for start in starts]
+    if layers[0].nnz < DENSE_ENOUGH * sum(min(TILE, n - start) * (hi - lo) for start, (lo, hi) in zip(starts, spans)):
+        return None
+    current = [first_tile(layers[0][start:start + TILE]) for start in starts]
     bar = tqdm(total=(len(layers) - 1) * len(current), disable=not progress, desc="rollout")
     for layer in layers[1:]:
         following = []
-        for start in range(0, n, TILE):
-            block = layer[start:start + TILE]
-            lo, hi = _span(layer, start)
-            if hi == lo:  # rows without entries (cannot happen with the residual mix): nothing reaches them
-                following.append((0, np.zeros((block.shape[0], 0))))
-                continue
-            covered = range(lo // TILE, (hi - 1) // TILE + 1)  # the blocks of R holding rows lo .. hi - 1
-            first = min(current[t][0] for t in covered)
-            last = max(current[t][0] + current[t][1].shape[1] for t in covered)
-            below = np.zeros((hi - lo, last - first))  # R[lo:hi, first:last]
-            for t in covered:
-                column, tile = current[t]
-                top, bottom = max(t * TILE, lo), min(t * TILE + tile.shape[0], hi)
-                below[top - lo:bottom - lo, column - first:column - first + tile.shape[1]] = tile[top - t * TILE:bottom - t * TILE]
-            following.append((first, block[:, lo:hi].toarray() @ below))
+        for start in starts:
+            following.append(next_tile(current, layer[start:start + TILE]))
             bar.update()
         current = following
     bar.close()
     return current
+
+
+def first_tile(block: csr_matrix) -> Tuple[int, np.ndarray]:
+    """Rows ``[B, N]`` of the first layer's matrix as a tile: ``(first column, dense [B, span])``."""
+    lo, hi = _span(block)
+    return lo, block[:, lo:hi].toarray()
+
+
+def next_tile(current: Tiles, block: csr_matrix) -> Tuple[int, np.ndarray]:
+    """One block of the next rollout, ``A[rows] @ R``: ``block`` holds rows ``[B, N]`` of the next layer's
+    matrix, ``current`` every tile of ``R`` (blocks of :data:`TILE` rows). Only ``[B, span]`` is formed."""
+    lo, hi = _span(block)
+    if hi == lo:  # rows without entries (cannot happen with the residual mix): nothing reaches them
+        return 0, np.zeros((block.shape[0], 0))
+    covered = range(lo // TILE, (hi - 1) // TILE + 1)  # the tiles of R holding rows lo .. hi - 1
+    first = min(current[t][0] for t in covered)
+    last = max(current[t][0] + current[t][1].shape[1] for t in covered)
+    out = np.zeros((block.shape[0], last - first))  # [B, span]
+    for t in covered:
+        column, tile = current[t]
+        top, bottom = max(t * TILE, lo), min(t * TILE + tile.shape[0], hi)
+        out[:, column - first:column - first + tile.shape[1]] += block[:, top:bottom].toarray() @ tile[top - t * TILE:bottom - t * TILE]
+    return first, out
 
 
 def tiles_to_coo(tiles: Tiles, n: int) -> Tensor:
@@ -145,7 +162,7 @@ def tiles_to_coo(tiles: Tiles, n: int) -> Tensor:
                                    check_invariants=False)
 
 
-def _span(matrix: csr_matrix, start: int) -> Tuple[int, int]:
-    """The columns ``[lo, hi)`` that rows ``start .. start + TILE`` reach (``(0, 0)`` for none)."""
-    columns = matrix.indices[matrix.indptr[start]:matrix.indptr[min(start + TILE, matrix.shape[0])]]
+def _span(block: csr_matrix) -> Tuple[int, int]:
+    """The columns ``[lo, hi)`` that the rows of ``block`` reach (``(0, 0)`` for none)."""
+    columns = block.indices[block.indptr[0]:block.indptr[-1]]
     return (int(columns.min()), int(columns.max()) + 1) if len(columns) else (0, 0)

@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 from .._cli import missing_plot_extra, non_negative_int, positive_float, positive_int, run, seed_int
-from .budget import MAX_BYTES, THRESHOLD, TOP_K, estimate_bytes
+from .budget import DIM, MAX_BYTES, THRESHOLD, TOP_K, estimate_bytes, estimate_memory
 from .labels import TITLE_CHARS, fit
 
 if TYPE_CHECKING:
     from .weights import Layer
 
 PATTERNS = ("full", "causal", "window", "causal_window")
-DIM = 32  # width of the random layers
+MAX_MEMORY_GB = 8  # the default memory budget of the page data from random layers
 
 
 def pattern_edges(pattern: str, n: int, *, window: int = 2):
@@ -44,44 +44,6 @@ def pattern_edges(pattern: str, n: int, *, window: int = 2):
     if pattern == "causal_window":
         return builders.window(n, window, causal=True)
     raise ValueError(f"pattern must be one of {PATTERNS} (got {pattern!r})")
-
-
-def random_attention(tokens: Sequence[str], edge_index, *, layers: int = 2, heads: int = 2, dim: int = DIM,
-                     seed: int = 0) -> List["Layer"]:
-    """Attention of ``layers`` random (seeded) GraphAttention layers with residuals over ``tokens``.
-
-    Equal tokens share a random embedding; a random position embedding tells them apart.
-    The global random state is left untouched.
-
-    Example:
-        >>> import torch
-        >>> from tgattn import builders
-        >>> ei = builders.causal(4)
-        >>> att = random_attention("The sky is blue".split(), ei, layers=3)
-        >>> len(att), att[0][1].shape
-        (3, torch.Size([10, 2]))
-        >>> torch.equal(att[2][1], random_attention("The sky is blue".split(), ei, layers=3)[2][1])
-        True
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from ..nn.attention import GraphAttention
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        vocab = {token: number for number, token in enumerate(sorted(set(tokens)))}
-        embed = torch.randn(len(vocab), dim)  # [V, D]
-        position = 0.5 * torch.randn(len(tokens), dim)  # [T, D]
-        stack = [GraphAttention(dim, heads) for _ in range(layers)]
-    x = embed[torch.tensor([vocab[t] for t in tokens], dtype=torch.long)] + position  # [T, D]
-    attention = []
-    with torch.no_grad():
-        for layer in stack:
-            out, (ei, alpha) = layer(x, edge_index, return_attention_weights=True)
-            attention.append((ei, alpha))
-            x = F.layer_norm(x + out, (dim,))
-    return attention
 
 
 def checkpoint_attention(path: str, text: str) -> Tuple[List[str], List["Layer"]]:
@@ -145,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"page / --json: weights below are pruned (default: {THRESHOLD})")
     parser.add_argument("--max-page-mb", type=positive_float, default=MAX_BYTES / 1e6,
                         help=f"refuse to write a page larger than this (default: {MAX_BYTES / 1e6:.0f})")
+    parser.add_argument("--max-memory-gb", type=positive_float, default=MAX_MEMORY_GB,
+                        help="page / --json from random layers: refuse when the estimated peak memory is larger "
+                             f"(default: {MAX_MEMORY_GB})")
 
 
 def check(args: argparse.Namespace) -> List[str]:
@@ -181,6 +146,12 @@ def check(args: argparse.Namespace) -> List[str]:
             raise ValueError(f"the page would take about {size / 1e6:.0f} MB ({len(tokens)} tokens, {args.layers} layers x "
                              f"{args.heads} heads, --keep {args.keep}), more than --max-page-mb {args.max_page_mb:g}: "
                              "keep fewer keys per token or raise the budget")
+    if (args.html or args.json) and not args.checkpoint:
+        memory = estimate_memory(len(tokens), args.layers, args.heads, args.keep, args.pattern, args.window)
+        if memory > args.max_memory_gb * 1e9:
+            raise ValueError(f"the page data would take about {memory / 1e9:.1f} GB of memory at its peak ({len(tokens)} "
+                             f"tokens, {args.pattern} pattern, {args.layers} layers: the rollout's band), more than "
+                             f"--max-memory-gb {args.max_memory_gb:g}: use fewer tokens or a window pattern, or raise it")
     return tokens
 
 
@@ -204,8 +175,7 @@ def main(args: argparse.Namespace) -> int:
         # the file's name, not its folder (often a temporary one)
         source = f"tiny GPT {Path(args.checkpoint).name}, {len(attention)} layers x {heads} heads"
     else:
-        edge_index = pattern_edges(args.pattern, len(tokens), window=args.window)
-        attention = random_attention(tokens, edge_index, layers=args.layers, heads=args.heads, seed=args.seed)
+        attention = None  # made below: streamed for a page, whole for the picture
         source = f"{args.pattern} pattern, {args.layers} random layers x {args.heads} heads, seed {args.seed}"
     query = args.query % len(tokens)
     title = f"{fit(args.text, max(TITLE_CHARS - len(source) - 20, 16))!r} ({len(tokens)} tokens): {source}"
@@ -213,8 +183,8 @@ def main(args: argparse.Namespace) -> int:
         from .export import influence_data, save_influence
         from .page import page_from_data
 
-        data = influence_data(tokens, attention, query=query, title=title, top_k=args.keep, threshold=args.threshold,
-                              progress=True)
+        keep = dict(query=query, title=title, top_k=args.keep, threshold=args.threshold, progress=True)
+        data = influence_data(tokens, attention, **keep) if attention is not None else _streamed_data(tokens, args, keep)
         if args.json:
             save_influence(data, args.json)
             print(f"wrote {args.json} (python -m tgattn show --from {args.json} --html PAGE makes its page)")
@@ -224,6 +194,11 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from .figure import rank, show_figure
 
+    if attention is None:
+        from .random_layers import random_attention
+
+        attention = random_attention(tokens, pattern_edges(args.pattern, len(tokens), window=args.window),
+                                     layers=args.layers, heads=args.heads, seed=args.seed)
     ranked = rank(attention, query, args.top_k, len(tokens))
     fig = show_figure(tokens, attention, ranked, query=query, title=title)
     fig.savefig(args.out, dpi=110)
@@ -234,11 +209,23 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _streamed_data(tokens: List[str], args: argparse.Namespace, keep: dict) -> dict:
+    """The page data of the random layers, made block by block (memory follows what is kept)."""
+    from .budget import key_ranges
+    from .random_layers import random_attention_blocks
+    from .streamed import streamed_influence_data
+
+    blocks = random_attention_blocks(tokens, args.pattern, window=args.window, layers=args.layers, heads=args.heads,
+                                     seed=args.seed)
+    return streamed_influence_data(tokens, blocks, heads=[args.heads] * args.layers,
+                                   key_ranges=key_ranges(args.pattern, len(tokens), args.window), **keep)
+
+
 def _page_from_file(args: argparse.Namespace) -> int:
     from .export import load_influence
     from .page import page_from_data
 
-    data = load_influence(args.source)
+    data = load_influence(args.source, max_bytes=int(args.max_page_mb * 1e6))  # every field checked
     Path(args.html).write_text(page_from_data(data, max_bytes=int(args.max_page_mb * 1e6)), encoding="utf-8")
     print(f"wrote {args.html} from {args.source} (open it in a browser)")
     return 0

@@ -48,9 +48,8 @@ def select_head(alpha: Tensor, head: Head = "mean") -> Tensor:
 
 def as_layers(attention: Union[Layer, Sequence[Layer]]) -> List[Layer]:
     """One ``(edge_index, alpha)`` pair or a sequence of them, as a list of pairs."""
-    if isinstance(attention, tuple) and len(attention) == 2 and isinstance(attention[0], Tensor):
-        return [attention]
-    layers = list(attention)
+    single = isinstance(attention, tuple) and len(attention) == 2 and isinstance(attention[0], Tensor)
+    layers = [attention] if single else list(attention)
     for number, layer in enumerate(layers):
         if not (isinstance(layer, (tuple, list)) and len(layer) == 2 and all(isinstance(t, Tensor) for t in layer)):
             got = type(layer).__name__
@@ -61,7 +60,32 @@ def as_layers(attention: Union[Layer, Sequence[Layer]]) -> List[Layer]:
             )
     if not layers:
         raise ValueError("attention must hold at least one layer (got an empty sequence)")
+    for number, (edge_index, alpha) in enumerate(layers):
+        check_shares(number, edge_index, alpha)
     return layers
+
+
+def check_shares(number: int, edge_index: Tensor, alpha: Tensor) -> None:
+    """Refuse a negative weight in layer ``number``, naming its edge (and head).
+
+    Rollout and flow read weights as shares of a query's attention (flow as capacities): a
+    negative one has no meaning there and would silently shift every result. NaN and inf are
+    not refused: they propagate as NaN to the results they touch.
+
+    Example:
+        >>> check_shares(1, torch.tensor([[0, 1], [1, 1]]), torch.tensor([[0.5, 0.2], [0.5, -0.2]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: layer 1: edge 1 (key 1 -> query 1) has weight -0.2 in head 1: attention weights are shares and cannot be negative
+    """
+    negative = (alpha.detach() < 0).nonzero()
+    if len(negative):
+        edge, head = (negative[0].tolist() + [None])[:2]
+        where = "" if head is None else f" in head {head}"
+        key, query = edge_index[:, edge].tolist()
+        raise ValueError(f"layer {number}: edge {edge} (key {key} -> query {query}) has weight "
+                         f"{float(alpha.detach()[tuple(negative[0].tolist())]):.3g}{where}: attention weights are shares "
+                         "and cannot be negative")
 
 
 def count_nodes(layers: Sequence[Layer], num_nodes: Optional[int] = None) -> int:
@@ -102,7 +126,8 @@ def layer_csr(
     matrix.sum_duplicates()  # also sorts each row's columns
     if residual:
         total = np.add.reduceat(matrix.data, matrix.indptr[:-1]) if matrix.nnz else np.zeros(num_nodes)
-        matrix.data /= np.repeat(total, np.diff(matrix.indptr))  # every row holds its diagonal: no empty row
+        with np.errstate(invalid="ignore"):  # a NaN / inf weight makes its row NaN, as rollout and flow expect
+            matrix.data /= np.repeat(total, np.diff(matrix.indptr))  # every row holds its diagonal: no empty row
     return matrix
 
 
