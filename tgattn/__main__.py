@@ -30,13 +30,13 @@ SHOW = ("Draw which tokens influence a token: attention, rollout and flow over t
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
-    verify = commands.add_parser("verify", help="check graph attention against dense attention on every builder",
+    verify = commands.add_parser("verify", allow_abbrev=False, help="check graph attention against dense attention on every builder",
                                  description=VERIFY)
     verify.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend to verify (default: auto)")
-    commands.add_parser("build", help="compile the fused C++ kernel now (a no-op when built)", description=BUILD)
-    show = commands.add_parser("show", help="draw which tokens influence a token (attention, rollout, flow)",
+    commands.add_parser("build", allow_abbrev=False, help="compile the fused C++ kernel now (a no-op when built)", description=BUILD)
+    show = commands.add_parser("show", allow_abbrev=False, help="draw which tokens influence a token (attention, rollout, flow)",
                                description=SHOW)
     show_arguments(show)
     fidelity = commands.add_parser("fidelity", help="what each sparse pattern costs a trained model (fidelity study)",

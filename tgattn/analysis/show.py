@@ -233,7 +233,7 @@ def _page_from_file(args: argparse.Namespace) -> int:
 
 def cli(argv=None) -> int:
     """``python -m tgattn.analysis.show [options]``: the same as ``python -m tgattn show``."""
-    parser = argparse.ArgumentParser(prog="python -m tgattn.analysis.show", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.analysis.show", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return run(parser, main, parser.parse_args(argv))
 

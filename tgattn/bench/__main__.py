@@ -30,7 +30,7 @@ GPU_PATTERNS = ("window64", "random0.01", "topk0.01")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and few patterns (about a minute)")
     parser.add_argument("--patterns", nargs="+", help="pattern names (default: all; see --list)")
     parser.add_argument("--sizes", nargs="+", type=positive_int, help="sequence lengths (default: per pattern)")

@@ -561,7 +561,7 @@ def plot(rows: List[dict], path: Path, cap_gb: float) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.big_graphs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.big_graphs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", default=["full", "minibatch"], choices=["full", "minibatch"])
     parser.add_argument("--nodes", nargs="+", type=positive_int, default=list(SIZES),
                         help="full-batch graph sizes (default: ogbn-products' 2,449,029 nodes / 64, / 32, ..., / 1)")

@@ -220,7 +220,7 @@ def plot(rows: List[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.distributed", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.distributed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worlds", nargs="+", type=int, default=[1, 2, 4], help="ranks per run (default: 1 2 4)")
     parser.add_argument("--quick", action="store_true", help="small sizes only (n = 2048)")

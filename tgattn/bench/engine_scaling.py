@@ -151,7 +151,7 @@ def memory(heads: int, dim: int, points=((32768, "fwd"), (131072, "fwd+bwd")), m
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.engine_scaling", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.engine_scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=[s for s in SECTIONS if s != "million"])
     parser.add_argument("--heads", type=int, default=8)

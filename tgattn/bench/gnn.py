@@ -82,7 +82,7 @@ def plot(rows: List[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gnn", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.gnn", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--models", nargs="+", default=list(CONVS), choices=CONVS)
     parser.add_argument("--threads", nargs="+", type=positive_int, default=[1, 2])

@@ -182,7 +182,7 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
 
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU at a tiny size (seconds)")
     parser.add_argument("--out", type=Path, default=runs_dir("gpu"), help=out_help("gpu"))

@@ -217,7 +217,7 @@ at 1.1-1.5x the bfloat16 line and under the float32 line (rows reread from L2), 
 def main(argv=None) -> int:
     from tgattn.engine.triton.aot import TARGETS
 
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.gpu_compiled", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.gpu_compiled", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=runs_dir("gpu_compiled"), help=out_help("gpu_compiled"))
     parser.add_argument("--targets", nargs="+", choices=[t.name for t in TARGETS], default=[t.name for t in TARGETS])

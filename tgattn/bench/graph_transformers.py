@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.graph_transformers", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.graph_transformers", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 2-3 epochs, sizes 100 and 1000 (a smoke run)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..seeds-1 (default: 5; --quick: 1)")
     parser.add_argument("--seed-start", type=int, default=0,

@@ -162,7 +162,7 @@ def summary(rows: List[dict], verdicts: bool = True) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.half", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.half", description=__doc__.split("\n\n")[0])
     parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=sorted(NAMES))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                         help="dtypes to time (default: all three; ratios need float32)")

@@ -113,7 +113,7 @@ def table(rows) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.hf", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.hf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 16384, 32768, 65536, 131072], help="tokens")
     parser.add_argument("--model", default="mistral", choices=MODELS,

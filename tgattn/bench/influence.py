@@ -103,7 +103,7 @@ def run(sizes, windows, layers: int, heads: int, repeats: int, max_flow_edges: i
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.influence", description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.influence", description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 4096], help="sequence lengths n")
     parser.add_argument("--windows", type=int, nargs="+", default=[8, 16, 64], help="window radii w")
     parser.add_argument("--layers", type=int, default=4, help="layers L (default: 4)")

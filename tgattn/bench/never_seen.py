@@ -177,7 +177,7 @@ def summary(rows: List[dict], verdicts: bool = True) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.never_seen", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.never_seen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--rounds", type=positive_int, default=200,
                         help="interleaved timed rounds, minimum kept (default: 200; indexer_topk: at most 5)")

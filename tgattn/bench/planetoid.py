@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.bench.planetoid", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.bench.planetoid", description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", nargs="+", default=["Cora"], help=f"one or more of {', '.join(DATASETS)}")
     parser.add_argument("--model", nargs="+", default=["tgattn"], help=f"one or more of {', '.join(MODEL_NAMES)}")
     parser.add_argument("--seeds", type=int, default=10, help="number of seeds, 0..seeds-1 (default: 10)")

@@ -145,7 +145,7 @@ def train_rank(rank: int, world: int, args, data) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.distributed.gnn", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.distributed.gnn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=positive_int, default=1, help="local processes when not under torchrun (default: 1)")
     parser.add_argument("--dataset", default="Cora", help="Planetoid data set (default: Cora)")

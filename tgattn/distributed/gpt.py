@@ -102,7 +102,7 @@ def _report(args, world: int, rows, ranks, val_loss: float) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.distributed.gpt", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.distributed.gpt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=positive_int, default=1, help="local processes when not under torchrun (default: 1)")
     parser.add_argument("--length", type=positive_int, default=65536, help="sequence length T (default: 65536)")

@@ -17,7 +17,6 @@ from .._cli import boolean, non_negative_int, positive_float, positive_int, posi
 from ..models.config import ATTENTIONS, PATTERNS, SELECTIONS, GPTConfig
 from .config import TrainConfig
 
-COMMANDS = ("train", "eval", "sample", "bench-decode", "bench-train", "bench-memory")  # memory-probe: internal
 CHOICES = {"attention": ATTENTIONS, "pattern": PATTERNS}
 THREADS = dict(type=non_negative_int, default=0, help="torch threads (default: torch's choice)")
 
@@ -189,14 +188,14 @@ def _bench(name: str):
 
 
 def _add_bench_parsers(sub) -> None:
-    p = sub.add_parser("bench-decode", help="incremental decoding vs full recomputation (window pattern)")
+    p = sub.add_parser("bench-decode", allow_abbrev=False, help="incremental decoding vs full recomputation (window pattern)")
     p.add_argument("--threads", **THREADS)
     p.add_argument("--lengths", type=positive_ints, default=[256, 1024, 4096], help="context lengths (default: 256,1024,4096)")
     p.add_argument("--window", type=non_negative_int, default=32, help="window radius w (default: 32)")
     p.add_argument("--tokens", type=positive_int, default=16, help="timed tokens per length (default: 16)")
     p.set_defaults(func=_bench("bench_decode"))
 
-    p = sub.add_parser("bench-train", help="time per training step: graph GPT vs dense twin, interleaved")
+    p = sub.add_parser("bench-train", allow_abbrev=False, help="time per training step: graph GPT vs dense twin, interleaved")
     p.add_argument("--threads", **THREADS)
     p.add_argument("--models", nargs="+", default=["graph", "dense"], choices=("graph", "dense", "window") + SELECTIONS,
                    help="what to time: graph / dense (the pattern's graph GPT, its dense twin), window (the graph "
@@ -211,7 +210,7 @@ def _add_bench_parsers(sub) -> None:
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first (default: 5)")
     p.set_defaults(func=_bench("bench_train"))
 
-    p = sub.add_parser("bench-memory", help="training memory; longest window context in dense memory")
+    p = sub.add_parser("bench-memory", allow_abbrev=False, help="training memory; longest window context in dense memory")
     p.add_argument("--threads", **THREADS)
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--dense-block", type=positive_int, default=64, help="the dense model's context (default: 64)")
@@ -221,7 +220,10 @@ def _add_bench_parsers(sub) -> None:
     p.add_argument("--with-dense", action="store_true", help="also measure the dense model at each length")
     p.set_defaults(func=_bench("bench_memory"))
 
-    p = sub.add_parser("memory-probe")  # internal: one configuration of bench-memory, in a fresh process
+
+def _add_memory_probe(sub) -> None:
+    """The internal command that measures one configuration of bench-memory in a fresh process."""
+    p = sub.add_parser("memory-probe", allow_abbrev=False)
     p.add_argument("--threads", **THREADS)
     p.add_argument("--attention", default="graph", choices=("graph", "dense"))  # a fixed pattern's memory
     p.add_argument("--pattern", default="causal", choices=PATTERNS)
@@ -232,10 +234,11 @@ def _add_bench_parsers(sub) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tgattn.lm", description="Character GPT on Tiny Shakespeare.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.lm", description="Character GPT on Tiny Shakespeare.")
+    sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train (or --resume) a GPT; checkpoint in OUT/ckpt.pt")
+    train = sub.add_parser("train", allow_abbrev=False, help="train (or --resume) a GPT; checkpoint in OUT/ckpt.pt")
     train.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
     train.add_argument("--out", default="out-lm", help="checkpoint folder (default: out-lm)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
@@ -246,7 +249,7 @@ def main(argv=None) -> int:
     _add_fields(train, TrainConfig)
     train.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="train and validation loss of a checkpoint")
+    p = sub.add_parser("eval", allow_abbrev=False, help="train and validation loss of a checkpoint")
     p.add_argument("--checkpoint", default="out-lm/ckpt.pt")
     p.add_argument("--data", default=None, help="data folder (default: $TGATTN_DATA)")
     p.add_argument("--batch-size", type=positive_int, default=12)
@@ -254,7 +257,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=seed_int, default=1338, help="seed of the evaluation batches (training uses seed + 1)")
     p.set_defaults(func=cmd_eval)
 
-    sample = sub.add_parser("sample", help="generate text from a checkpoint")
+    sample = sub.add_parser("sample", allow_abbrev=False, help="generate text from a checkpoint")
     sample.add_argument("--checkpoint", default="out-lm/ckpt.pt")
     sample.add_argument("--prompt", default="\n", help="text to continue (characters of the model's vocabulary)")
     sample.add_argument("--num-tokens", type=non_negative_int, default=500)
@@ -265,6 +268,8 @@ def main(argv=None) -> int:
     sample.set_defaults(func=cmd_sample)
 
     _add_bench_parsers(sub)
+    if argv[:1] == ["memory-probe"]:  # registered only when asked for: no help or error lists it
+        _add_memory_probe(sub)
     args = parser.parse_args(argv)
     if args.command == "train":
         try:  # the settings, checked before the corpus is read
