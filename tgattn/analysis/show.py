@@ -4,7 +4,9 @@ Without ``--checkpoint`` the attention comes from seeded random projections (a s
 :class:`tgattn.GraphAttention` layers over word embeddings); with one, from a trained tiny
 GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
 With ``--hf`` it comes from a transformers model (:mod:`tgattn.hf`): a local model folder
-with its tokenizer, or ``random`` for a tiny seeded Llama over the words of ``--text``.
+with its tokenizer (a decoder, or an encoder such as BERT: attention both ways, its ``[CLS]``
+and ``[SEP]`` tokens drawn as tokens), or ``random`` for a tiny seeded Llama over the words of
+``--text``. ``--text-file PATH`` reads the text from a file.
 With ``--html PAGE`` it writes an interactive page (:mod:`tgattn.analysis.page`) instead of
 the picture: hover a token to see what it attends to and what influences it. ``--json FILE``
 writes what the page shows as data (:mod:`tgattn.analysis.export`), and ``--from FILE`` makes
@@ -16,6 +18,8 @@ Arguments are parsed and checked before torch is imported (``python -m tgattn.an
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Tuple
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 
 PATTERNS = ("full", "causal", "window", "causal_window")
 MAX_MEMORY_GB = 8  # the default memory budget of the page data from random layers
+HUB_ID = re.compile(r"[\w-][\w.-]*(/[\w-][\w.-]*)?")  # 'name' or 'owner/name': a model in the Hugging Face cache
 
 
 def pattern_edges(pattern: str, n: int, *, window: int = 2):
@@ -84,7 +89,9 @@ def threshold(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m tgattn show``."""
-    parser.add_argument("--text", default="The sky is blue", help="the text (words; characters with --checkpoint)")
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument("--text", default="The sky is blue", help="the text (words; characters with --checkpoint)")
+    text.add_argument("--text-file", metavar="PATH", help="read the text from this file (UTF-8) instead of --text")
     parser.add_argument("--pattern", default="causal", choices=PATTERNS, help="edge set (default: causal)")
     parser.add_argument("--window", type=non_negative_int, default=2, help="radius w of the window patterns (default: 2)")
     parser.add_argument("--layers", type=positive_int, default=2, help="random layers (default: 2)")
@@ -93,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query", type=int, default=-1, help="token whose influencers are ranked (default: last)")
     parser.add_argument("--top-k", type=positive_int, default=5, help="influencers to show (default: 5)")
     parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
-    parser.add_argument("--hf", metavar="PATH", help="local transformers model folder, or 'random' (needs tgattn[hf])")
+    parser.add_argument("--hf", metavar="PATH", help="a transformers model folder with its tokenizer (an encoder such as "
+                                                     "BERT, or a decoder), or 'random' (needs tgattn[hf])")
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
     parser.add_argument("--html", metavar="PAGE", help="write an interactive HTML page to PAGE instead of the picture "
                                                        "(one file, opens offline; no matplotlib needed)")
@@ -112,8 +120,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default: {MAX_MEMORY_GB})")
 
 
+def read_text_file(path: str) -> str:
+    """``--text-file``: the file's text, whole (a character model's newlines included)."""
+    if not Path(path).is_file():
+        raise ValueError(f"--text-file: no file at {path}")
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--text-file: {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
 def check(args: argparse.Namespace) -> List[str]:
     """The settings checked before any work (no torch): the tokens of ``--text`` (``[]`` for ``--hf``).
+
+    ``--text-file`` is read here, into ``args.text``.
 
     Raises:
         ValueError: for options that do not fit together, or a page over its budget.
@@ -131,7 +151,13 @@ def check(args: argparse.Namespace) -> List[str]:
         return []
     if not (args.html or args.json) and missing_plot_extra():
         raise ValueError(missing_plot_extra())
+    if args.text_file is not None:
+        args.text = read_text_file(args.text_file)
     if args.hf:
+        if importlib.util.find_spec("transformers") is None:
+            raise ValueError('--hf runs a transformers model, and transformers is not installed: pip install "tgattn[hf]"')
+        if args.hf != "random" and not Path(args.hf).is_dir() and not HUB_ID.fullmatch(args.hf):
+            raise ValueError(f"no model folder at {args.hf}")
         return []
     tokens = list(args.text) if args.checkpoint else args.text.split()
     if not tokens:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -120,14 +121,31 @@ def cli_attention(args: argparse.Namespace) -> Tuple[List[str], List[Layer], str
         if not tokens:
             raise ValueError("--text has no words")
         model, ids = _random_model(tokens, args)
-        source = f"tiny random Llama, {args.layers} layers x {args.heads} heads, seed {args.seed}"
+        source = f"tiny random Llama, seed {args.seed}"
     else:
-        from transformers import AutoModel, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.hf, local_files_only=True)
-        model = AutoModel.from_pretrained(args.hf, local_files_only=True).eval()
-        ids = tokenizer(args.text, return_tensors="pt")["input_ids"][0]
+        model, tokenizer = _local_model(args.hf)
+        ids = tokenizer(args.text, return_tensors="pt")["input_ids"][0]  # with the model's own [CLS] / [SEP] / BOS
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions is not None and len(ids) > positions:
+            raise ValueError(f"the text is {len(ids)} tokens long, more than the {positions} positions of {args.hf}: "
+                             "give a shorter text")
         tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
-        source = f"transformers model {args.hf}"
-    return list(tokens), attention_graph(model, ids), source
+        source = f"{type(model).__name__} {Path(args.hf).name}"
+    attention = attention_graph(model, ids)
+    causal = all(bool((ei[0] <= ei[1]).all()) for ei, _ in attention)
+    heads = attention[0][1].shape[1]
+    return list(tokens), attention, f"{source}, {len(attention)} layers x {heads} heads, {'causal' if causal else 'bidirectional'}"
+
+
+def _local_model(path: str):
+    """``(model, tokenizer)`` from a model folder, or from the Hugging Face cache for a hub id; nothing downloaded."""
+    from transformers import AutoModel, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except OSError:  # transformers' several-line answer for a name that is neither a folder nor cached
+        if Path(path).is_dir():
+            raise
+        raise ValueError(f"no model folder at {path} (nor a model of that name in the Hugging Face cache)") from None
+    return AutoModel.from_pretrained(path, local_files_only=True).eval(), tokenizer
 
