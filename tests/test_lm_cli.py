@@ -21,8 +21,10 @@ def test_train_resume_eval_sample(tmp_path, capsys):
     (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text(TEXT)
     common = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), *TINY]
     assert main(["train", *common, "--max-iters", "4", "--lr-decay-iters", "8", "--log", str(tmp_path / "log")]) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert first["iters"] == 4 and first["final_val"] > 0
+    out, err = capsys.readouterr()
+    first = json.loads(out)  # stdout: the summary alone
+    assert first["iters"] == 4 and first["final_val"] > 0 and first["checkpoint"] == str(tmp_path / "out" / "ckpt.pt")
+    assert err == f"checkpoint: {tmp_path / 'out' / 'ckpt.pt'} (iteration 4)\n"
     assert main(["train", *common, "--max-iters", "8", "--lr-decay-iters", "8", "--resume"]) == 0
     state = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert state["iter"] == 8 and state["config"]["n_embd"] == 16
@@ -43,6 +45,17 @@ def _tiny_run(tmp_path, max_iters: int, out: str = "out") -> list:
     common = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / out), *TINY, "--lr-decay-iters", "8"]
     assert main(["train", *common, "--max-iters", str(max_iters)]) == 0
     return common
+
+
+def test_train_shows_the_final_evaluation_and_where_the_checkpoint_went(tmp_path, capsys):
+    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)
+    (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text(TEXT)
+    flags = [f for f in TINY if f != "--no-progress"]
+    assert main(["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), *flags, "--max-iters", "2"]) == 0
+    out, err = capsys.readouterr()
+    final = err[err.rindex("train graph: 100%"):]  # after the training bar: the final evaluation's two bars, then the path
+    assert final.index("iter 2: train loss") < final.index("iter 2: val loss") < final.index(f"checkpoint: {tmp_path / 'out' / 'ckpt.pt'}")
+    assert "iter 2: train loss " in out  # the losses, written above the bars
 
 
 def test_resume_never_goes_back(tmp_path, cli):
@@ -70,11 +83,12 @@ def test_resume_never_goes_back(tmp_path, cli):
 def test_resume_refuses_model_flags_that_contradict_the_checkpoint(tmp_path, cli):
     common, ckpt = _tiny_run(tmp_path, 2), tmp_path / "out" / "ckpt.pt"  # n_embd 16, n_layer 1
     saved = ckpt.read_bytes()
-    for flags in (["--n-embd", "32", "--n-layer", "2"], ["--n-emb", "32", "--n-lay", "2"]):  # abbreviations too
-        status, err = cli(main, ["train", *common, *flags, "--max-iters", "4", "--resume"])
-        assert status == 2 and one_line_error(err, "python -m tgattn.lm train") == (
-            f"checkpoint {ckpt} holds a model with --n-layer 1, --n-embd 16; --resume cannot change it to "
-            "--n-layer 2, --n-embd 32 (leave those flags out to resume it, or train a new model into another --out)")
+    status, err = cli(main, ["train", *common, "--n-embd", "32", "--n-layer", "2", "--max-iters", "4", "--resume"])
+    assert status == 2 and one_line_error(err, "python -m tgattn.lm train") == (
+        f"checkpoint {ckpt} holds a model with --n-layer 1, --n-embd 16; --resume cannot change it to "
+        "--n-layer 2, --n-embd 32 (leave those flags out to resume it, or train a new model into another --out)")
+    status, err = cli(main, ["train", *common, "--n-emb", "32", "--max-iters", "4", "--resume"])  # no abbreviation
+    assert status == 2 and one_line_error(err, "python -m tgattn.lm") == "unrecognized arguments: --n-emb 32"
     status, err = cli(main, ["train", *common, "--bias", "true", "--max-iters", "4", "--resume"])
     assert status == 2 and "holds a model with --bias false; --resume cannot change it to --bias true" in err
     assert ckpt.read_bytes() == saved

@@ -123,6 +123,7 @@ def cmd_train(args) -> int:
         "mean_s_per_iter": sum(times) / len(times) if times else None,
         "median_s_per_iter": times[len(times) // 2] if times else None,
         "threads": torch.get_num_threads(),
+        "checkpoint": str(ckpt),
     }
     if args.log:
         log = Path(args.log)
@@ -136,6 +137,7 @@ def cmd_train(args) -> int:
             w.writeheader()
             w.writerows(evals)
         log.with_suffix(".json").write_text(json.dumps({**summary, "config": asdict(history["model"].config), "train": asdict(cfg)}, indent=1))
+    print(f"checkpoint: {ckpt} (iteration {cfg.max_iters})", file=sys.stderr)
     print(json.dumps(summary))
     return 0
 

@@ -101,12 +101,18 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: GPT, ids: Tensor, *, batch_size: int, iters: int, seed: int) -> float:
-    """Mean loss over ``iters`` batches drawn from a fresh generator (the same batches every call)."""
+def evaluate(model: GPT, ids: Tensor, *, batch_size: int, iters: int, seed: int, progress: Optional[str] = None) -> float:
+    """Mean loss over ``iters`` batches drawn from a fresh generator (the same batches every call).
+
+    ``progress``: the label of a tqdm bar over the batches, removed when done (default: no bar).
+    """
+    from tqdm import tqdm
+
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    losses = [model(*get_batch(ids, model.config.block_size, batch_size, generator))[1] for _ in range(iters)]
+    batches = tqdm(range(iters), desc=progress, disable=progress is None, leave=False)
+    losses = [model(*get_batch(ids, model.config.block_size, batch_size, generator))[1] for _ in batches]
     model.train(was_training)
     return float(torch.stack(losses).mean())
 
@@ -196,11 +202,12 @@ def train(
     def validate(it: int) -> None:
         nonlocal best_val
         kw = dict(batch_size=cfg.batch_size, iters=cfg.eval_iters, seed=cfg.seed + 1)
-        row = {"iter": it, "train": evaluate(model, train_ids, **kw), "val": evaluate(model, val_ids, **kw)}
+        row = {"iter": it, **{split: evaluate(model, ids, **kw, progress=f"iter {it}: {split} loss" if progress else None)
+                              for split, ids in (("train", train_ids), ("val", val_ids))}}
         best_val = min(best_val, row["val"])
         history["evals"].append(row)
-        if bar is not None:
-            bar.write(f"iter {it}: train loss {row['train']:.4f}, val loss {row['val']:.4f}")
+        if progress:
+            tqdm.write(f"iter {it}: train loss {row['train']:.4f}, val loss {row['val']:.4f}")
 
     from tqdm import tqdm
 
@@ -235,10 +242,10 @@ def train(
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens / seconds:.0f}")
         if on_step is not None:
             on_step(it, loss.item())
+    if bar is not None:
+        bar.close()  # the final evaluation shows its own bars
     if start < cfg.max_iters or not history["evals"]:
         validate(cfg.max_iters)
     if checkpoint is not None and (state is None or start < cfg.max_iters):  # resumed with no step to take: left as it was
         save_checkpoint(checkpoint, snapshot(cfg.max_iters))
-    if bar is not None:
-        bar.close()
     return history
