@@ -60,7 +60,9 @@ class GPSConv(PyGGPSConv):
     Do not assign a ``GraphAttention`` to the ``attn`` of PyG's own ``GPSConv``: its forward
     calls only ``nn.MultiheadAttention`` / ``PerformerAttention`` and silently returns the
     input for anything else (the global branch becomes ``2 x``). :func:`check_gps` detects
-    that; :meth:`from_pyg` converts a PyG layer with its weights.
+    that; :meth:`from_pyg` converts a PyG layer with its weights, and ``load_state_dict``
+    takes a state dict saved from a model built on PyG's ``GPSConv`` (strict: its attention's
+    packed ``in_proj_weight`` / ``in_proj_bias`` are split into ``q_proj``, ``k_proj``, ``v_proj``).
 
     Args:
         channels (int): size of each node feature D.
@@ -162,6 +164,18 @@ class GPSConv(PyGGPSConv):
         hs.append(self._norm(self.norm2, h + x, batch))
         out = sum(hs)
         return self._norm(self.norm3, out + self.mlp(out), batch)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state dict of PyG's GPSConv holds its nn.MultiheadAttention's packed in-projection,
+        # attn.in_proj_weight [3D, D] and attn.in_proj_bias [3D] (rows: W_Q, W_K, W_V); the
+        # GraphAttention keeps the three apart. Split here, before the attention's own keys are
+        # matched, so that such a checkpoint loads strictly; every other key is PyG's own.
+        for kind in ("weight", "bias"):
+            packed = state_dict.pop(f"{prefix}attn.in_proj_{kind}", None)
+            if packed is not None:
+                for name, part in zip(("q_proj", "k_proj", "v_proj"), packed.chunk(3)):
+                    state_dict[f"{prefix}attn.{name}.{kind}"] = part
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
     def from_pyg(cls, layer: PyGGPSConv, *, backend: str = "auto") -> "GPSConv":
