@@ -9,6 +9,7 @@ TOP_K = 10  # keys kept per token and view by default
 THRESHOLD = 1e-3  # weights below are dropped by default
 MAX_BYTES = 64_000_000  # the default budget: pages beyond it open slowly or not at all in a browser
 DIM = 32  # width of the random layers
+FLOW_EDGES = 300_000  # the largest flow cone solved for the data, and the most edges all tokens' cones may hold together
 
 
 def estimate_bytes(num_tokens: int, num_layers: int, num_heads: int, top_k: int) -> int:
@@ -16,16 +17,21 @@ def estimate_bytes(num_tokens: int, num_layers: int, num_heads: int, top_k: int)
 
     Per token and view (the mean and every head of each layer, and the rollout): ``top_k``
     keys and weights of 2 bytes each (keys take 4 past 65,536 tokens) and a count and scale,
-    all in base64 (4/3), plus the tokens' text.
+    all in base64 (4/3), plus the tokens' text and the flow into every token when the page can
+    hold it: all cones within :data:`FLOW_EDGES` edges, so at most that many inputs listed (each
+    cone holds at least a token's own path through the layers, and an input per edge at most).
 
     Example:
         >>> round(estimate_bytes(10_000, 4, 4, 10) / 1e6, 1)  # MB
-        14.1
+        16.5
     """
     views = num_layers * (num_heads + 1) + 1
     key = 4 if num_tokens > 65536 else 2
     per_row = top_k * (key + 2) + 8  # kept keys and weights; the count (2), the scale (4) and slack
-    return int(views * num_tokens * per_row * 4 / 3 + 60 * num_tokens + 50_000)
+    flows = 0
+    if num_tokens * num_layers <= FLOW_EDGES:  # an input (up to 5 digits) and a value (12 decimals) per listed input
+        flows = 21 * min(num_tokens * top_k, FLOW_EDGES) + 30 * num_tokens
+    return int(views * num_tokens * per_row * 4 / 3 + 60 * num_tokens + flows + 50_000)
 
 
 def key_ranges(pattern: str, n: int, window: int = 2) -> Tuple[np.ndarray, np.ndarray]:

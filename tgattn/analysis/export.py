@@ -25,14 +25,13 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..builders._common import check_count
-from .budget import THRESHOLD, TOP_K
+from .budget import FLOW_EDGES, THRESHOLD, TOP_K
 from .flow import check_finite_cone, flow_cone, top_flow
 from .influence_file import LEVELS, check_influence  # a weight is stored as round(LEVELS * weight / its row's scale)
 from .rollout import rollout_tiles
 from .weights import Layer, as_layers, count_nodes, layer_csr
 
 FORMAT, VERSION = "tgattn.influence", 1
-FLOW_EDGES = 300_000  # the largest flow cone solved for the data (larger ones are skipped, and said so)
 
 
 def influence_data(
@@ -56,7 +55,9 @@ def influence_data(
         top_k: keys kept per token and view (and rollout entries per token).
         threshold: weights below it are dropped.
         flow: compute the top ``top_k`` attention flow into ``query`` when its cone has at most
-            :data:`FLOW_EDGES` edges (otherwise ``data["flow"]["skipped"]`` says why not).
+            :data:`FLOW_EDGES` edges (otherwise ``data["flow"]["skipped"]`` says why not), and
+            into every token (``data["flows"]``, for the page's selected token) when all their
+            cones hold at most :data:`FLOW_EDGES` edges together.
         progress: tqdm bars.
 
     Read it back with :func:`kept_edges` and :func:`kept_rollout`.
@@ -90,19 +91,25 @@ def influence_data(
         pruned.append([Tally().add(weights[:, v], view[2]).lost() for v, view in enumerate(views)])
     matrices = [layer_csr(ei, alpha, n) for ei, alpha in layers]  # rownorm(0.5 A + 0.5 I), mean over heads
     rollout, rollout_lost = _rollout_top(layers, matrices, top_k, threshold, progress)
+    flows = _flows(layers, matrices, top_k, progress) if flow else None
+    if flows is not None:
+        flow_data = {"token": query, **flows[query]}
+    else:
+        flow_data = _flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"}
     return document(tokens, title=title, query=query, top_k=top_k, threshold=threshold, layers=kept, pruned=pruned,
-                    rollout=rollout, rollout_pruned=rollout_lost,
-                    flow=_flow(layers, matrices, query, top_k) if flow else {"token": query, "skipped": "not asked for"})
+                    rollout=rollout, rollout_pruned=rollout_lost, flow=flow_data, flows=flows)
 
 
 Kept = Tuple[Tensor, Tensor, Tensor]  # the kept entries of a view, as CSR rows: (ptr [N + 1], keys [K], weights [K])
 
 
 def document(tokens: Sequence[str], *, title: str, query: int, top_k: int, threshold: float, layers: List[List[Kept]],
-             pruned: List[List[dict]], rollout: Kept, rollout_pruned: dict, flow: dict) -> dict:
-    """The influence data, from what was kept per layer and view (the mean, then each head) and of the rollout."""
+             pruned: List[List[dict]], rollout: Kept, rollout_pruned: dict, flow: dict,
+             flows: Optional[List[dict]] = None) -> dict:
+    """The influence data, from what was kept per layer and view (the mean, then each head) and of the rollout;
+    ``flows``, the flow into every token, when it was computed."""
     wide = len(tokens) > 65536
-    return {
+    data = {
         "format": FORMAT,
         "version": VERSION,
         "title": title,
@@ -117,6 +124,9 @@ def document(tokens: Sequence[str], *, title: str, query: int, top_k: int, thres
         "rollout_pruned": rollout_pruned,
         "flow": flow,
     }
+    if flows is not None:
+        data["flows"] = flows
+    return data
 
 
 def views_of(alpha: Tensor) -> Tensor:
@@ -248,6 +258,28 @@ def _flow(layers: List[Layer], matrices: list, query: int, top_k: int) -> dict:
 
 
 FLAGS = (np.nan, np.inf)  # a kept weight's flag 1 + f means FLAGS[f]: NaN, or +inf (negative weights are refused)
+
+
+def _flows(layers: List[Layer], matrices: list, top_k: int, progress: bool) -> Optional[List[dict]]:
+    """The top ``top_k`` flow into every token, ``[{"index", "value"}]`` (``{"skipped"}`` for a token whose cone
+    holds a non-finite weight); ``None`` when the cones hold more than :data:`FLOW_EDGES` edges together (the page
+    then has the flow into its query alone)."""
+    n, edges, cones = matrices[0].shape[0], 0, []
+    for token in range(n):
+        cones.append(flow_cone(matrices, token))
+        edges += cones[-1].num_edges
+        if edges > FLOW_EDGES:
+            return None
+    flows = []
+    for token in tqdm(range(n), disable=not progress, desc="flow into every token"):
+        try:
+            check_finite_cone(cones[token], token)
+        except ValueError as unknown:
+            flows.append({"skipped": str(unknown)})
+            continue
+        index, value = top_flow(layers, token, top_k, num_nodes=n)
+        flows.append({"index": index.tolist(), "value": [round(v, 12) for v in value.tolist()]})
+    return flows
 
 
 def _encode(ptr: Tensor, keys: Tensor, weights: Tensor, wide: bool) -> Dict[str, str]:

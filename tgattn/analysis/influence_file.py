@@ -37,7 +37,7 @@ def check_influence(data: Any) -> None:
         ...
         ValueError: title: must be a string (got list)
     """
-    _dict(data, "the file", FIELDS, FIELDS)
+    _dict(data, "the file", FIELDS, FIELDS + ("flows",))  # flows: only where the flow into every token was computed
     _text(data["title"], "title")
     tokens = _list(data["tokens"], "tokens")
     if not tokens:
@@ -71,7 +71,13 @@ def check_influence(data: Any) -> None:
                  else _lost(view, f"{name}[{l}][{v}]"))
     _view(data["rollout"], "rollout", n, top_k, wide)
     _lost(data["rollout_pruned"], "rollout_pruned")
-    _flow(data["flow"], n, top_k)
+    _flow(data["flow"], "flow", n, top_k)
+    if "flows" in data:
+        flows = _list(data["flows"], "flows")
+        if len(flows) != n:
+            raise ValueError(f"flows: must hold one flow per token ({n}; got {len(flows)})")
+        for token, flow in enumerate(flows):
+            _flow(flow, f"flows[{token}]", n, top_k, token=False)
 
 
 def _view(view: Any, name: str, n: int, top_k: int, wide: bool) -> None:
@@ -106,21 +112,24 @@ def _lost(lost: Any, name: str) -> None:
             _number(lost[field], f"{name}.{field}")
 
 
-def _flow(flow: Any, n: int, top_k: int) -> None:
+def _flow(flow: Any, name: str, n: int, top_k: int, *, token: bool = True) -> None:
+    """One flow: ``{"token", "index", "value"}`` or ``{"token", "skipped"}`` (in ``flows``, without ``token``)."""
+    fields = ("token",) if token else ()
     if isinstance(flow, dict) and "skipped" in flow:
-        flow = _dict(flow, "flow", ("token", "skipped"), ("token", "skipped"))
-        _text(flow["skipped"], "flow.skipped")
+        flow = _dict(flow, name, fields + ("skipped",), fields + ("skipped",))
+        _text(flow["skipped"], f"{name}.skipped")
     else:
-        flow = _dict(flow, "flow", ("token", "index", "value"), ("token", "index", "value"))
-        index, value = _list(flow["index"], "flow.index"), _list(flow["value"], "flow.value")
+        flow = _dict(flow, name, fields + ("index", "value"), fields + ("index", "value"))
+        index, value = _list(flow["index"], f"{name}.index"), _list(flow["value"], f"{name}.value")
         if len(index) != len(value) or len(index) > top_k:
-            raise ValueError(f"flow: index and value must have the same length, at most keep.top_k {top_k} "
+            raise ValueError(f"{name}: index and value must have the same length, at most keep.top_k {top_k} "
                              f"(got {len(index)} and {len(value)})")
         for r, (j, x) in enumerate(zip(index, value)):
-            _index(j, f"flow.index[{r}]", n)
-            if _number(x, f"flow.value[{r}]") < 0:
-                raise ValueError(f"flow.value[{r}]: a flow is >= 0 (got {x!r})")
-    _index(flow["token"], "flow.token", n)
+            _index(j, f"{name}.index[{r}]", n)
+            if _number(x, f"{name}.value[{r}]") < 0:
+                raise ValueError(f"{name}.value[{r}]: a flow is >= 0 (got {x!r})")
+    if token:
+        _index(flow["token"], f"{name}.token", n)
 
 
 def _dict(value: Any, name: str, required, allowed) -> dict:
