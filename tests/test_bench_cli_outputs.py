@@ -24,6 +24,7 @@ OUT_CLIS = {
     "tgattn.bench.big_graphs": "big_graphs",
     "tgattn.bench.distributed": "distributed",
     "tgattn.bench.engine_scaling": "engine_scaling",
+    "tgattn.bench.gat_example": "gat_example",
     "tgattn.bench.gnn": "gnn",
     "tgattn.bench.gpu": "gpu",
     "tgattn.bench.gpu_compiled": "gpu_compiled",

@@ -31,7 +31,7 @@ CASES = [
 ]
 # every benchmark with a command line of its own (tgattn/bench/gpu*.py are the GPU room's)
 BENCHMARKS = ["tgattn.bench", "tgattn.bench.big_graphs", "tgattn.bench.distributed", "tgattn.bench.engine_scaling",
-              "tgattn.bench.gnn", "tgattn.bench.graph_transformers", "tgattn.bench.half", "tgattn.bench.hf",
+              "tgattn.bench.gat_example", "tgattn.bench.gnn", "tgattn.bench.graph_transformers", "tgattn.bench.half", "tgattn.bench.hf",
               "tgattn.bench.influence", "tgattn.bench.never_seen", "tgattn.bench.planetoid"]
 CASES += [(module, argv, status) for module in BENCHMARKS for argv, status in [(["--help"], 0), (BAD_FLAG, 2)]]
 
