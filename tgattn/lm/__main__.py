@@ -153,7 +153,8 @@ def cmd_eval(args) -> int:
     tok = CharTokenizer(state["vocab"])
     train_ids, val_ids = split(tok.encode(text))
     kw = dict(batch_size=args.batch_size, iters=args.eval_iters, seed=args.seed)
-    out = {"iter": state.get("iter"), "train": evaluate(model, train_ids, **kw), "val": evaluate(model, val_ids, **kw)}
+    out = {"iter": state.get("iter"), **{split: evaluate(model, ids, **kw, progress=f"{split} loss")
+                                         for split, ids in (("train", train_ids), ("val", val_ids))}}
     print(json.dumps(out))
     return 0
 
