@@ -81,7 +81,7 @@ def test_show_with_checkpoint(tmp_path, capsys):
         (["--from", __file__], "--from makes a page: give --html PAGE"),
         (["--json", "/missing/dir/x.json"], "--json: the folder '/missing/dir' does not exist"),
         (["--text", "a " * 10_000, "--layers", "4", "--heads", "4", "--keep", "100", "--html", "/tmp/x.html"],
-         "the page would take about 115 MB (10000 tokens, 4 layers x 4 heads, --keep 100), more than --max-page-mb 64"),
+         "the page would take about 121 MB (10000 tokens, 4 layers x 4 heads, --keep 100), more than --max-page-mb 64"),
     ],
 )
 def test_bad_options_are_one_line_errors_before_any_work(cli, tmp_path, monkeypatch, argv, message):
