@@ -8,7 +8,6 @@ the page holds the flow into its query alone and which command computes the hove
 import re
 
 import pytest
-import torch
 
 from test_analysis_page import needs_browser, render
 from tgattn import builders

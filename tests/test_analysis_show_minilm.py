@@ -41,6 +41,7 @@ def eager_attention(folder, text):
     return tokenizer.convert_ids_to_tokens(ids[0].tolist()), [a[0].double() for a in attentions]
 
 
+@needs_browser
 def test_a_512_token_page_opens_and_answers_a_hover(minilm, tmp_path, capsys):
     text = " ".join((WORDS * 40)[:510])  # 510 words + [CLS] + [SEP]: the model's 512 positions
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
