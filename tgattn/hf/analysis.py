@@ -138,9 +138,17 @@ def cli_attention(args: argparse.Namespace) -> Tuple[List[str], List[Layer], str
 
 
 def _local_model(path: str):
-    """``(model, tokenizer)`` from a model folder, or from the Hugging Face cache for a hub id; nothing downloaded."""
+    """``(model, tokenizer)`` from a model folder, the ``tgattn[models]`` extra's model by its name
+    (``all-MiniLM-L6-v2``), or the Hugging Face cache for a hub id; nothing downloaded."""
     from transformers import AutoModel, AutoTokenizer
 
+    from .pretrained import NAME, minilm_path
+
+    if path == NAME and not Path(path).is_dir():
+        try:
+            path = str(minilm_path())
+        except ModuleNotFoundError as err:
+            raise ValueError(str(err)) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except OSError:  # transformers' several-line answer for a name that is neither a folder nor cached
