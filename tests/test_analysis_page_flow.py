@@ -70,3 +70,17 @@ def test_a_page_with_the_query_flow_alone_says_so_for_another_token(attention, t
         f"Attention flow into '{TOKENS[7]}' (#7): not in this page, which holds the flow into '{TOKENS[11]}' (#11) "
         "alone (the flow into every token was over its budget); python -m tgattn show --query 7 computes it.")
     assert flow_line(render(page, tmp_path, hover=11)).startswith(f"Top attention flow into '{TOKENS[11]}' (#11)")
+
+
+def test_a_file_with_every_tokens_flow_reads_back_and_a_wrong_one_is_refused(attention, tmp_path):
+    from tgattn.analysis.influence_file import check_influence
+
+    data = influence_data(TOKENS, attention, query=5, top_k=4)
+    export.save_influence(data, tmp_path / "data.json")
+    assert export.load_influence(tmp_path / "data.json")["flows"] == data["flows"]
+    with pytest.raises(ValueError, match=r"^flows: must hold one flow per token \(12; got 11\)$"):
+        check_influence({**data, "flows": data["flows"][:-1]})
+    bad = [dict(flow) for flow in data["flows"]]
+    bad[3]["index"] = [99] + bad[3]["index"][1:]
+    with pytest.raises(ValueError, match=r"^flows\[3\]\.index\[0\]: must be a token index in \[0, 12\) \(got 99\)$"):
+        check_influence({**data, "flows": bad})
