@@ -52,3 +52,14 @@ def one_line_error(err: str, prog: str) -> str:
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith(f"{prog}: error: ") and err.endswith(errors[0] + "\n"), err
     return errors[0][len(prog) + len(": error: "):]
+
+
+def command_modules():
+    """Every ``python -m`` name of the package, found rather than listed: each module with a
+    ``__main__`` guard (a package's ``__main__.py`` stands for the package)."""
+    found = []
+    for path in sorted((REPO / "tgattn").rglob("*.py")):
+        if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found.append(".".join(parts[:-1] if parts[-1] == "__main__" else parts))
+    return found

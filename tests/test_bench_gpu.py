@@ -5,7 +5,7 @@ import torch
 
 from tgattn.bench.__main__ import main
 from tgattn.bench.attention import sizes_for
-from tgattn.bench.gpu import gnn_steps, gpu_targets
+from tgattn.bench.gpu.command import gnn_steps, gpu_targets
 from tgattn.bench.models import molecule_batches
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, command_modules
 
 HEAVY = ("torch", "torch_geometric")
 BAD_FLAG = ["--no-such-flag"]
@@ -29,11 +29,18 @@ CASES = [
     ("tgattn", ["fidelity", "--help"], 0),
     ("tgattn", ["fidelity", "--patterns", "window", "--out", "x"], 2),
 ]
-# every benchmark with a command line of its own (tgattn/bench/gpu*.py are the GPU room's)
+# every benchmark with a command line of its own but the GPU room's, which import torch first (run where it is)
+GPU_ROOM = {"tgattn.bench.gpu", "tgattn.bench.gpu_compiled"}
 BENCHMARKS = ["tgattn.bench", "tgattn.bench.big_graphs", "tgattn.bench.distributed", "tgattn.bench.engine_scaling",
               "tgattn.bench.gat_example", "tgattn.bench.gnn", "tgattn.bench.graph_transformers", "tgattn.bench.half", "tgattn.bench.hf",
               "tgattn.bench.influence", "tgattn.bench.never_seen", "tgattn.bench.planetoid"]
 CASES += [(module, argv, status) for module in BENCHMARKS for argv, status in [(["--help"], 0), (BAD_FLAG, 2)]]
+
+
+def test_every_benchmark_is_checked():
+    """A new benchmark, a module or a package with a ``__main__`` (bench/gpu/), joins the cases."""
+    found = {m for m in command_modules() if m.startswith("tgattn.bench.")}
+    assert found - GPU_ROOM == set(BENCHMARKS) - {"tgattn.bench"}
 
 
 # Runs ``python -m module *argv`` as runpy does, then reports the exit status and the heavy packages loaded.

@@ -10,19 +10,9 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import command_modules
 
-
-def _command_modules():
-    found = []
-    for path in sorted((REPO / "tgattn").rglob("*.py")):
-        if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            found.append(".".join(parts[:-1] if parts[-1] == "__main__" else parts))
-    return found
-
-
-COMMANDS = [(module, []) for module in _command_modules()] + [("tgattn.lm", ["memory-probe"])]  # the internal one
+COMMANDS = [(module, []) for module in command_modules()] + [("tgattn.lm", ["memory-probe"])]  # the internal one
 
 
 class _Parser(Exception):
@@ -54,7 +44,8 @@ def _every_parser(parser):
 
 def test_the_commands_are_found():
     modules = {module for module, _ in COMMANDS}
-    assert {"tgattn", "tgattn.lm", "tgattn.bench", "tgattn.analysis.show", "tgattn.distributed.gpt"} <= modules
+    assert {"tgattn", "tgattn.lm", "tgattn.bench", "tgattn.analysis.show", "tgattn.distributed.gpt",
+            "tgattn.bench.gpu", "tgattn.bench.graph_transformers"} <= modules  # the last two: packages
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy on an imported module

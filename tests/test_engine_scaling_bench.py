@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from tgattn import builders
-from tgattn.bench import engine_scaling, engine_sections
+from tgattn.bench.engine_scaling import command as engine_scaling, sections as engine_sections
 
 
 @pytest.mark.slow  # a child process or a build: tens of seconds

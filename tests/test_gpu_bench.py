@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from tgattn.bench.gpu import DRY_RUN_N, main
+from tgattn.bench.gpu.command import DRY_RUN_N, main
 from tgattn.bench.peers import GPU_PEERS
 
 pytest.importorskip("matplotlib")

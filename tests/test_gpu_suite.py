@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tgattn import builders
-from tgattn.bench import gpu_cases, gpu_launch, gpu_peers, gpu_suite
-from tgattn.bench.gpu import main
-from tgattn.bench.gpu_cases import SIZES, Case, case, suite_cases
-from tgattn.bench.gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, case_rows, suite_targets
+from tgattn.bench.gpu import cases as gpu_cases, launch as gpu_launch, peers as gpu_peers, suite as gpu_suite
+from tgattn.bench.gpu.cases import SIZES, Case, case, suite_cases
+from tgattn.bench.gpu.command import main
+from tgattn.bench.gpu.summary import ATTENTION_FIELDS, CASE_FIELDS, case_rows, suite_targets
 from tgattn.engine.analysis import analyse
 
 pytest.importorskip("matplotlib")
@@ -239,7 +239,7 @@ def test_targets_judge_each_family_by_its_own_peer():
 
 @pytest.mark.slow
 def test_molecule_steps_on_a_cpu_run_eagerly_and_say_why_the_rest_did_not():
-    from tgattn.bench.gpu_steps import molecule_steps
+    from tgattn.bench.gpu.steps import molecule_steps
 
     rows = molecule_steps("cpu", gpu_suite.Clock(600.0), graphs=4, rounds=1)
     got = {(r["variant"], r["model"]): r for r in rows}

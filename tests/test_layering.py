@@ -27,9 +27,10 @@ LAYERS = [
 # Command lines inside a lower room, in the top layer (as is every __main__ and module with a
 # __main__ guard): the show command and the LM's benchmark (python -m tgattn show / tgattn.lm bench).
 COMMANDS = {"tgattn.analysis.show", "tgattn.lm.bench"}
-# A benchmark is a bench module with a command line, or the LM's; the other bench modules are what
+# A benchmark is a bench module with a command line, a bench package with a __main__ (the command
+# and its parts: bench/gpu/, bench/gnn/, ...), or the LM's; the other bench modules are what
 # benchmarks share (measure, report, models, patterns, peers, ...). No module imports a benchmark
-# but the __main__ of the command line that runs it.
+# but its own parts and the __main__ of a command line that runs it.
 LM_BENCHMARK = "tgattn.lm.bench"
 
 
@@ -166,15 +167,24 @@ def layer_problems(modules, edges):
     return problems
 
 
-def is_benchmark(module: str, modules) -> bool:
-    return module == LM_BENCHMARK or (module.startswith("tgattn.bench.") and runs_as_main(modules[module]))
+def benchmark_of(module: str, modules):
+    """The benchmark ``module`` belongs to (a module, or the package of a benchmark with parts), else None."""
+    if module == LM_BENCHMARK:
+        return module
+    if not module.startswith("tgattn.bench."):
+        return None
+    package = ".".join(module.split(".")[:3])  # tgattn.bench.<command>
+    if package + ".__main__" in modules:
+        return package
+    return module if runs_as_main(modules[module]) else None
 
 
 def bench_problems(modules, edges):
     problems = []
     for a, targets in edges.items():
         for b, line in sorted({(b, line) for b, line in targets}):
-            if is_benchmark(b, modules) and not a.endswith(".__main__"):
+            benchmark = benchmark_of(b, modules)
+            if benchmark and benchmark != benchmark_of(a, modules) and not a.endswith(".__main__"):
                 problems.append(f"{rel(modules[a])}:{line} imports the benchmark {rel(modules[b])} "
                                 "(share the code through a module without a command line: measure, report, models)")
     return problems
@@ -251,6 +261,11 @@ def test_the_checks_name_both_files_of_a_cycle_an_upward_import_and_a_benchmark_
         "bench/one.py": "from .two import x\n",  # a benchmark importing another
         "bench/two.py": "x = 1\nif __name__ == \"__main__\":\n    pass\n",
         "bench/__main__.py": "from .two import x\n",  # the suite's command line runs it: allowed
+        "bench/three/__init__.py": "",  # a benchmark with parts
+        "bench/three/__main__.py": "from .command import main\nif __name__ == \"__main__\":\n    main()\n",
+        "bench/three/command.py": "from .part import y\nfrom ..patterns import z\n",  # its own part, a shared module
+        "bench/three/part.py": "y = 1\n",
+        "bench/patterns.py": "from .three.part import y\n",  # a shared module importing a benchmark's part
     })
     monkeypatch.setattr(test_layering, "REPO", tmp_path)
     modules, edges = graph(fake)
@@ -263,7 +278,9 @@ def test_the_checks_name_both_files_of_a_cycle_an_upward_import_and_a_benchmark_
     ]
     assert bench_problems(modules, edges) == [
         "tgattn/bench/one.py:1 imports the benchmark tgattn/bench/two.py "
-        "(share the code through a module without a command line: measure, report, models)"
+        "(share the code through a module without a command line: measure, report, models)",
+        "tgattn/bench/patterns.py:1 imports the benchmark tgattn/bench/three/part.py "
+        "(share the code through a module without a command line: measure, report, models)",
     ]
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import csv
 
-from tgattn.bench import gnn, gnn_workloads
+from tgattn.bench.gnn import command as gnn
+from tgattn.bench.gnn import workloads as gnn_workloads
 
 
 def test_ratios_are_taken_within_one_workload_mode_and_thread_count():

@@ -4,10 +4,10 @@ import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.utils.smiles import e_map, x_map
 
-from tgattn.bench import graph_transformers as bench
-from tgattn.bench import gt_scaling, gt_tables, gt_training
-from tgattn.bench.gt_models import MoleculeNet, NodeNet, add_expander
-from tgattn.bench.gt_scaling import measure_point, measure_scaling, ring_with_chords
+from tgattn.bench.graph_transformers import command as bench
+from tgattn.bench.graph_transformers import scaling as gt_scaling, tables as gt_tables, training as gt_training
+from tgattn.bench.graph_transformers.models import MoleculeNet, NodeNet, add_expander
+from tgattn.bench.graph_transformers.scaling import measure_point, measure_scaling, ring_with_chords
 from tgattn.bench.report import write_csv
 
 

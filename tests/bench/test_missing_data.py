@@ -14,8 +14,10 @@ import tgattn.distributed
 import tgattn.distributed.partition
 from conftest import one_line_error
 from tgattn.bench import __main__ as bench_main
-from tgattn.bench import (attention, distributed, gnn, gnn_workloads, gpu, graph_transformers, gt_scaling, gt_training,
-                          models, planetoid)
+from tgattn.bench import attention, distributed, models, planetoid
+from tgattn.bench.gnn import command as gnn, workloads as gnn_workloads
+from tgattn.bench.gpu import command as gpu
+from tgattn.bench.graph_transformers import command as graph_transformers, scaling as gt_scaling, training as gt_training
 
 
 def _fail(*args, **kwargs):
@@ -31,9 +33,9 @@ def _any_device(device):
 COMMANDS = {
     "bench": (bench_main, ["--device", "cuda", "--no-progress"], []),  # its work: attention.sweep, gpu.gnn_steps
     "distributed": (distributed, [], []),  # its work: tgattn.distributed's spawn and partition_graph
-    "gnn": (gnn, ["--no-progress"], []),  # its work: gnn_workloads' workloads
+    "gnn": (gnn, ["--no-progress"], []),  # its work: gnn.workloads' workloads
     "gpu": (gpu, ["--no-progress"], ["gnn_steps"]),
-    # its work: gt_training.run_task, gt_scaling.measure_scaling
+    # its work: graph_transformers.training.run_task, .scaling.measure_scaling
     "graph_transformers": (graph_transformers, ["--datasets", "Cora", "CiteSeer", "--no-progress"], []),
     "planetoid": (planetoid, ["--dataset", "Cora", "CiteSeer", "--no-progress"], ["run_one"]),  # and models.train
 }

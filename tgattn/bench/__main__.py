@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     args = parser.parse_args(argv)
     # imported once the arguments parse: --help and argument errors answer without torch
-    from .gpu import check_device
+    from .gpu.command import check_device
     from .patterns import patterns
 
     try:
@@ -80,7 +80,7 @@ def _bench(args: argparse.Namespace, device: torch.device, names) -> int:
 
     from ..datasets import load_planetoid
     from .attention import sizes_for, sweep
-    from .gpu import GNN_FIELDS, gnn_steps, gpu_targets
+    from .gpu.command import GNN_FIELDS, gnn_steps, gpu_targets
     from .patterns import patterns
     from .report import plot, ratio_table, targets, write_csv
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import builders
-from ..nn import ExphormerConv, GPSConv, VirtualNodes, exphormer_edge_kinds, full_per_graph
+from ... import builders
+from ...nn import ExphormerConv, GPSConv, VirtualNodes, exphormer_edge_kinds, full_per_graph
 
 MOLECULE_MODELS = ("gine", "gps_mha", "gps_tgattn", "exphormer")
 NODE_MODELS = ("gat", "gps_mha", "gps_tgattn", "exphormer")
@@ -154,7 +154,7 @@ class NodeNet(nn.Module):
             self.virtual = VirtualNodes(1, hidden)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        from .models import _dropout
+        from ..models import _dropout
 
         x = self.encoder(_dropout(x, self.dropout, self.training))  # [N, hidden]
         if self.virtual is not None:

@@ -9,7 +9,7 @@ on the workloads PyG users run every day:
   new ``edge_index`` every step (each model gets its own copy, so that no model reuses an
   analysis another one made);
 * ``molecules_edges``: the same batches with 4 features per bond, through two layers built as
-  molecule models build them (:class:`~tgattn.bench.gnn_workloads.EdgeNet`:
+  molecule models build them (:class:`~tgattn.bench.gnn.workloads.EdgeNet`:
   ``TransformerConv(64, 16, 4, True, True, 0.0, 4)`` then the heads averaged, ``beta=True``,
   edge features in keys and values; ``GraphAttentionConv`` with the same arguments and
   ``TransformerConv``'s weights; ``GATConv`` with ``edge_dim=4``);
@@ -22,7 +22,7 @@ steps on molecules, Cora and CiteSeer) time the attention calls of the ``tgattn`
 alone: the engine's share of that step, a floor for it. ``overhead`` rows give the extra time
 of an attention call on a never-seen edge set against the same call on a cached one.
 
-The workloads themselves are in :mod:`tgattn.bench.gnn_workloads`, imported once the arguments
+The workloads themselves are in :mod:`tgattn.bench.gnn.workloads`, imported once the arguments
 are parsed (``--help`` needs no torch).
 
 Example:
@@ -34,9 +34,9 @@ import argparse
 from pathlib import Path
 from typing import List
 
-from .._cli import out_help, positive_int, run, runs_dir
-from .choices import CONVS
-from .report import figure, write_csv
+from ..._cli import out_help, positive_int, run, runs_dir
+from ..choices import CONVS
+from ..report import figure, write_csv
 
 WORKLOADS = ("molecules", "molecules_edges", "cora", "citeseer", "random100k")
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer"}  # the workloads that read a data set
@@ -102,9 +102,9 @@ def _bench(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from ..datasets import load_planetoid
-    from .gnn_workloads import graph_workload, molecules, molecules_edges, new_edge_set_overhead
-    from .models import prepare
+    from ...datasets import load_planetoid
+    from .workloads import graph_workload, molecules, molecules_edges, new_edge_set_overhead
+    from ..models import prepare
 
     # the data sets first, so that a missing one is one line (_cli.run) before any work
     graphs = {w: prepare(load_planetoid(PLANETOID[w], args.data)) for w in args.workloads if w in PLANETOID}
@@ -139,7 +139,3 @@ def _bench(args) -> int:
         print('(no plot: pip install "tgattn[plot]")')
     print(f"\nwrote {', '.join(map(str, written))}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

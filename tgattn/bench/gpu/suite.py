@@ -1,5 +1,5 @@
-"""The GPU suite's attention measurements: every case of :mod:`.gpu_cases` with every peer of
-:mod:`.gpu_peers`, forward and forward + backward, within a time budget.
+"""The GPU suite's attention measurements: every case of :mod:`~tgattn.bench.gpu.cases` with every peer of
+:mod:`~tgattn.bench.gpu.peers`, forward and forward + backward, within a time budget.
 
 Per case it also plans the edge set's tiles as the ``tc`` backend does (the share of edges on
 tensor cores) and asks the cost model (``tile_cost.predict``) for the ``tc`` path's time and its
@@ -22,13 +22,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..engine.bands import BandStructure, band_structure
-from .attention import _bytes_needed, _inputs
-from .gpu_cases import Case
-from .gpu_launch import launch_options
-from .gpu_peers import FLASH_PEERS, FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
-from .gpu_summary import MODES, case_rows
-from .measure import best_time, run_once
+from ...engine.bands import BandStructure, band_structure
+from ..attention import _bytes_needed, _inputs
+from .cases import Case
+from .launch import launch_options
+from .peers import FLASH_PEERS, FLEX_PEERS, GROUPED, TRITON_FLEX_PEERS, Built, Inputs, NotAvailable, build
+from .summary import MODES, case_rows
+from ..measure import best_time, run_once
 
 # A cold compile of FlexAttention for one mask_mod (estimates until a run measures them: the
 # first_s column of a flex row holds the compile and the first call)
@@ -91,7 +91,7 @@ def _plan_tiles(s, case: Case, dtype: torch.dtype, group: int = 1):
     """The plan the ``tc`` backend makes of structure ``s`` for this case's inputs, and makes it the
     same way (:func:`~tgattn.engine.triton.tc.plan_for_inputs`: its blocks, rows of queries x
     ``group`` heads that share a key head, its break-even fill, its scattered remainder)."""
-    from ..engine.triton.tc import plan_for_inputs
+    from ...engine.triton.tc import plan_for_inputs
 
     return plan_for_inputs(s, dtype, case.dim, group)[0]
 
@@ -101,7 +101,7 @@ def plan_case(case: Case, s, dtype: torch.dtype, card: str, group: int = 1) -> P
     on tensor cores, tile counts, planning ms; a band's from its rows' key ranges) and ``predict``'s
     times per mode (forward + backward: the forward's and the backward's added). ``group``: query
     heads packed into a tile's rows (1: the heads run apart, as in the calls per head group)."""
-    from ..engine.triton.tile_cost import CARDS, predict
+    from ...engine.triton.tile_cost import CARDS, predict
 
     plan = Plan()
     s = _fresh(s) if isinstance(s, BandStructure) else replace(s, extras={})  # planned anew: timed
@@ -128,7 +128,7 @@ def new_edge_set(edge_index: Optional[torch.Tensor], case: Case, dtype: torch.dt
     """What a never-seen edge set costs the ``tc`` path before its first kernel: the engine's
     analysis (of the band, where the case is one: ``prepare_band``'s) and the tile plan, at the
     case's head grouping."""
-    from ..engine import analyse
+    from ...engine import analyse
 
     if case.band is not None:
         return lambda: _plan_tiles(band_structure(case.band, case.n, case.n, device), case, dtype, case.groups)
@@ -139,7 +139,7 @@ class Estimates:
     """Seconds a measurement will cost, from what this run measured so far.
 
     Example:
-        >>> from tgattn.bench.gpu_cases import case
+        >>> from tgattn.bench.gpu.cases import case
         >>> small, big = case("window64", 1024), case("window64", 4096)
         >>> est = Estimates()
         >>> est.compile_s(small, "flex", "fwd", cuda=True) == FLEX_COMPILE_S["fwd"]  # nothing seen: the default
@@ -258,11 +258,11 @@ class Run:
 def run_case(case: Case, peers: Sequence[str], run: Run, skipped: Optional[Dict[str, str]] = None
              ) -> Tuple[List[dict], List[dict]]:
     """``(rows, cases)`` of one case: a row per (peer, mode), and per mode the case's plan,
-    predictions and ratios (:func:`~tgattn.bench.gpu_summary.case_rows`). ``skipped``: peers not
+    predictions and ratios (:func:`~tgattn.bench.gpu.summary.case_rows`). ``skipped``: peers not
     to run, each with its rows' note.
     """
-    from .. import prepare
-    from ..edgeset import prepare_band
+    from ... import prepare
+    from ...edgeset import prepare_band
 
     device, dtype = run.device, run.dtype
     # A band past the suite's list size makes no edge list: its peers that need one say so.

@@ -1,7 +1,7 @@
 """The tile kernels' launch options in the GPU suite: the launch-option sweep, run before the
 attention cases where the checkout has it (:func:`tune_sweep`), and the options each case's
 ``tc`` rows ran with (:func:`launch_options`). Both modules come from branch tc-kernels
-(``tgattn.bench.gpu_tune``, ``tgattn.engine.triton.tile_config``); a checkout without them runs
+(``tgattn.bench.gpu.tune``, ``tgattn.engine.triton.tile_config``); a checkout without them runs
 the suite on the kernels' default options and says so.
 """
 from __future__ import annotations
@@ -31,14 +31,14 @@ def launch_options(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> s
     return ", ".join(f"{f.name} {getattr(config, f.name)[0]}w {getattr(config, f.name)[1]}s" for f in fields(config))
 
 
-TUNE_MODULE = "tgattn.bench.gpu_tune"  # the launch-option sweep (branch tc-kernels), run first where it exists
+TUNE_MODULE = "tgattn.bench.gpu.tune"  # the launch-option sweep (branch tc-kernels), run first where it exists
 TUNE_S = 100.0  # of the suite's budget, the most the sweep may take on a GPU (its own --tune may take 4 minutes)
 ATTENTION_MIN_S = 200.0  # of the budget, kept for the attention cases whatever the sweep asks
 TUNED_TABLE = "tile_configs.csv"  # the sweep's table under --out (the committed one: data/gpu/tile_configs.csv)
 
 
 def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve: float = 0.0) -> Tuple[List[dict], str]:
-    """``(rows, note)``: the tile kernels' launch-option sweep (:func:`tgattn.bench.gpu_tune.tune`:
+    """``(rows, note)``: the tile kernels' launch-option sweep (:func:`tgattn.bench.gpu.tune.tune`:
     ``tile_sweep.csv`` and ``tile_configs.csv`` under ``out``), run before the attention cases
     within :data:`TUNE_S` of the budget (less when the budget left, less ``reserve`` and
     :data:`ATTENTION_MIN_S`, is shorter); then this process's ``tc`` backend takes its launch
@@ -49,7 +49,7 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
 
     Example:
         >>> import importlib.util
-        >>> from tgattn.bench.gpu_suite import Clock
+        >>> from tgattn.bench.gpu.suite import Clock
         >>> rows, note = tune_sweep(torch.device("cpu"), Clock(0.0), Path("."), dry_run=True)
         >>> rows, note.startswith("skipped") or importlib.util.find_spec(TUNE_MODULE) is None
         ([], True)

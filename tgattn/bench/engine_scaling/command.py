@@ -30,7 +30,7 @@ from the kernel's tick accounting (a few ms resolution): it matters, and is exac
 calls of 100 ms and more.
 Memory is the resident set's high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``)
 minus the resident set before the call: everything the call allocates, kernels' buffers included.
-The timed sections' code is :mod:`tgattn.bench.engine_sections`; the memory probes are here.
+The timed sections' code is :mod:`tgattn.bench.engine_scaling.sections`; the memory probes are here.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from .._cli import out_help, runs_dir
+from ..._cli import out_help, runs_dir
 
 FIELDS = ("section", "pattern", "n", "edges", "heads", "dim", "backend", "mode", "threads", "ms", "cpu_ms",
           "sys_ms", "faults", "ns_per_edge_head", "peak_gb", "note")
@@ -60,13 +60,13 @@ def probe(n: int, mode: str, backend: str, heads: int, dim: int, model: bool = F
     """
     import torch
 
-    from .measure import os_usage, reset_rss_high_water, rss_high_water_mb, rss_mb
+    from ..measure import os_usage, reset_rss_high_water, rss_high_water_mb, rss_mb
 
     import gc
 
-    from .. import builders
-    from ..nn.attention import GraphAttention
-    from ..functional import graph_attention
+    from ... import builders
+    from ...nn.attention import GraphAttention
+    from ...functional import graph_attention
 
     torch.set_num_threads(int(os.environ.get("TGATTN_BENCH_THREADS", "1")))
     edge_index = builders.window(n, 64)
@@ -126,8 +126,8 @@ def memory(heads: int, dim: int, points=((32768, "fwd"), (131072, "fwd+bwd")), m
     ``ms`` and the peak are the first call's (analysis included); with ``warm``, a second call's
     thread CPU time goes to ``cpu_ms`` and ``ns_per_edge_head`` (as in the scaling section).
     """
-    from ..engine import empty_cache
-    from .engine_sections import plan_of
+    from ...engine import empty_cache
+    from .sections import plan_of
 
     rows = []
     for n, mode in points:
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     # imported once the arguments parse: --help and argument errors answer without torch
     import torch
 
-    from .engine_sections import AUTO_SIZES, auto_vs_best, backward_floor, cache_on_off, ratios, scaling, threads
-    from .report import write_csv
+    from .sections import AUTO_SIZES, auto_vs_best, backward_floor, cache_on_off, ratios, scaling, threads
+    from ..report import write_csv
 
     if args.probe:
         n, mode, backend = args.probe
@@ -238,7 +238,3 @@ def summary(rows: List[dict]) -> str:
         if r["section"] in ("memory", "million"):
             lines.append(f"window64 n={r['n']} {r['mode']}: extra peak {r.get('peak_gb')} GB, {r.get('ms')} ms {r.get('note') or ''}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,9 +15,9 @@ from typing import Dict, List
 
 import torch
 
-from .choices import MOLECULE_SETS
-from .gt_models import MOLECULE_MODELS, MoleculeNet, NodeNet, add_expander
-from .measure import interleaved, peak_extra_mb
+from ..choices import MOLECULE_SETS
+from .models import MOLECULE_MODELS, MoleculeNet, NodeNet, add_expander
+from ..measure import interleaved, peak_extra_mb
 
 
 def molecule_splits(name: str, rwse: int = 0):
@@ -25,7 +25,7 @@ def molecule_splits(name: str, rwse: int = 0):
     ``random_walk_pe [N, rwse]`` when ``rwse > 0``)."""
     from torch_geometric.transforms import AddRandomWalkPE
 
-    from ..datasets.molecules import load_freesolv, load_solubility
+    from ...datasets.molecules import load_freesolv, load_solubility
 
     g = torch.Generator().manual_seed(0)
     if name == "FreeSolv":
@@ -109,7 +109,7 @@ def run_nodes(graph, dataset: str, model: str, seed: int, s: Dict) -> Dict:
     """
     import torch.nn.functional as F
 
-    from .models import build_model, train
+    from ..models import build_model, train
 
     torch.manual_seed(seed)
     classes = int(graph.y.max()) + 1
@@ -184,8 +184,8 @@ def load(dataset: str, rwse: int, data_root=None):
         if dataset in MOLECULE_SETS:
             _DATA[dataset, rwse] = molecule_splits(dataset, rwse)
         else:
-            from ..datasets import load_planetoid
-            from .models import prepare
+            from ...datasets import load_planetoid
+            from ..models import prepare
 
             _DATA[dataset, rwse] = prepare(load_planetoid(dataset, data_root))
     return _DATA[dataset, rwse]

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .gpu_cases import Case
-from .peers import _heads_first, require_backend
+from .cases import Case
+from ..peers import _heads_first, require_backend
 
 SUITE_PEERS = ("tc", "triton", "flex", "flex_edges", "flex_fa4", "flex_fa4_dense", "sdpa_mask", "sdpa_dense")
 FLEX_PEERS = ("flex", "flex_edges", "flex_fa4", "flex_fa4_dense")
@@ -80,13 +80,13 @@ class Built:
 
 
 def _graph_attention(x: Inputs, backend: str) -> Built:
-    from ..functional import graph_attention
+    from ...functional import graph_attention
 
     try:
         require_backend(backend, x.q)
     except ValueError as err:
         raise NotAvailable(str(err)) from None
-    from ..engine import analyse
+    from ...engine import analyse
 
     banded = backend == "tc" and x.band_edges is not None
     if not banded and x.edges is None:
@@ -186,8 +186,8 @@ def flex_fa4_dense(x: Inputs) -> Built:
 
 
 def flex_edges(x: Inputs) -> Built:
-    from ..engine import analyse
-    from ..engine.triton.flex import block_mask
+    from ...engine import analyse
+    from ...engine.triton.flex import block_mask
 
     n = x.case.n
     if x.edge_index is None:
@@ -210,10 +210,10 @@ def _sdpa(x: Inputs, **kwargs) -> Callable[[], Tensor]:
 
 
 def sdpa_mask(x: Inputs) -> Built:
-    from .. import builders
+    from ... import builders
 
     if x.edge_index is None:  # a band without its list: the mask from the rows' key ranges
-        from ..engine.bands import row_ranges
+        from ...engine.bands import row_ranges
 
         def make():
             first, last = row_ranges(x.case.band, x.case.n, x.case.n, x.q.device)

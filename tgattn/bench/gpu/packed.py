@@ -12,9 +12,9 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from .. import builders
-from .patterns import Pattern
-from .report import _index
+from ... import builders
+from ..patterns import Pattern
+from ..report import _index
 
 PACKED_LENGTHS = (256, 2048)  # document lengths of the packed sets (uniform, inclusive)
 
@@ -46,7 +46,7 @@ def packed_patterns(lengths=PACKED_LENGTHS) -> Dict[str, Pattern]:
 def _varlen_call(edge_index: torch.Tensor, n: int, name: str):
     """``(cu_seq [B + 1], longest, window_size)`` of FlashAttention's varlen kernel for this
     edge set (packed causal / full sets from the engine's analysis, ``windowW`` by name), or ``None``."""
-    from ..engine import structure_of
+    from ...engine import structure_of
 
     s = structure_of(edge_index, n, n)
     if s.kind in ("full", "causal", "packed_full", "packed_causal"):
@@ -77,8 +77,8 @@ def varlen_rows(
     (:func:`~tgattn.functional.graph_attention`, ``auto``) on the same bfloat16 inputs, forward
     and forward+backward, for the patterns the kernel can express. The ``note`` of a varlen row
     gives its largest difference from tgattn's output (or why it did not run)."""
-    from ..functional import graph_attention
-    from .measure import best_time
+    from ...functional import graph_attention
+    from ..measure import best_time
 
     rows = []
     for name, pattern in patterns.items():

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .measure import interleaved
-from .models import MODELS, Net, build_model, molecule_batches
+from ..measure import interleaved
+from ..models import MODELS, Net, build_model, molecule_batches
 
 EDGE_FEATURES = 4
 
@@ -112,7 +112,7 @@ def edge_net(model: str, features: int = 64, channels: int = 16, heads: int = 4)
     """
     from torch_geometric.nn import GATConv, TransformerConv
 
-    from ..nn.conv import GraphAttentionConv
+    from ...nn.conv import GraphAttentionConv
 
     width = heads * channels
     if model == "gat":
@@ -158,8 +158,8 @@ def _engine_calls(graphs, layers, fresh: bool, p: float = 0.6) -> Callable[[int]
     (projections, self-loops, the other layers of the network, Adam) is left out: this row is
     the least the step costs while the engine stays as it is.
     """
-    from ..edgeset import self_looped
-    from ..functional import graph_attention
+    from ...edgeset import self_looped
+    from ...functional import graph_attention
 
     g = torch.Generator().manual_seed(0)
     inputs = [[torch.randn(n, h, c, generator=g).requires_grad_() for h, c in layers for _ in "qkv"] for n, _ in graphs]
@@ -181,7 +181,7 @@ def new_edge_set_overhead(rounds: int = 100, heads: int = 8, dim: int = 16) -> d
         >>> row["workload"], row["model"]
         ('overhead', 'tgattn')
     """
-    from ..functional import graph_attention
+    from ...functional import graph_attention
 
     x, edge_index, _ = next(molecule_batches(1))
     g = torch.Generator().manual_seed(0)

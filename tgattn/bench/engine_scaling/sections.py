@@ -8,15 +8,15 @@ from typing import List, Sequence
 
 import torch
 
-from .measure import interleaved
-from .patterns import patterns
+from ..measure import interleaved
+from ..patterns import patterns
 
 RATIO_PATTERNS = ("window64", "random0.01", "topk0.01")
 
 
 def _case(pattern: str, n: int, heads: int, dim: int, backend: str):
     """``(edges, {mode: fn})`` for one (pattern, n, backend); inputs made once, analysis warm."""
-    from ..functional import graph_attention
+    from ...functional import graph_attention
 
     edge_index = patterns()[pattern].make(n)
     g = torch.Generator().manual_seed(0)
@@ -42,7 +42,7 @@ def plan_of(pattern: str, n: int) -> str:
         >>> plan_of("window64", 1024) in ("dense", "tile", "fused", "csr")
         True
     """
-    from .. import engine
+    from ... import engine
 
     ei = patterns()[pattern].make(n)
     return engine.plan(engine.structure_of(ei, n, n))
@@ -119,9 +119,9 @@ def threads(sizes: Sequence[int], heads: int, dim: int, rounds: int) -> List[dic
 
 def backward_floor(n: int, heads: int, dim: int, rounds: int) -> List[dict]:
     """Thread CPU time of the fused backward and of its read floors, interleaved, one thread."""
-    from .. import engine
-    from ..engine import fused
-    from ..engine.csr import transpose_pattern
+    from ... import engine
+    from ...engine import fused
+    from ...engine.csr import transpose_pattern
 
     if not fused.available():
         return []
@@ -157,7 +157,7 @@ CACHE_PATTERNS = ("window64", "bigbird", "dilated32x2", "random0.01", "random0.0
 def cache_on_off(n: int, heads: int, dim: int, rounds: int) -> List[dict]:
     """Thread CPU time of ``auto`` (the fused kernel here) with the buffer cache on and off,
     interleaved: each timed call follows an untimed one that fills (on) or drains (off) the cache."""
-    from ..engine import cache_info, fused
+    from ...engine import cache_info, fused
 
     if not fused.available():
         return []
@@ -193,8 +193,8 @@ def auto_vs_best(sizes: Sequence[int], heads: int, dim: int, rounds: int, slow_s
     best one); full and causal sets stop at n = 4096 (their dense SDPA calls alone take seconds
     beyond). Rows of ``auto`` note the backend it runs, the best backend and auto / best.
     """
-    from .. import engine
-    from ..engine.dispatch import ENGINE_BACKENDS
+    from ... import engine
+    from ...engine.dispatch import ENGINE_BACKENDS
 
     rows = []
     for name, pattern in patterns().items():

@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor
 
-from .. import builders
-from ..nn import ExphormerConv, GPSConv, exphormer_edge_kinds
-from .measure import failed_allocation, reset_rss_high_water, rss_high_water_mb, rss_mb
+from ... import builders
+from ...nn import ExphormerConv, GPSConv, exphormer_edge_kinds
+from ..measure import failed_allocation, reset_rss_high_water, rss_high_water_mb, rss_mb
 
 SCALING_MODELS = ("gps_mha", "gps_mha_dropout", "gps_tgattn", "exphormer")
 TIME_GROWTH = {"gps_mha": 2, "gps_mha_dropout": 2, "gps_tgattn": 2, "exphormer": 1}  # time ~ n ** growth
@@ -140,7 +140,7 @@ def measure_scaling(sizes: List[int], *, limit_mb: float, budget_s: float = 60.0
                     row["note"] = f"skipped: {predicted} (time budget {budget_s:,.0f} s / step)"
                     rows.append(row)
                     continue
-            code = (f"import json, torch; torch.set_num_threads({threads}); from tgattn.bench.gt_scaling import "
+            code = (f"import json, torch; torch.set_num_threads({threads}); from tgattn.bench.graph_transformers.scaling import "
                     f"measure_point; print(json.dumps(measure_point({model!r}, {n}, {repeats}, budget_s={budget_s}, "
                     f"limit_mb={limit_mb})))")
             try:

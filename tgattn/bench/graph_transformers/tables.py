@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from .report import figure, read_rows, write_csv
+from ..report import figure, read_rows, write_csv
 
 ANCHORS = (
     "Published anchors (not rerun here): GPS on ZINC (500k parameter budget) 0.070 ± 0.004 test MAE (Rampasek et "
@@ -100,7 +100,7 @@ def plot(rows: List[Dict], scaling: List[Dict], path: Path) -> None:
 
 
 def read_scaling(path: Path) -> List[Dict]:
-    """``scaling.csv`` back as :func:`~tgattn.bench.gt_scaling.measure_scaling` rows (numbers as
+    """``scaling.csv`` back as :func:`~tgattn.bench.graph_transformers.scaling.measure_scaling` rows (numbers as
     floats, blanks as None); no rows where there is no such file."""
     if not path.exists():
         return []

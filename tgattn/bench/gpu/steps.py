@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gpu_suite import Clock
-from .measure import interleaved
+from .suite import Clock
+from ..measure import interleaved
 
 STEP_FIELDS = ("variant", "model", "graphs", "nodes", "edges", "ms", "first_s", "vs_gat", "note", "device")
 HEADS, CHANNELS, FEATURES, CLASSES = 8, 8, 64, 16
@@ -70,7 +70,7 @@ def train_steps(nets: Dict[str, nn.Module], batches: Sequence[tuple], device, re
 
 def network(model: str, device) -> nn.Module:
     """GATConv's (``"gat"``) or tgattn's (``"tgattn"``) network, initialised from seed 0."""
-    from .models import MODELS, Net
+    from ..models import MODELS, Net
 
     torch.manual_seed(0)
     return Net(MODELS[model], FEATURES, CLASSES, hidden=CHANNELS, heads=HEADS).to(device).train()
@@ -136,10 +136,10 @@ def _compiled(net: nn.Module, x, edges, y, cuda: bool) -> Callable[[int], None]:
 def molecule_steps(device, clock: Clock, *, graphs: int = 128, rounds: int = 20) -> List[dict]:
     """One row per (variant, model) of the molecule step (see the module), each within ``clock``'s
     time: a variant is skipped, with a note, when less than its :data:`STEP_S` is left."""
-    from .models import molecule_batches
+    from ..models import molecule_batches
 
     cuda = torch.device(device).type == "cuda"
-    from .. import prepare
+    from ... import prepare
 
     batches = [(x.to(device), ei.to(device), y.to(device), slice(None))
                for x, ei, y in molecule_batches(rounds + 1, graphs=graphs, features=FEATURES)]

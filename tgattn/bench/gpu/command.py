@@ -7,7 +7,7 @@ from :data:`tgattn.bench.peers.GPU_PEERS`). This module adds
 * :func:`gnn_steps`: one training step (forward, backward, Adam) of the GAT paper's two-layer
   network with ``GATConv``, ``TransformerConv`` and tgattn's ``GraphAttentionConv``, on Cora and
   on molecule-sized batches that bring a new edge set every step;
-* :mod:`tgattn.bench.gpu_packed`: packed sequences (block-diagonal causal and
+* :mod:`tgattn.bench.gpu.packed`: packed sequences (block-diagonal causal and
   full sets of document lengths) and FlashAttention's variable-length kernel
   (``torch.nn.attention.varlen``) against tgattn, both in bfloat16 (the kernel runs half
   precision only), on the packed sets and on sliding windows;
@@ -28,20 +28,20 @@ Example::
 The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issues 50 and 56's
 targets and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes
 on an H100 or H200 with the start). First the tile kernels' launch-option sweep
-(``tgattn.bench.gpu_tune`` where the checkout has it, within 100 s, its table then taken by ``tc``
+(``tgattn.bench.gpu.tune`` where the checkout has it, within 100 s, its table then taken by ``tc``
 for the rest of the run; ``--no-tune`` and a dry run skip it), then
-every case of :mod:`tgattn.bench.gpu_cases` (sliding windows 64 and 256, packed documents,
+every case of :mod:`tgattn.bench.gpu.cases` (sliding windows 64 and 256, packed documents,
 block-local, BigBird at 16k-128k tokens; causal at 16k-64k, without an edge list past 16k;
 random and top-k 1 % at 16k and 64k; indexer top-k on grouped-query heads; GNN-sized sets),
 forward and forward + backward: the share of edges on tensor cores (the ``tc`` backend's plan;
 a band's from its rows' key ranges), the ``tc`` path's time beside the cost model's prediction
 and roofline (``tile_cost.predict``), and its ratio to every peer of
-:mod:`tgattn.bench.gpu_peers` (compiled FlexAttention with its own ``mask_mod`` and with the edge
+:mod:`tgattn.bench.gpu.peers` (compiled FlexAttention with its own ``mask_mod`` and with the edge
 set's BlockMask, each with and without its mask creation; the same on Flex's CuTe /
 FlashAttention-4 backend, block-sparse and on all pairs, where this torch has it; SDPA with a
 boolean mask; dense SDPA without one; the gather path), then the molecule training step against
 GATConv, with a new edge set each step and with CUDA graphs over a fixed batch
-(:mod:`tgattn.bench.gpu_steps`). It writes ``suite_attention.csv``, ``suite_cases.csv`` (after
+(:mod:`tgattn.bench.gpu.steps`). It writes ``suite_attention.csv``, ``suite_cases.csv`` (after
 every case), ``suite_steps.csv`` and ``suite.png`` under ``--out`` and prints the summary and the
 targets; what did not run says why in its row. A time guard skips, with a note, what the budget
 left cannot hold. ``--dry-run`` runs it on the CPU (tgattn's Triton paths through Triton's
@@ -72,10 +72,10 @@ from typing import List, Optional
 
 import torch
 
-from .gpu_cases import SIZES as SUITE_SIZES
-from .gpu_packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
-from .gpu_steps import train_steps
-from .report import FIELDS, SINGLE_REPEAT_NOTE, _index, _ratio, verdict
+from .cases import SIZES as SUITE_SIZES
+from .packed import PACKED_LENGTHS, packed_patterns, varlen_rows, varlen_table
+from .steps import train_steps
+from ..report import FIELDS, SINGLE_REPEAT_NOTE, _index, _ratio, verdict
 
 GNN_MODELS = ("gat", "transformer", "tgattn")
 GNN_FIELDS = ("workload", "model", "nodes", "edges", "ms", "note")
@@ -108,14 +108,14 @@ def check_device(device: str) -> torch.device:
 
 def gnn_steps(device, *, cora=None, repeats: int = 20, workloads=("cora", "molecules"), graphs: int = 128) -> List[dict]:
     """One training step per (workload, model): Cora (GAT protocol) and batches of ``graphs``
-    molecules, the models interleaved step by step (:func:`~tgattn.bench.gpu_steps.train_steps`).
+    molecules, the models interleaved step by step (:func:`~tgattn.bench.gpu.steps.train_steps`).
 
     Molecule batches bring a new edge set every step (each is analysed on its first and only
     use); Cora's edge set is analysed once. The ``cora`` workload needs ``cora``, the data set
     as :func:`tgattn.datasets.load_planetoid` returns it, loaded by the caller before any work
     (so that a missing data set fails first).
     """
-    from .models import MODELS, Net, build_model, molecule_batches, prepare
+    from ..models import MODELS, Net, build_model, molecule_batches, prepare
 
     rows = []
     if "cora" in workloads:
@@ -178,7 +178,7 @@ def device_name(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
-    from .._cli import missing_plot_extra, out_help, positive_float, positive_int, run, runs_dir
+    from ..._cli import missing_plot_extra, out_help, positive_float, positive_int, run, runs_dir
 
     start = time.perf_counter()
 
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     suite.add_argument("--flex-static", action="store_true",
                        help="compile FlexAttention for each size (default: once per mask_mod, dynamic shapes)")
     suite.add_argument("--no-tune", action="store_true",
-                       help="skip the tile kernels' launch-option sweep (tgattn.bench.gpu_tune, where it exists)")
+                       help="skip the tile kernels' launch-option sweep (tgattn.bench.gpu.tune, where it exists)")
     args = parser.parse_args(argv)
     if args.suite and args.dry_run and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # tgattn's Triton paths run on the CPU through the interpreter
@@ -223,11 +223,11 @@ def main(argv=None) -> int:
 
 
 def _bench(args: argparse.Namespace, device: torch.device) -> int:
-    from ..datasets import load_planetoid
-    from .attention import sizes_for, sweep
-    from .patterns import patterns
-    from .peers import GPU_PEERS
-    from .report import plot, ratio_table, write_csv
+    from ...datasets import load_planetoid
+    from ..attention import sizes_for, sweep
+    from ..patterns import patterns
+    from ..peers import GPU_PEERS
+    from ..report import plot, ratio_table, write_csv
 
     workloads = ("molecules",) if args.dry_run else ("cora", "molecules")
     # the data set first: a missing one is one line (_cli.run) before any work
@@ -274,13 +274,13 @@ def _bench(args: argparse.Namespace, device: torch.device) -> int:
 
 def _suite(args: argparse.Namespace, device: torch.device) -> int:
     """The GPU suite (``--suite``): attention cases, then the molecule steps, CSVs and a plot."""
-    from .gpu_cases import suite_cases
-    from .gpu_peers import FLEX_PEERS, SUITE_PEERS
-    from .gpu_steps import STEP_FIELDS, molecule_steps
-    from .gpu_launch import tune_sweep
-    from .gpu_suite import Clock, attention_suite
-    from .gpu_summary import ATTENTION_FIELDS, CASE_FIELDS, plot_rows, steps_table, suite_targets, summary
-    from .report import plot, write_csv
+    from .cases import suite_cases
+    from .peers import FLEX_PEERS, SUITE_PEERS
+    from .steps import STEP_FIELDS, molecule_steps
+    from .launch import tune_sweep
+    from .suite import Clock, attention_suite
+    from .summary import ATTENTION_FIELDS, CASE_FIELDS, plot_rows, steps_table, suite_targets, summary
+    from ..report import plot, write_csv
 
     clock, where, dtype = Clock(args.budget_s, start=args.start), device_name(device), args.dtype or "bfloat16"
     peers = [p for p in SUITE_PEERS if not (args.no_flex and p in FLEX_PEERS)]
@@ -324,7 +324,3 @@ def _suite(args: argparse.Namespace, device: torch.device) -> int:
     print(suite_targets(cases, steps, verdicts=repeats > 1))
     print(f"\nwrote {', '.join(map(str, written))}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

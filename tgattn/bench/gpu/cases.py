@@ -23,10 +23,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .. import builders
-from ..engine.bands import Band, band_structure
-from .gpu_packed import document_lengths
-from .patterns import _random, _topk, patterns
+from ... import builders
+from ...engine.bands import Band, band_structure
+from .packed import document_lengths
+from ..patterns import _random, _topk, patterns
 
 FAMILIES = ("structured", "scattered", "indexer", "gnn")
 DOCUMENTS = (256, 2048)  # document lengths of the packed causal set (uniform, inclusive)
@@ -111,7 +111,7 @@ def _indexer(n: int, top: int, heads: int, dim: int):
 
 
 def _molecules(graphs: int):
-    from .models import molecule_batches
+    from ..models import molecule_batches
 
     x, edge_index, _ = next(iter(molecule_batches(1, graphs=graphs, features=1)))
     edge_index = builders.union(edge_index)  # a chord may double a ring edge: once, as a mask has it
