@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import os
 import sys
 from pathlib import Path
@@ -68,6 +69,8 @@ def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
             value = None
         if value is None or not ok(value):
             raise argparse.ArgumentTypeError(f"must be {rule} (got {text!r})")
+        if kind is float and not math.isfinite(value):  # inf passes a range check, then overflows in the command
+            raise argparse.ArgumentTypeError(f"must be finite (got {text!r})")
         return value
 
     return parse
@@ -76,7 +79,8 @@ def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
 positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
 non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 seed_int = _number(int, "an integer in [0, 2**63)", lambda v: 0 <= v < 2**63)
-positive_float = _number(float, "a number > 0", lambda v: v > 0)  # NaN fails the comparison
+positive_float = _number(float, "a number > 0", lambda v: v > 0)  # NaN fails the comparison, inf the finiteness
+non_negative_float = _number(float, "a number >= 0", lambda v: v >= 0)
 
 
 def positive_ints(text: str) -> List[int]:
