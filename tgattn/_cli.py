@@ -18,6 +18,7 @@ import importlib.util
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -83,6 +84,16 @@ positive_float = _number(float, "a number > 0", lambda v: v > 0)  # NaN fails th
 non_negative_float = _number(float, "a number >= 0", lambda v: v >= 0)
 
 
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """The argument type of an integer in ``[low, high]``.
+
+    Example:
+        >>> int_in(1, 1024)("8")
+        8
+    """
+    return _number(int, f"an integer in [{low}, {high}]", lambda v: low <= v <= high)
+
+
 def positive_ints(text: str) -> List[int]:
     """A comma-separated list of integers >= 1: ``"256,1024"`` -> ``[256, 1024]``.
 
@@ -127,6 +138,31 @@ def runs_dir(name: str) -> Path:
 def out_help(name: str) -> str:
     """``--out``'s help text for a benchmark writing to :func:`runs_dir` ``(name)``."""
     return f"output folder (default: $TGATTN_RUNS/{name}, else ~/.cache/tgattn/runs/{name})"
+
+
+def check_writable(folder, option: str = "--out") -> None:
+    """Create ``folder`` and write a byte in it; an ``OSError`` naming ``option`` and the folder when that fails.
+
+    For commands that write their results at the end of a long run: a folder that cannot be
+    written (read-only, on a full disk, ``/dev/full``, under a file) is found before the work.
+
+    Example:
+        >>> check_writable("/dev/full")
+        Traceback (most recent call last):
+        ...
+        OSError: --out /dev/full is not a folder
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"{option} {folder} is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tgattn-write-test-") as fh:
+            fh.write(b"x")
+            fh.flush()
+            os.fsync(fh.fileno())  # a full disk may refuse only here
+    except OSError as err:
+        raise OSError(f"{option} {folder} cannot be written: {err.strerror or err}") from None
 
 
 def missing_plot_extra() -> Optional[str]:
