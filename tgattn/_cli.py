@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -102,6 +103,18 @@ def positive_ints(text: str) -> List[int]:
         [256, 1024]
     """
     return [positive_int(part) for part in text.split(",")]
+
+
+def device_name(text: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``, checked before torch is imported (``torch.device`` of a typo is a traceback).
+
+    Example:
+        >>> device_name("cuda:1")
+        'cuda:1'
+    """
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N (got {text!r})")
+    return text
 
 
 def boolean(text: str) -> bool:
