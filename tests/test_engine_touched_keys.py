@@ -7,7 +7,8 @@ TorchDispatchMode and none may return a tensor with more than 64 KB of storage. 
 backward's transposed pattern (``colptr [n_k + 1]``, 4 MB here, 12 GB at 3e9 keys) and key / value
 gradients, and the CSR kernels' head-major copies of k and v (32 MB each here; 96 GB at 3e9 keys in
 float32) broke it. The numbers are checked against attention written out edge by edge in float64
-(no tgattn code); every key differs, so a backend that reads another key than its edge's fails.
+(tests/edgewise_oracle.py, no tgattn code); every key differs, so a backend that reads another key
+than its edge's fails.
 """
 import functools
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from edgewise_oracle import edgewise_attention
 from tgattn.engine.touched import KEYS_PER_EDGE
 from tgattn.functional import BACKENDS, graph_attention
 
@@ -58,19 +60,9 @@ def _made_once():
 
 
 def _written_out(q, k, v, ei, bias, term, with_terms):
-    """``(out, weights)``: each query's softmax over its edges, in float64, edge by edge."""
-    src, dst = ei
-    kj, vj = k[src], v[src]  # [E, H, D]
-    if with_terms:
-        e, w = term
-        kj, vj = kj + (e @ w.T).view(E, H, D), vj + (e @ w.T).view(E, H, D)
-    scores = (q[dst] * kj).sum(-1) / D**0.5 + bias  # [E, H]
-    out, weights = torch.zeros(N_Q, H, D, dtype=torch.float64), torch.zeros(E, H, dtype=torch.float64)
-    for i in dst.unique().tolist():
-        mine = (dst == i).nonzero().flatten()  # the query's edges, duplicates each once
-        weights = weights.index_put((mine,), scores[mine].softmax(0))
-        out = out.index_put((torch.tensor([i]),), (weights[mine].unsqueeze(-1) * vj[mine]).sum(0, keepdim=True))
-    return out, weights
+    e, w = term
+    vectors = (e @ w.T).view(E, H, D) if with_terms else None
+    return edgewise_attention(q, k, v, ei, bias=bias, key_term=vectors, value_term=vectors)
 
 
 def _call(attend, with_terms, record=None):
