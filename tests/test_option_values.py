@@ -68,3 +68,18 @@ def test_tile_plan_takes_every_power_of_two_group(window_set):
     for group in (1, 2, 4, 8):
         plan = window_set.tile_plan(torch.float16, 64, group=group)
         assert (plan.block_m, plan.block_n) == (64 // group, 64)
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("graph_transformers", ["--limit-mb", "inf"], "argument --limit-mb: must be finite (got 'inf')"),
+    ("graph_transformers", ["--budget-s", "nan"], "argument --budget-s: must be a number > 0 (got 'nan')"),
+    ("hf", ["--mask-gb", "inf"], "argument --mask-gb: must be finite (got 'inf')"),
+    ("hf", ["--mask-gb=-1"], "argument --mask-gb: must be a number >= 0 (got '-1')"),
+])
+def test_the_benchmarks_float_options_are_finite(cli, module, argv, message):
+    """Before: plain ``float`` took inf and nan (and a negative mask budget)."""
+    import importlib
+
+    bench = importlib.import_module(f"tgattn.bench.{module}")
+    status, err = cli(bench.main, argv)
+    assert status == 2 and one_line_error(err, f"python -m tgattn.bench.{module}") == message
