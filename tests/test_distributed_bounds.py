@@ -14,6 +14,7 @@ import warnings
 import pytest
 
 from conftest import one_line_error
+from launch_cases import Unloadable, never_reached
 from tgattn.distributed import gnn, gpt, init, spawn
 
 launch_module = sys.modules["tgattn.distributed.launch"]  # the attribute tgattn.distributed.launch is the function
@@ -61,17 +62,6 @@ def test_more_ranks_than_cores_is_a_warning(monkeypatch):
         launch_module.check_world_size(2)
 
 
-def _refuse_to_load():
-    raise RuntimeError("this argument cannot be loaded in a rank")
-
-
-class Unloadable:
-    """An argument that a rank fails to load: rank 0 fails at once, while its peers would still be starting."""
-
-    def __reduce__(self):
-        return _refuse_to_load, ()
-
-
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:6 local ranks on")
 def test_the_watch_covers_start_up(monkeypatch):
@@ -93,14 +83,10 @@ def test_the_watch_covers_start_up(monkeypatch):
 
     monkeypatch.setattr(mp, "start_processes", one_after_another)
     with pytest.raises(ChildProcessError) as ended:
-        spawn(_refuse_to_load_rank, 6, Unloadable(), timeout_s=240)
-    assert str(ended.value) == ("_refuse_to_load_rank on 6 ranks ended: "
+        spawn(never_reached, 6, Unloadable(), timeout_s=240)
+    assert str(ended.value) == ("never_reached on 6 ranks ended: "
                                 "rank 0 failed: RuntimeError: this argument cannot be loaded in a rank")
     assert 2 <= len(started) < 6
-
-
-def _refuse_to_load_rank(rank, world, arg):
-    raise AssertionError("the argument loaded")
 
 
 @pytest.mark.parametrize("module, prog", COMMANDS, ids=["gpt", "gnn"])
