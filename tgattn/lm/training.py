@@ -48,8 +48,9 @@ def check_training_state(state: dict, checkpoint, optimizer: torch.optim.Optimiz
     Checked as the model's tensors are (:func:`tgattn.lm.checkpoint_config`): the random states
     (``rng``: the batch sampler's and torch's) are byte tensors of the generator's state size,
     ``best_val`` is a number, and the optimizer state has this optimizer's parameter groups,
-    with each moment shaped as its parameter; then the values (:func:`_check_values`). Otherwise ``load_state_dict`` and
-    ``set_rng_state`` raised tracebacks, or wrong moments loaded and failed at the first step.
+    with each moment shaped as its parameter; then the values (:func:`_check_values`). Otherwise
+    ``load_state_dict`` and ``set_rng_state`` raised tracebacks, or wrong moments loaded and failed
+    at the first step.
     """
     where = f"checkpoint {checkpoint} cannot be resumed"
     size = torch.get_rng_state().shape
@@ -94,12 +95,16 @@ def _check_values(state: dict, where: str) -> None:
         raise CheckpointError(f"{where}: its best_val is {best!r}, not a loss >= 0")
     bad = [name for name, t in state["model"].items() if not torch.isfinite(t).all()]
     if bad:
-        raise CheckpointError(f"{where}: its weights {bad[0]!r} hold NaN or inf" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"{where}: its weights {bad[0]!r} hold NaN or inf{more}")
     for index, moments in state["optimizer"]["state"].items():
         for name, value in moments.items():
-            value = torch.as_tensor(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-            if not isinstance(value, Tensor) or value.is_complex() or not value.is_floating_point() and name != "step":
-                raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} is {_kind(value)}, not real numbers")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # a step count saved as a number
+                value = torch.as_tensor(value)
+            real = isinstance(value, Tensor) and (value.is_floating_point() or name == "step" and not value.is_complex())
+            if not real:
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} is {_kind(value)}, "
+                                      "not real numbers")
             if not torch.isfinite(value).all():
                 raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} holds NaN or inf")
             if name in ("step", "exp_avg_sq", "max_exp_avg_sq") and (value < 0).any():
@@ -109,7 +114,8 @@ def _check_values(state: dict, where: str) -> None:
         for name, value in group.items():
             values = value if isinstance(value, (list, tuple)) and name != "params" else [value]
             if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-                raise CheckpointError(f"{where}: its optimizer's {name} of parameter group {number} is {value!r}, not finite")
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter group {number} is {value!r}, "
+                                      "not finite")
 
 
 def _kind(value) -> str:
