@@ -28,10 +28,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .build import FUSED
+from .build import FUSED, FUSED_HALF
 from .precision import compute_dtype
 
-_state = {"tried": False, "ok": False, "fakes": False}
+_state = {"tried": False, "ok": False, "fakes": False, "half": None}
 
 
 def available() -> bool:
@@ -52,6 +52,20 @@ def available() -> bool:
         if _state["ok"] and limit is not None:
             torch.ops.tgattn_fused.cache_limit(limit)
     return _state["ok"]
+
+
+def half_available() -> bool:
+    """Whether the fused kernel's float16 / bfloat16 part is compiled and loaded: a library of its own
+    (:data:`~tgattn.engine.build.FUSED_HALF`), which the first float16 / bfloat16 call compiles, so that a
+    float32 user's first build leaves it out (its units were half the kernel's compile time).
+
+    Example:
+        >>> half_available() == available()  # where the kernel builds, its half part does too
+        True
+    """
+    if _state["half"] is None:
+        _state["half"] = available() and FUSED_HALF.load()
+    return _state["half"]
 
 
 def cache_limit_from_env(raw: Optional[str]) -> Optional[int]:
