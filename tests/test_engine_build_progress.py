@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import REPO
-from tgattn.engine import build
+from tgattn.engine import build, build_progress
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks: POSIX only")
 
@@ -43,7 +43,7 @@ def test_several_units_say_what_is_built_a_line_each_and_the_time(tmp_path, monk
     monkeypatch.setenv("MAX_JOBS", "2")
     sources, header = units(tmp_path / "src", ["one", "two", "three"])
     cpu = {"one": 1.0, "two": 3.0, "three": 4.0}  # "measured" CPU seconds: the progress is their share
-    monkeypatch.setattr(build, "_compiling", lambda folder, units: {})  # only finished units count (see below)
+    monkeypatch.setattr(build_progress, "compiling", lambda folder, units: {})  # only finished units count (see below)
     with caplog.at_level(logging.WARNING, logger="tgattn.engine.build"):
         assert build.load_extension("multi", sources, headers=[header], label="the test kernel", expect="about 9 s",
                                     cpu=[cpu[p.stem] for p in sources])
@@ -98,7 +98,7 @@ def test_no_more_units_at_once_than_cores_and_the_longest_first(tmp_path, monkey
 
 def test_the_share_counts_the_compiler_cpu_of_the_units_in_it(tmp_path):
     a, b, c = (tmp_path / f"{n}.cpp" for n in "abc")
-    progress = build._Progress(tmp_path, [a, b, c], 0.0, None, [10.0, 6.0, 4.0])
+    progress = build_progress.Progress(tmp_path, [a, b, c], 0.0, None, [10.0, 6.0, 4.0])
     assert progress.share() == 0.0
     assert progress.share({a: 5.0, b: 1.5}) == pytest.approx(100 * 6.5 / 20)
     assert progress.share({a: 50.0}) == pytest.approx(100 * 9.5 / 20)  # a unit over its measured time: 95 % of it
@@ -109,7 +109,7 @@ def test_the_share_counts_the_compiler_cpu_of_the_units_in_it(tmp_path):
 def test_the_progress_names_the_units_in_the_compiler_and_never_stays_quiet(tmp_path, monkeypatch):
     if not os.path.isdir("/proc"):
         pytest.skip("the units in the compiler are found through /proc")
-    monkeypatch.setattr(build, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(build_progress, "HEARTBEAT_S", 0.2)
     folder = tmp_path / "build"
     folder.mkdir()
     a, b = tmp_path / "a.cpp", tmp_path / "b.cpp"
@@ -117,7 +117,7 @@ def test_the_progress_names_the_units_in_the_compiler_and_never_stays_quiet(tmp_
     # a process working in the build folder with a.cpp among its arguments, as ninja's compiler is
     compiler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(a)], cwd=folder)
     try:
-        with build._Progress(folder, [a, b], time.perf_counter(), lambda *args: said.append(args[0] % args[1:])):
+        with build_progress.Progress(folder, [a, b], time.perf_counter(), lambda *args: said.append(args[0] % args[1:])):
             deadline = time.monotonic() + 30
             while not any("compiling a.cpp" in line for line in said) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -145,7 +145,7 @@ def test_the_units_in_the_compiler_come_with_their_cpu_time(tmp_path):
     compiler = subprocess.Popen([sys.executable, "-c", spin, str(b)], cwd=folder, stdout=subprocess.PIPE, text=True)
     try:
         assert compiler.stdout.readline().strip() == "1"  # 0.6 s of CPU spent
-        busy = build._compiling(folder, [a, b])
+        busy = build_progress.compiling(folder, [a, b])
     finally:
         compiler.kill()
         compiler.wait()

@@ -18,12 +18,14 @@ kernel releases when its owner dies however it dies; whoever holds it next remov
 stale lock file and builds. A process that waits longer than ``wait`` seconds for a live
 owner gives up with a warning, and the caller falls back.
 
-An extension of several translation units (the fused kernel: :data:`FUSED`) is compiled by
-ninja on every core, and the build says how far it is: what it builds and how long the last
+An extension of several translation units (the fused kernel: :data:`FUSED`, and its float16 /
+bfloat16 part :data:`FUSED_HALF`, built on first need) is compiled by ninja, one unit a core at
+most, the longest first, and the build says how far it is: what it builds and how long the last
 build of the extension here took (``built.json``, else the measurement the caller quotes), a
-line per unit compiled, a line at least every :data:`HEARTBEAT_S` seconds with the units in
-the compiler, and the time it took. :func:`prebuild` builds every extension of the package
-ahead of its first use (``python -m tgattn build``).
+line per unit compiled, a line at least every :data:`~tgattn.engine.build_progress.HEARTBEAT_S` seconds with the units in
+the compiler, each with the share of the compiler's work done (the units' measured CPU
+seconds), and the time it took. :func:`prebuild` builds extensions ahead of their first use
+(``python -m tgattn build``).
 """
 from __future__ import annotations
 
@@ -35,7 +37,6 @@ import os
 import re
 import socket
 import sys
-import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -45,10 +46,11 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .build_progress import Progress
+
 logger = logging.getLogger(__name__)
 
 WAIT_S = 600.0  # the longest wait for another process's build of the same folder
-HEARTBEAT_S = 10.0  # the longest silence of a build with progress on
 _DONE = "built.json"
 
 Paths = Union[str, Path, Sequence[Union[str, Path]]]
@@ -140,7 +142,8 @@ def load_extension(
 
     A build logs (``logging``, level WARNING: shown without any logging set up) one line before
     it starts, with what it builds and how long the last build of ``name`` here took, then, for
-    several units, a line per unit compiled and at least every :data:`HEARTBEAT_S` seconds one
+    several units, a line per unit compiled and at least every
+    :data:`~tgattn.engine.build_progress.HEARTBEAT_S` seconds one
     with the share of the compiler's work done and the units in the compiler, and one at the end
     with the time it took.
     """
@@ -178,7 +181,7 @@ def _build_and_load(name: str, units: List[Path], *, headers: Paths, cflags: Seq
         start = time.perf_counter()
         from torch.utils import cpp_extension
 
-        with _Progress(folder, units, start, say if len(units) > 1 else None, weights), _max_jobs(jobs):
+        with Progress(folder, units, start, say if len(units) > 1 else None, weights), _max_jobs(jobs):
             cpp_extension.load(
                 name=library.stem,
                 sources=[str(u) for u in units],
@@ -371,94 +374,6 @@ def _usable(record, units: int) -> bool:
         return False
     seconds = record.get("seconds")
     return isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds >= 0
-
-
-class _Progress:
-    """While a build of several units runs: a line per unit whose object file appeared, and at least
-    every :data:`HEARTBEAT_S` seconds one with the units in the compiler (processes in the build folder
-    whose arguments name the unit: Linux's ``/proc``; elsewhere the units left). Each line gives the share
-    of the compiler's work done: the measured CPU seconds of the units compiled (``weights``) and the CPU
-    the compiler has spent so far on those in it, out of the measured total."""
-
-    def __init__(self, folder: Path, units: Sequence[Path], start: float, say, weights: Sequence[float] = ()):
-        self.folder, self.units, self.start, self.say = folder, list(units), start, say
-        self.weights = dict(zip(self.units, weights or [1.0] * len(self.units)))
-        self.done: List[Path] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="tgattn-build-progress", daemon=True)
-
-    def __enter__(self):
-        if self.say is not None:
-            self.thread.start()
-        return self
-
-    def __exit__(self, kind, *exc):
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join()
-            if kind is None:
-                self._scan()  # units finished since the last look
-
-    def share(self, busy: Optional[dict] = None) -> float:
-        """The share of the work done, in percent: the units compiled, and those in ``busy`` (unit: CPU
-        seconds so far) up to 95 % of their measured time each (a unit may take longer than measured)."""
-        total = sum(self.weights.values())
-        done = sum(self.weights[u] for u in self.done)
-        done += sum(min(seconds, 0.95 * self.weights[u]) for u, seconds in (busy or {}).items() if u not in self.done)
-        return 100.0 * done / total
-
-    def _scan(self) -> bool:
-        """Says which units finished since the last look; whether any did."""
-        news = [u for u in self.units if u not in self.done and (self.folder / f"{u.stem}.o").exists()]
-        # the share counts the units still in the compiler too, as the heartbeat's does
-        busy = _compiling(self.folder, [u for u in self.units if u not in self.done and u not in news]) if news else {}
-        for unit in news:
-            self.done.append(unit)
-            self.say("tgattn: [%d/%d] %.0f%% compiled %s (%.0f s)", len(self.done), len(self.units), self.share(busy),
-                     unit.name, time.perf_counter() - self.start)
-        return bool(news)
-
-    def _watch(self) -> None:
-        quiet_since = time.perf_counter()
-        while not self.stop.wait(0.5):
-            now = time.perf_counter()
-            if self._scan():
-                quiet_since = now
-            elif now - quiet_since >= HEARTBEAT_S:
-                quiet_since = now
-                left = [u for u in self.units if u not in self.done]
-                busy = _compiling(self.folder, left)
-                what = ("linking" if not left else f"compiling {', '.join(u.name for u in busy)}" if busy
-                        else f"{len(left)} left")
-                self.say("tgattn: [%d/%d] %.0f%% %.0f s, %s", len(self.done), len(self.units), self.share(busy),
-                         now - self.start, what)
-
-
-def _compiling(folder: Path, units: Sequence[Path]) -> dict:
-    """Those of ``units`` that a process working in ``folder`` (ninja runs the compiler there) has
-    among its arguments, with the CPU seconds those processes have used: the units in the compiler now,
-    in the order given (none where there is no ``/proc``)."""
-    here, wanted = os.path.realpath(folder), {os.fsencode(u): u for u in units}
-    busy: dict = {}
-    try:
-        entries = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in entries:
-        try:
-            if os.readlink(f"/proc/{pid}/cwd") != here:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()  # after the command's name, which may hold spaces
-        except OSError:
-            continue
-        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        for unit in {wanted[a] for a in args if a in wanted}:
-            busy[unit] = busy.get(unit, 0.0) + seconds
-    return {u: busy[u] for u in units if u in busy}
 
 
 def _load_built(folder: Path, library: Path) -> bool:
