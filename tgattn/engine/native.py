@@ -2,7 +2,9 @@
 
 The extension (:data:`~tgattn.engine.build.FUSED`) is compiled on first use, or ahead of it by
 ``python -m tgattn build``, with :func:`torch.utils.cpp_extension.load` (its units side by
-side on every core, with progress; cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
+side on every core, with progress; cached under ``~/.cache/torch_extensions``); its float16 /
+bfloat16 kernels (:data:`~tgattn.engine.build.FUSED_HALF`) when a float16 / bfloat16 call first
+needs them (:func:`half_available`), or ahead by ``python -m tgattn build --half``. Without a C++ compiler or
 ``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false (one
 warning says why) and the engine runs the CSR backend instead: same results, slower.
 
