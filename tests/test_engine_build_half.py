@@ -63,3 +63,23 @@ def test_float32_calls_never_load_the_half_library_and_a_half_call_loads_it_once
                       "builds and loads them)")
     assert out[2] == "float16 True True torch.float16 True torch.float16 True"
     assert out[3] == "library True True"
+
+
+def test_a_half_call_runs_on_csr_where_the_half_library_did_not_build(monkeypatch):
+    """A failed build of the half library falls back as a failed build of the main one does: same
+    results on the CSR backend, not an error (the oracle: float64 dense attention on the same inputs)."""
+    import torch
+
+    from engine_helpers import inputs, max_err, oracle
+    from tgattn import builders
+    from tgattn.engine import native
+    from tgattn.functional import graph_attention
+
+    monkeypatch.setitem(native._state, "half", False)  # as after a build that failed
+    ei = builders.window(40, 3)
+    q, k, v, _ = inputs(40, 40, heads=2, dk=8, dtype=torch.float32)
+    q16, k16, v16 = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+    out = graph_attention(q16, k16, v16, ei)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(q16.grad).all()
+    assert max_err(out.double(), oracle(q16.detach().double(), k16.detach().double(), v16.detach().double(), ei)) < 2e-2
