@@ -20,7 +20,7 @@ def test_the_top_help_is_plain_text(capsys):
 @pytest.mark.parametrize("command, words", [
     ("verify", "Check, on this machine, that graph attention equals dense attention"),
     ("show", "Draw which tokens influence a token"),
-    ("build", "Compile tgattn's C++ kernels now"),
+    ("build", "Compile tgattn's fused C++ kernel now"),
     ("fidelity", "Run a trained model on passages of a text with its own attention and with each sparse pattern"),
 ])
 def test_each_command_describes_itself(capsys, command, words):

@@ -84,8 +84,8 @@ def test_gnn_ends_by_naming_its_file(data_root, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "0"], "argument --steps: must be an integer >= 1 (got '0')"),
     (["--length", "0"], "argument --length: must be an integer >= 1 (got '0')"),
-    (["--nproc", "0"], "argument --nproc: must be an integer >= 1 (got '0')"),
-    (["--nproc", "-1"], "argument --nproc: must be an integer >= 1 (got '-1')"),
+    (["--nproc", "0"], "argument --nproc: must be an integer in [1, 1024] (got '0')"),
+    (["--nproc", "-1"], "argument --nproc: must be an integer in [1, 1024] (got '-1')"),
     (["--timeout", "0"], "argument --timeout: must be a number > 0 (got '0')"),
     (["--pattern", "ring"], "argument --pattern: invalid choice: 'ring'"),
     (["--n-embd", "30", "--n-head", "4"], "--n-embd must be divisible by --n-head (got --n-embd=30, --n-head=4)"),
@@ -99,7 +99,7 @@ def test_gpt_refuses_bad_arguments_in_one_line_before_any_rank(argv, message, cl
 
 @pytest.mark.parametrize("argv, message", [
     (["--epochs", "0"], "argument --epochs: must be an integer >= 1 (got '0')"),
-    (["--nproc", "-1"], "argument --nproc: must be an integer >= 1 (got '-1')"),
+    (["--nproc", "-1"], "argument --nproc: must be an integer in [1, 1024] (got '-1')"),
     (["--partition", "ring"], "--partition must be one of auto, metis, louvain, bandwidth, contiguous (got 'ring')"),
 ])
 def test_gnn_refuses_bad_arguments_in_one_line_before_any_rank(argv, message, cli, no_launch, data_root):

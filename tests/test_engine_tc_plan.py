@@ -167,10 +167,17 @@ def test_the_cost_model_prints_its_prediction_beside_the_roofline(capsys):
 
 
 def test_float32_and_float64_are_predicted_wholly_gathered():
-    # the tc backend runs them on the gather kernels (tile_plan.choose_blocks says why)
+    """The tc backend runs them on the gather kernels (tile_plan.choose_blocks says why): a plan with every
+    edge on tiles is predicted as one with no tile, at the edges' bytes worked out by hand."""
     ptr, col, _ = _csr(builders.window(256, 16), 256, 256)
-    plan = plan_tiles(ptr, col, 256, 256, block_m=64, block_n=64)
-    assert plan.tc_share == 1.0
-    for dtype in (torch.float32, torch.float64):
-        p = predict(plan, heads=2, head_dim=64, dtype=dtype)
-        assert p["tiles_s"] == 0.0 and p["gather_s"] == pytest.approx(2 * plan.num_edges * (2 * 64 * dtype.itemsize + 8) / 3.35e12)
+    tiled = plan_tiles(ptr, col, 256, 256, block_m=64, block_n=64)
+    untiled = plan_tiles(ptr, col, 256, 256, block_m=64, block_n=64, min_fill=2.0)  # no tile is 200 % full
+    assert tiled.num_edges == tiled.tc_edges == 256 * 33 - 16 * 17 == 8176 and untiled.tc_edges == 0
+    # 2 heads x 8176 edges x (a k and a v row of 64 values + an 8-byte index) at the H100's 3.35e12 B/s:
+    # float32 2 x 8176 x 520 B = 8,503,040 B: 2.5382 us; float64 2 x 8176 x 1032 B = 16,875,264 B: 5.0374 us
+    for dtype, seconds in ((torch.float32, 2.5382e-6), (torch.float64, 5.0374e-6)):
+        got = predict(tiled, heads=2, head_dim=64, dtype=dtype)
+        assert got == predict(untiled, heads=2, head_dim=64, dtype=dtype)
+        assert got["tiles_s"] == 0.0 and got["gather_s"] == pytest.approx(seconds, rel=1e-4)
+    bf16 = predict(tiled, heads=2, head_dim=64, dtype=torch.bfloat16)  # tc's tile dtype: on the tiles
+    assert bf16["gather_s"] == 0.0 and bf16["tiles_s"] > 0

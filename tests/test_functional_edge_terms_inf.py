@@ -3,11 +3,14 @@
 ``graph_attention(edge_key=...)`` adds the key term to the scores as a bias, where a caller's +inf
 is refused ("bias holds +inf"); a +inf that comes from edge features is what an infinite key gives:
 the softmax of a +inf score, NaN, for that query only (``TransformerConv`` gives a non-finite row).
+The other queries are checked against attention written out edge by edge (tests/edgewise_oracle.py;
+before, against ``gather``, which an error shared with it would pass).
 """
 import pytest
 import torch
 from torch_geometric.nn import TransformerConv
 
+from edgewise_oracle import edgewise_attention
 from tgattn import builders
 from tgattn.functional import BACKENDS, graph_attention
 from tgattn.nn import GraphAttentionConv
@@ -43,9 +46,15 @@ def test_inf_edge_features_give_their_query_a_non_finite_row(backend, term):
     out = graph_attention(q, k, v, ei, backend=backend, **TERMS[term](spoilt, weight))
     query = int(ei[1, BAD_EDGE])
     assert not torch.isfinite(out[query]).any(), (backend, out[query])  # (a -inf score would drop the edge)
-    ref = graph_attention(q, k, v, ei, backend="gather", **TERMS[term](features, weight))
+    ref, _ = edgewise_attention(q, k, v, ei, **_as_vectors(TERMS[term](features, weight)))
     others = torch.arange(N) != query
     torch.testing.assert_close(out[others], ref[others], rtol=1e-10, atol=1e-10)
+
+
+def _as_vectors(terms: dict) -> dict:
+    """graph_attention's ``edge_key`` / ``edge_value`` as the oracle's vectors ``[E, H, D]``."""
+    vector = {name: t if isinstance(t, torch.Tensor) else (t[0] @ t[1].T).view(-1, HEADS, D) for name, t in terms.items()}
+    return {{"edge_key": "key_term", "edge_value": "value_term"}[name]: t for name, t in vector.items()}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

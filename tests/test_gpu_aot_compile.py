@@ -39,6 +39,7 @@ def _key(row):
     return row["target"], row["kernel"], row["dtype"], int(row["head_dim"]), row["options"]
 
 
+@pytest.mark.slow  # 146 Triton compiles: 13-20 minutes on two busy cores
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_within_shared_memory_and_over_the_floor(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(

@@ -10,6 +10,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import hf_oracle  # noqa: E402  (registers "dense_oracle")
 import tgattn.hf as th  # noqa: E402
 from tgattn import builders  # noqa: E402
 from test_hf import VOCAB, llama  # noqa: E402
@@ -42,8 +43,20 @@ def test_a_builders_bad_edges_are_one_line_at_the_forward(builder, error, messag
 
 
 def test_causal_false_lets_a_builder_give_later_keys():
-    logits = _forward(lambda n: builders.window(n, 1), causal=False)
-    assert logits.shape == (2, 5, VOCAB) and bool(torch.isfinite(logits).all())
+    """The logits are the dense float64 oracle's under the window |i - j| <= 1, later keys included
+    (the causal window's differ by 0.16)."""
+    torch.manual_seed(0)
+    model, twin = llama().double(), llama().double()
+    twin.load_state_dict(model.state_dict())
+    th.use_pattern(model, lambda n: builders.window(n, 1), causal=False)
+    twin.set_attn_implementation(hf_oracle.NAME)
+    i = torch.arange(IDS.shape[1])
+    window = ((i.view(-1, 1) - i.view(1, -1)).abs() <= 1).expand(IDS.shape[0], 1, -1, -1)  # [B, 1, T, T]
+    calls = hf_oracle.CALLS[0]
+    with torch.no_grad():
+        got, expected = model(IDS).logits, twin(IDS, attention_mask=window).logits
+    assert hf_oracle.CALLS[0] == calls + 2  # the oracle ran each of the 2 layers
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("kw, error, message", [

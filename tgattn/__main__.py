@@ -20,9 +20,9 @@ VERIFY = ("Check, on this machine, that graph attention equals dense attention: 
           "(float64, 4 heads), outputs and input gradients against the dense oracle within 1e-10. Prints one line "
           "per case; exit status 1 if any case fails. Compiles the fused C++ kernel first if it is not built yet "
           "(see the build command).")
-BUILD = ("Compile tgattn's C++ kernels now, so that no later call waits for them: prints what is being built "
-         "and its progress, then the time it took. Does nothing when they are built for this source and this "
-         "torch already.")
+BUILD = ("Compile tgattn's fused C++ kernel now, so that no later float32 / float64 call waits for it (with "
+         "--half, no float16 / bfloat16 call either): prints what is being built and its progress, then the time "
+         "it took. Does nothing when it is built for this source and this torch already.")
 SHOW = ("Draw which tokens influence a token: attention, rollout and flow over the layers of random graph "
         "attention layers, a tiny GPT checkpoint (--checkpoint) or a transformers model (--hf). Writes a picture "
         "(--out) and prints the token's top influencers, or writes an interactive HTML page (--html): hover a "
@@ -35,7 +35,10 @@ def main(argv=None) -> int:
     verify = commands.add_parser("verify", allow_abbrev=False, help="check graph attention against dense attention on every builder",
                                  description=VERIFY)
     verify.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend to verify (default: auto)")
-    commands.add_parser("build", allow_abbrev=False, help="compile the fused C++ kernel now (a no-op when built)", description=BUILD)
+    build = commands.add_parser("build", allow_abbrev=False, help="compile the fused C++ kernel now (a no-op when built)",
+                                description=BUILD)
+    build.add_argument("--half", action="store_true",
+                       help="also its float16 / bfloat16 part (else compiled by the first such call)")
     show = commands.add_parser("show", allow_abbrev=False, help="draw which tokens influence a token (attention, rollout, flow)",
                                description=SHOW)
     show_arguments(show)
@@ -48,9 +51,13 @@ def main(argv=None) -> int:
 
         return verify_main(backend=args.backend)
     if args.command == "build":
-        from .engine.build import prebuild
+        from .engine.build import EXTENSIONS, FUSED, prebuild
 
-        prebuild(progress=True)
+        try:
+            prebuild(EXTENSIONS if args.half else (FUSED,), progress=True)
+        except RuntimeError as err:  # what stopped it, in one line (a compiler's errors follow on their own lines)
+            print(f"{build.prog}: error: {err}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "fidelity":
         from .analysis.fidelity_command import main as fidelity_main

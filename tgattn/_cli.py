@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -68,6 +71,8 @@ def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
             value = None
         if value is None or not ok(value):
             raise argparse.ArgumentTypeError(f"must be {rule} (got {text!r})")
+        if kind is float and not math.isfinite(value):  # inf passes a range check, then overflows in the command
+            raise argparse.ArgumentTypeError(f"must be finite (got {text!r})")
         return value
 
     return parse
@@ -76,7 +81,18 @@ def _number(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
 positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
 non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 seed_int = _number(int, "an integer in [0, 2**63)", lambda v: 0 <= v < 2**63)
-positive_float = _number(float, "a number > 0", lambda v: v > 0)  # NaN fails the comparison
+positive_float = _number(float, "a number > 0", lambda v: v > 0)  # NaN fails the comparison, inf the finiteness
+non_negative_float = _number(float, "a number >= 0", lambda v: v >= 0)
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """The argument type of an integer in ``[low, high]``.
+
+    Example:
+        >>> int_in(1, 1024)("8")
+        8
+    """
+    return _number(int, f"an integer in [{low}, {high}]", lambda v: low <= v <= high)
 
 
 def positive_ints(text: str) -> List[int]:
@@ -87,6 +103,18 @@ def positive_ints(text: str) -> List[int]:
         [256, 1024]
     """
     return [positive_int(part) for part in text.split(",")]
+
+
+def device_name(text: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``, checked before torch is imported (``torch.device`` of a typo is a traceback).
+
+    Example:
+        >>> device_name("cuda:1")
+        'cuda:1'
+    """
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N (got {text!r})")
+    return text
 
 
 def boolean(text: str) -> bool:
@@ -123,6 +151,31 @@ def runs_dir(name: str) -> Path:
 def out_help(name: str) -> str:
     """``--out``'s help text for a benchmark writing to :func:`runs_dir` ``(name)``."""
     return f"output folder (default: $TGATTN_RUNS/{name}, else ~/.cache/tgattn/runs/{name})"
+
+
+def check_writable(folder, option: str = "--out") -> None:
+    """Create ``folder`` and write a byte in it; an ``OSError`` naming ``option`` and the folder when that fails.
+
+    For commands that write their results at the end of a long run: a folder that cannot be
+    written (read-only, on a full disk, ``/dev/full``, under a file) is found before the work.
+
+    Example:
+        >>> check_writable("/dev/full")
+        Traceback (most recent call last):
+        ...
+        OSError: --out /dev/full is not a folder
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"{option} {folder} is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tgattn-write-test-") as fh:
+            fh.write(b"x")
+            fh.flush()
+            os.fsync(fh.fileno())  # a full disk may refuse only here
+    except OSError as err:
+        raise OSError(f"{option} {folder} cannot be written: {err.strerror or err}") from None
 
 
 def missing_plot_extra() -> Optional[str]:

@@ -74,8 +74,8 @@ def prepare(edge_index: Tensor, num_queries: Optional[int] = None, num_keys: Opt
         num_queries, num_keys = (given if given is not None else known for given, known in sizes.values())
         edge_index = edge_index.as_tensor()
     for name, count in (("num_queries", num_queries), ("num_keys", num_keys)):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"{name} must be a node count, an int >= 0 (got {count!r})")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+            raise ValueError(f"{name} must be a node count, an int in [0, 2**63) (got {count!r})")  # node ids are int64
     return _prepare(edge_index, num_queries, num_keys)
 
 

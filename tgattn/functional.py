@@ -67,7 +67,12 @@ def graph_attention(
     * Edges may come in any order. A duplicated edge counts once per copy: m copies of
       ``(j, i)`` weigh like one edge with ``log(m)`` added to its score (PyG's convention).
     * NaN in ``q``, ``k``, ``v`` or ``bias`` propagates to the outputs of the queries it
-      touches (and, in backward, to the keys and values of their edges only); a NaN sink is in
+      touches (and, in backward, to the keys and values of their edges only), with two
+      exceptions (docs/engine.md): on ``"tc"`` a NaN key or value in a partial tile reaches
+      that tile's other queries (``0 * nan`` in ``P V``); on a GPU, where no check runs (it
+      would make the host wait for the device), SDPA, which ``"auto"`` takes for full, causal
+      and packed sets, may spread it to every query of its head. (On the CPU, inputs holding
+      NaN or inf leave the dense, tile and fused backends for ``"csr"``.) A NaN sink is in
       every softmax of its head and makes all of that head's outputs and weights NaN; ``-inf`` in
       ``bias`` removes an edge; ``+inf`` in ``bias`` is an error (on a GPU, where the check
       would make the host wait for the device, it makes its query's output NaN). A ``+inf``

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._cli import missing_plot_extra, out_help, positive_int, run, runs_dir
+from .._cli import device_name, missing_plot_extra, out_help, positive_int, run, runs_dir
 from .peers import CPU_PEERS, GPU_PEERS, PEERS
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=runs_dir("bench"), help=out_help("bench"))
     parser.add_argument("--name", default=None, help="output file stem (default: attention, attention_quick)")
     parser.add_argument("--list", action="store_true", help="list the patterns and exit")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: GPU peers, sizes and GNN steps")
+    parser.add_argument("--device", type=device_name, default="cpu",
+                        help="cpu (default) or cuda (cuda:N): GPU peers, sizes and GNN steps")
     parser.add_argument("--no-gnn", action="store_true", help="on CUDA: skip the GNN training steps")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ import platform
 import sys
 from pathlib import Path
 
-from .._cli import out_help, runs_dir
+from .._cli import non_negative_float, out_help, runs_dir
 
 FIELDS = ("peer", "n", "window", "edges", "ms", "tensor_mb", "rss_mb", "load", "note")
 PEERS = ("tgattn", "sdpa", "eager")
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="attention implementations")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (default: 2)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the minimum is kept (default: 3)")
-    parser.add_argument("--mask-gb", type=float, default=2.0, help="skip sdpa / eager when the n x n mask exceeds this")
+    parser.add_argument("--mask-gb", type=non_negative_float, default=2.0, help="skip sdpa / eager when the n x n mask exceeds this")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=runs_dir("hf"), help=out_help("hf"))

@@ -14,7 +14,8 @@ exchange and the all-reduce never share a communicator.
 Writes ``<out>/gnn_<dataset>_<world>.json``: the test accuracy at the best validation
 accuracy, time per epoch, and per rank the nodes, halo rows and bytes exchanged; prints the
 accuracy and the file's path. The arguments are checked and the data set is loaded before any
-process starts: a bad value, or a missing data set, ends on one line (exit status 2). A rank
+process starts: a bad value, a missing data set or an ``--out`` folder that cannot be written
+ends on one line (exit status 2). A rank
 that is gone or stopped ends the job within ``--timeout`` seconds, on one line naming it
 (``train_rank on 2 ranks ended: rank 1 was killed by SIGKILL``). torch and PyG are imported
 after the arguments are parsed: ``--help`` and argument errors answer at once.
@@ -29,8 +30,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Tuple
 
-from .._cli import out_help, positive_float, positive_int, run, runs_dir, seed_int
-from .launch import PEER_TIMEOUT_S, TIMEOUT_HELP
+from .._cli import (check_writable, int_in, non_negative_float, out_help, positive_float, positive_int, run, runs_dir,
+                   seed_int)
+from .launch import MAX_RANKS, PEER_TIMEOUT_S, TIMEOUT_HELP
 
 if TYPE_CHECKING:  # torch and PyG come with the first call, not with the command line's parser
     from torch import Tensor, nn
@@ -147,12 +149,13 @@ def train_rank(rank: int, world: int, args, data) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.distributed.gnn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=positive_int, default=1, help="local processes when not under torchrun (default: 1)")
+    parser.add_argument("--nproc", type=int_in(1, MAX_RANKS), default=1,
+                        help=f"local processes when not under torchrun, at most {MAX_RANKS} (default: 1)")
     parser.add_argument("--dataset", default="Cora", help="Planetoid data set (default: Cora)")
     parser.add_argument("--partition", default="auto", help="auto, metis, louvain, bandwidth or contiguous (default: auto)")
     parser.add_argument("--epochs", type=positive_int, default=200, help="training epochs (default: 200)")
     parser.add_argument("--lr", type=positive_float, default=0.005, help="Adam learning rate (default: 0.005)")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="(default: 5e-4)")
+    parser.add_argument("--weight-decay", type=non_negative_float, default=5e-4, help="(default: 5e-4)")
     parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default: 1)")
     parser.add_argument("--timeout", type=positive_float, default=PEER_TIMEOUT_S, help=TIMEOUT_HELP)
@@ -170,6 +173,7 @@ def _load_and_launch(args) -> int:
     if args.partition not in METHODS:
         raise ValueError(f"--partition must be one of {', '.join(METHODS)} (got {args.partition!r})")
     data = load_planetoid(args.dataset, args.data)[0]  # here, so that a missing data set is one line
+    check_writable(args.out)  # before any rank starts: the file is written after training
     launch(train_rank, args.nproc, args, data, threads=args.threads, peer_timeout_s=args.timeout)
     return 0
 

@@ -8,7 +8,8 @@ across a boundary (:mod:`tgattn.distributed.context_parallel`), DDP averaging th
 Writes ``<out>/gpt_cp_<world>.csv`` (one row per step: loss, seconds, exchange seconds) and
 ``gpt_cp_<world>.json`` (per rank: tokens, halo rows, peak RSS; the final validation loss), and
 ends by printing the losses and the two paths. The arguments are checked and the corpus is
-read before any process starts: a bad value, or a missing corpus, ends on one line (exit 2).
+read before any process starts: a bad value, a missing corpus or an ``--out`` folder that
+cannot be written ends on one line (exit 2).
 A rank that is gone (killed, crashed) or stuck (stopped) ends the job within ``--timeout``
 seconds (default 60), on one line naming the rank and why (:func:`tgattn.distributed.launch.spawn`).
 The model is :class:`~tgattn.distributed.context_parallel.ContextParallelGPT`. torch is imported
@@ -23,9 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from .._cli import non_negative_int, out_help, positive_float, positive_int, run, runs_dir, seed_int
+from .._cli import (check_writable, int_in, non_negative_int, out_help, positive_float, positive_int, run, runs_dir,
+                   seed_int)
 from ..models.config import PATTERNS, GPTConfig
-from .launch import PEER_TIMEOUT_S, TIMEOUT_HELP
+from .launch import MAX_RANKS, PEER_TIMEOUT_S, TIMEOUT_HELP
 
 
 def _peak_rss_mb() -> float:
@@ -104,7 +106,8 @@ def _report(args, world: int, rows, ranks, val_loss: float) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m tgattn.distributed.gpt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=positive_int, default=1, help="local processes when not under torchrun (default: 1)")
+    parser.add_argument("--nproc", type=int_in(1, MAX_RANKS), default=1,
+                        help=f"local processes when not under torchrun, at most {MAX_RANKS} (default: 1)")
     parser.add_argument("--length", type=positive_int, default=65536, help="sequence length T (default: 65536)")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step (default: 1)")
     parser.add_argument("--pattern", default="window", choices=PATTERNS, help="GPTConfig pattern (default: window)")
@@ -133,6 +136,7 @@ def _load_and_launch(args) -> int:
     from .launch import launch
 
     text = load_tiny_shakespeare(args.data)  # here, so that a missing corpus is one line
+    check_writable(args.out)  # before any rank starts: the files are written after training
     launch(train_rank, args.nproc, args, text, threads=args.threads, peer_timeout_s=args.timeout)
     return 0
 

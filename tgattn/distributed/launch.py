@@ -6,6 +6,7 @@
 * :func:`spawn` runs ``fn(rank, world_size, *args)`` in ``world_size`` fresh local processes
   joined by a gloo group on the loopback interface (127.0.0.1, a free port) and returns each
   rank's result: for tests, benchmarks and examples without ``torchrun``.
+  At most :data:`MAX_RANKS` ranks (more than this machine's cores: a warning).
 
 No job waits forever on a peer that is gone or stuck. A rank waits at most ``timeout_s``
 (:data:`PEER_TIMEOUT_S` = 60 s unless set) for the others, to join and in each collective;
@@ -16,12 +17,14 @@ own timeouts end the job and ``torchrun`` stops the rest.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
 import socket
 import tempfile
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
@@ -34,6 +37,37 @@ POLL_S = 0.2  # how often spawn looks at its processes
 # reset by peer", "Timed out waiting ...ms for recv", each "... caused by a remote worker ..."; NCCL; torch's DistError).
 LOST_PEER = ("gloo", "NCCL", "torch.distributed.", "by peer", "remote worker", "Timed out", "Broken pipe")
 CAUSE_WAIT_S = 10.0  # how long spawn waits for the rank that made its peers fail (its exit may lag on a busy machine)
+# The most local ranks spawn starts: each is a Python process holding torch (~0.3 GB) and gloo joins every
+# pair (a rank holds a socket per peer, and the usual open-file limit is 1024). 100,000 ranks ran out of memory
+# before the watch began.
+MAX_RANKS = 1024
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_world_size(world_size, name: str = "world_size") -> None:
+    """Raise ``ValueError`` unless ``world_size`` is an integer in [1, :data:`MAX_RANKS`]; warn above :func:`cores`.
+
+    Example:
+        >>> check_world_size(True)
+        Traceback (most recent call last):
+        ...
+        ValueError: world_size must be an integer in [1, 1024] (got True)
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_RANKS}] (got {world_size!r})")
+    if world_size > cores():
+        warnings.warn(f"{world_size} local ranks on {cores()} cores: they share the cores (slower than fewer ranks)",
+                      stacklevel=3)
+
+
+def check_timeout(value, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number > 0 (``timedelta`` overflows on inf, inside a rank)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0 (got {value!r})")
 
 
 def free_port() -> int:
@@ -136,8 +170,9 @@ def init(backend: Optional[str] = None, *, timeout_s: float = PEER_TIMEOUT_S,
     import torch
     import torch.distributed as dist
 
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0 (got {timeout_s!r})")
+    check_timeout(timeout_s, "timeout_s")
+    if join_timeout_s is not None:
+        check_timeout(join_timeout_s, "join_timeout_s")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -152,8 +187,7 @@ def init(backend: Optional[str] = None, *, timeout_s: float = PEER_TIMEOUT_S,
     return dist.get_rank(), dist.get_world_size()
 
 
-def _worker(rank: int, fn: Callable, world_size: int, port: int, threads: int, timeout_s: float,
-            folder: str, args: tuple) -> None:
+def _worker(_, rank: int, fn: Callable, world_size: int, port: int, threads: int, timeout_s: float, folder: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -161,6 +195,7 @@ def _worker(rank: int, fn: Callable, world_size: int, port: int, threads: int, t
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own connections stay on loopback too
     torch.set_num_threads(threads)
+    args = torch.load(Path(folder) / "args.pt", weights_only=False)  # spawn's own file
     # Joining may wait on the others' imports (minutes on a loaded machine): spawn itself ends
     # the job when a rank dies or stops, so only collectives need the short timeout.
     init("gloo", timeout_s=timeout_s, join_timeout_s=max(timeout_s, 600.0))
@@ -232,13 +267,18 @@ def spawn(fn: Callable[..., Any], world_size: int, *args, threads: int = 1, time
 
     Args:
         fn: the per-rank function.
-        world_size: number of processes.
+        world_size: number of processes, at most :data:`MAX_RANKS` (more than the cores: a warning).
         threads: torch threads per process (default: 1).
-        timeout_s: wall-clock limit for the whole run (default: 300; ``None``: none).
+        timeout_s: wall-clock limit for the whole run, start-up included (default: 300; ``None``: none).
         peer_timeout_s: how long a rank waits for the others in a collective, and how long a
             rank may stay stopped (default: :data:`PEER_TIMEOUT_S`, 60).
 
+    The ranks start while the watch runs, so a rank that fails during start-up, or a timeout,
+    ends the job before the last rank has started.
+
     Raises:
+        ValueError: ``world_size`` is not an integer in [1, :data:`MAX_RANKS`] (a bool is not one),
+            or a timeout is not a finite number > 0.
         ChildProcessError: a rank failed, was killed or stayed stopped (the others are ended);
             the message names the rank and why, in one line.
         TimeoutError: the ranks did not finish within ``timeout_s`` (they are ended).
@@ -248,20 +288,27 @@ def spawn(fn: Callable[..., Any], world_size: int, *args, threads: int = 1, time
     import torch
     import torch.multiprocessing as mp
 
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1 (got {world_size!r})")
-    for name, value in (("timeout_s", timeout_s), ("peer_timeout_s", peer_timeout_s)):
-        if value is not None and not value > 0:
-            raise ValueError(f"{name} must be > 0 (got {value!r})")
+    check_world_size(world_size)
+    check_timeout(peer_timeout_s, "peer_timeout_s")
+    if timeout_s is not None:
+        check_timeout(timeout_s, "timeout_s")
     with tempfile.TemporaryDirectory(prefix="tgattn-spawn-") as folder:
-        worker_args = (fn, world_size, free_port(), threads, peer_timeout_s, folder, args)
-        context = mp.start_processes(_worker, args=worker_args, nprocs=world_size, join=False, start_method="spawn")
-        processes = context.processes
+        # The arguments go through a file: a start message larger than a pipe's buffer (a corpus, a graph)
+        # made each start wait for the rank before it to import torch (~5 s a rank, before any watch).
+        torch.save(args, Path(folder) / "args.pt")
+        port = free_port()
+        processes, error_files = [], []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         stopped_since = {}  # rank -> when it was first seen stopped
         first_failure = None
         try:
             while True:
+                began = time.monotonic()  # start ranks for at most POLL_S, then watch: the watch covers start-up
+                while len(processes) < world_size and time.monotonic() - began < POLL_S:
+                    worker_args = (len(processes), fn, world_size, port, threads, peer_timeout_s, folder)
+                    context = mp.start_processes(_worker, args=worker_args, nprocs=1, join=False, start_method="spawn")
+                    processes += context.processes
+                    error_files += context.error_files
                 multiprocessing.connection.wait([p.sentinel for p in processes if p.exitcode is None], timeout=POLL_S)
                 now = time.monotonic()
                 stopped_since = {r: stopped_since.get(r, now) for r, p in enumerate(processes)
@@ -273,16 +320,17 @@ def spawn(fn: Callable[..., Any], world_size: int, *args, threads: int = 1, time
                     # The cause first: a rank killed or stopped, then one that raised, then the peers that
                     # lost it (given CAUSE_WAIT_S to appear: the peers of a failing rank often end first).
                     killed = [r for r in failed if processes[r].exitcode < 0]
-                    causes = [_why(r, processes[r].exitcode, context.error_files[r]) for r in killed]
+                    causes = [_why(r, processes[r].exitcode, error_files[r]) for r in killed]
                     causes += [f"rank {r} is stopped (SIGSTOP, for {now - since:.0f} s)" for r, since in stopped_since.items()]
-                    raised = [_why(r, processes[r].exitcode, context.error_files[r]) for r in failed if r not in killed]
+                    raised = [_why(r, processes[r].exitcode, error_files[r]) for r in failed if r not in killed]
                     if causes or not all(map(_lost_peer, raised)) or now - first_failure > CAUSE_WAIT_S:
                         causes += sorted(raised, key=_lost_peer)
                         raise ChildProcessError(f"{fn.__name__} on {world_size} ranks ended: " + "; ".join(causes[:2]))
-                if all(p.exitcode == 0 for p in processes):
+                if len(processes) == world_size and all(p.exitcode == 0 for p in processes):
                     break
                 if deadline is not None and now > deadline:
-                    raise TimeoutError(f"{world_size} ranks of {fn.__name__} did not finish in {timeout_s:g} s")
+                    started = "" if len(processes) == world_size else f" ({len(processes)} started)"
+                    raise TimeoutError(f"{world_size} ranks of {fn.__name__} did not finish in {timeout_s:g} s{started}")
         finally:
             _stop_all(processes)
         return [torch.load(Path(folder) / f"{r}.pt", weights_only=False) for r in range(world_size)]

@@ -18,23 +18,25 @@ kernel releases when its owner dies however it dies; whoever holds it next remov
 stale lock file and builds. A process that waits longer than ``wait`` seconds for a live
 owner gives up with a warning, and the caller falls back.
 
-An extension of several translation units (the fused kernel: :data:`FUSED`) is compiled by
-ninja on every core, and the build says how far it is: what it builds and how long the last
+An extension of several translation units (the fused kernel: :data:`FUSED`, and its float16 /
+bfloat16 part :data:`FUSED_HALF`, built on first need) is compiled by ninja, one unit a core at
+most, the longest first, and the build says how far it is: what it builds and how long the last
 build of the extension here took (``built.json``, else the measurement the caller quotes), a
-line per unit compiled, a line at least every :data:`HEARTBEAT_S` seconds with the units in
-the compiler, and the time it took. :func:`prebuild` builds every extension of the package
-ahead of its first use (``python -m tgattn build``).
+line per unit compiled, a line at least every :data:`~tgattn.engine.build_progress.HEARTBEAT_S` seconds with the units in
+the compiler, each with the share of the compiler's work done (the units' measured CPU
+seconds), and the time it took. :func:`prebuild` builds extensions ahead of their first use
+(``python -m tgattn build``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import socket
 import sys
-import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -44,10 +46,11 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .build_progress import Progress
+
 logger = logging.getLogger(__name__)
 
 WAIT_S = 600.0  # the longest wait for another process's build of the same folder
-HEARTBEAT_S = 10.0  # the longest silence of a build with progress on
 _DONE = "built.json"
 
 Paths = Union[str, Path, Sequence[Union[str, Path]]]
@@ -113,6 +116,7 @@ def load_extension(
     wait: float = WAIT_S,
     label: str = "",
     expect: str = "",
+    cpu: Sequence[float] = (),
     progress: bool = True,
 ) -> bool:
     """Load the extension built from C++ ``sources``, compiling it first if no process has.
@@ -120,7 +124,7 @@ def load_extension(
     Args:
         name: the extension's name (the library is ``<name>_<hash>.so`` in :func:`build_dir`).
         sources: the C++ file, or the files, each a translation unit (ninja compiles them side
-            by side: ``MAX_JOBS`` at a time if set, else ninja's default for the machine's cores).
+            by side: ``MAX_JOBS`` at a time if set, else as many as the cores, never more).
         headers: the headers they include (default: none), part of the build folder's key.
         cflags, ldflags: extra compiler and linker flags (default: none).
         fallback: what the caller does without the extension, for the warning (default: "").
@@ -128,6 +132,8 @@ def load_extension(
             giving up (default: :data:`WAIT_S`).
         label, expect: what the extension is and how long its build takes, measured, for the
             notice when no build of it here recorded its time (default: its name, no time).
+        cpu: the compiler's CPU seconds per unit, measured (default: none, each unit alike): the
+            units start longest first, and the progress is their share of the total.
         progress: log the build's progress (default: True); False logs nothing but failures.
 
     Returns:
@@ -136,56 +142,70 @@ def load_extension(
 
     A build logs (``logging``, level WARNING: shown without any logging set up) one line before
     it starts, with what it builds and how long the last build of ``name`` here took, then, for
-    several units, a line per unit compiled and at least every :data:`HEARTBEAT_S` seconds one
-    with the units in the compiler, and one at the end with the time it took.
+    several units, a line per unit compiled and at least every
+    :data:`~tgattn.engine.build_progress.HEARTBEAT_S` seconds one
+    with the share of the compiler's work done and the units in the compiler, and one at the end
+    with the time it took.
     """
-    say = logger.warning if progress else (lambda *args: None)
     try:
-        units = _paths(sources)
-        folder = build_dir(name, units, headers=headers, cflags=cflags, ldflags=ldflags)
-        library = folder / f"{name}_{folder.name[-16:]}.so"
-        if _load_built(folder, library):
-            return True
-        folder.mkdir(parents=True, exist_ok=True)
-        with _exclusive(folder / "build.lock", wait):
-            if _load_built(folder, library):  # built by the process we waited for
-                return True
-            (folder / "lock").unlink(missing_ok=True)  # torch's lock file: stale, since we hold ours
-            for stale in folder.glob("*.o"):  # an interrupted build's: the progress counts fresh ones
-                stale.unlink()
-            last = _last_build(folder, name, len(units))
-            estimate = f"the last build here took {last}" if last else expect
-            say("tgattn: compiling %s for this machine (once%s%s; cached in %s)", label or name,
-                f", {estimate}" if estimate else "", f"; {_jobs(len(units))}" if len(units) > 1 else "", folder)
-            start = time.perf_counter()
-            from torch.utils import cpp_extension
-
-            with _Progress(folder, units, start, say if len(units) > 1 else None):
-                cpp_extension.load(
-                    name=library.stem,
-                    sources=[str(u) for u in units],
-                    extra_cflags=list(cflags),
-                    extra_ldflags=list(ldflags),
-                    build_directory=str(folder),
-                    is_python_module=False,
-                    verbose=False,
-                )
-            seconds = time.perf_counter() - start
-            (folder / _DONE).write_text(json.dumps({
-                "library": library.name, "seconds": round(seconds, 1), "torch": torch.__version__,
-                "units": len(units), "cores": _cores(), "max_jobs": os.environ.get("MAX_JOBS"),
-            }))
-        say("tgattn: compiled %s in %.1f s, once for this torch, CPU and source (%scached in %s)", name, seconds,
-            f"{_jobs(len(units))}; " if len(units) > 1 else "", folder)
-        return True
+        return _build_and_load(name, _paths(sources), headers=headers, cflags=cflags, ldflags=ldflags, wait=wait,
+                               label=label, expect=expect, cpu=cpu, progress=progress)
     except Exception as err:  # no compiler, no ninja, a read-only cache, a stuck build: fall back, loudly once
         warnings.warn(f"tgattn: {name} unavailable ({type(err).__name__}: {err})" + (f"; using {fallback}" if fallback else ""))
         return False
 
 
+def _build_and_load(name: str, units: List[Path], *, headers: Paths, cflags: Sequence[str], ldflags: Sequence[str],
+                    wait: float, label: str, expect: str, cpu: Sequence[float], progress: bool) -> bool:
+    """:func:`load_extension`, raising what stops it."""
+    say = logger.warning if progress else (lambda *args: None)
+    if cpu and len(cpu) != len(units):
+        raise ValueError(f"cpu={list(cpu)}: expected one measured time per unit ({len(units)})")
+    units, weights = _longest_first(units, cpu)  # ninja starts them in this order
+    folder = build_dir(name, units, headers=headers, cflags=cflags, ldflags=ldflags)
+    library = folder / f"{name}_{folder.name[-16:]}.so"
+    if _load_built(folder, library):
+        return True
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = _jobs(len(units))
+    with _exclusive(folder / "build.lock", wait):
+        if _load_built(folder, library):  # built by the process we waited for
+            return True
+        (folder / "lock").unlink(missing_ok=True)  # torch's lock file: stale, since we hold ours
+        for stale in folder.glob("*.o"):  # an interrupted build's: the progress counts fresh ones
+            stale.unlink()
+        last = _last_build(folder, name, len(units))
+        estimate = f"the last build here took {last}" if last else expect
+        say("tgattn: compiling %s for this machine (once%s%s; cached in %s)", label or name,
+            f", {estimate}" if estimate else "", f"; {_say_jobs(len(units), jobs)}" if len(units) > 1 else "", folder)
+        start = time.perf_counter()
+        from torch.utils import cpp_extension
+
+        with Progress(folder, units, start, say if len(units) > 1 else None, weights), _max_jobs(jobs):
+            cpp_extension.load(
+                name=library.stem,
+                sources=[str(u) for u in units],
+                extra_cflags=list(cflags),
+                extra_ldflags=list(ldflags),
+                build_directory=str(folder),
+                is_python_module=False,
+                verbose=False,
+            )
+        seconds = time.perf_counter() - start
+        (folder / _DONE).write_text(json.dumps({
+            "library": library.name, "seconds": round(seconds, 1), "torch": torch.__version__,
+            "units": len(units), "cores": _cores(), "max_jobs": os.environ.get("MAX_JOBS"),
+        }))
+    say("tgattn: compiled %s in %.1f s, once for this torch, CPU and source (%scached in %s)", name, seconds,
+        f"{_say_jobs(len(units), jobs)}; " if len(units) > 1 else "", folder)
+    return True
+
+
 @dataclass(frozen=True)
 class Extension:
-    """A C++ extension of the package: what :func:`load_extension` takes, less ``wait`` and ``progress``."""
+    """A C++ extension of the package: what :func:`load_extension` takes, less ``wait`` and ``progress``,
+    and the extension whose library it links against (``needs``: loaded first, its library added to the
+    link)."""
 
     name: str
     sources: Tuple[Path, ...]
@@ -195,57 +215,94 @@ class Extension:
     fallback: str = ""
     label: str = ""
     expect: str = ""
+    cpu: Tuple[float, ...] = ()
+    needs: Optional["Extension"] = None
+
+    def library(self) -> Path:
+        """Where its built library is (or will be)."""
+        folder = build_dir(self.name, _longest_first(list(self.sources), self.cpu)[0], headers=self.headers, cflags=self.cflags, ldflags=self._ldflags())
+        return folder / f"{self.name}_{folder.name[-16:]}.so"
+
+    def _ldflags(self) -> Tuple[str, ...]:
+        return self.ldflags + ((str(self.needs.library()),) if self.needs else ())
 
     def load(self, *, progress: bool = True, wait: float = WAIT_S) -> bool:
-        """:func:`load_extension` of this extension."""
-        return load_extension(self.name, self.sources, headers=self.headers, cflags=self.cflags, ldflags=self.ldflags,
-                              fallback=self.fallback, wait=wait, label=self.label, expect=self.expect,
-                              progress=progress)
+        """:func:`load_extension` of this extension (of ``needs`` first)."""
+        if self.needs and not self.needs.load(progress=progress, wait=wait):
+            return False
+        return load_extension(self.name, self.sources, headers=self.headers, cflags=self.cflags,
+                              ldflags=self._ldflags(), fallback=self.fallback, wait=wait, label=self.label,
+                              expect=self.expect, cpu=self.cpu, progress=progress)
+
+    def build(self, *, progress: bool = True, wait: float = WAIT_S) -> bool:
+        """:meth:`load`, raising what stops the build instead of warning."""
+        if self.needs:
+            self.needs.build(progress=progress, wait=wait)
+        return _build_and_load(self.name, list(self.sources), headers=self.headers, cflags=self.cflags,
+                               ldflags=self._ldflags(), wait=wait, label=self.label, expect=self.expect, cpu=self.cpu,
+                               progress=progress)
 
 
 _CSRC = Path(__file__).with_name("csrc")
+_HOST = ("ops.cpp", "graph.cpp", "maps.cpp")  # host.cpp's parts: in the key as its headers are
+_FLAGS = dict(headers=tuple(sorted([*_CSRC.glob("*.h"), *(_CSRC / f for f in _HOST)])),
+              cflags=("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"), ldflags=("-fopenmp",))
 
-# The fused kernel (tgattn.engine.native loads it): a unit per seam (csrc/ops.h), listed longest first,
-# as .ninja_log of the build measured in docs/engine.md timed them, for ninja starts them in this order
-# (then the short ones fill the cores at the end).
+# The fused kernel (tgattn.engine.native loads it): its units (csrc/ops.h), with the compiler's CPU seconds
+# each took, measured alone (docs/engine.md#building-the-fused-kernel): the longest start first, and the
+# progress is their share.
 FUSED = Extension(
     name="tgattn_fused",
-    sources=tuple(_CSRC / f for f in (
-        "backward_bfloat16.cpp", "backward_half.cpp", "backward.cpp", "forward.cpp", "maps.cpp", "ops.cpp", "graph.cpp",
-    )),
-    headers=tuple(sorted(_CSRC.glob("*.h"))),
-    cflags=("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"),
-    ldflags=("-fopenmp",),
+    sources=tuple(_CSRC / f for f in ("host.cpp", "backward.cpp", "forward.cpp")),
+    cpu=(26.8, 23.6, 8.3),
     fallback="the CSR backend",
     label="the fused C++ kernel",
-    expect="about 65 s on 2 idle cores, 113 s on one (measured, docs/engine.md)",
+    expect="about 59 s of CPU (measured, docs/engine.md)",
+    **_FLAGS,
 )
 
-EXTENSIONS = (FUSED,)  # every C++ extension of the package: what prebuild builds
+# Its float16 / bfloat16 kernels, a library that links against FUSED's, built when a float16 / bfloat16
+# call first needs them (tgattn.engine.native.half_available), or ahead with `python -m tgattn build --half`.
+FUSED_HALF = Extension(
+    name="tgattn_fused_half",
+    sources=tuple(_CSRC / f for f in ("backward_half.cpp", "backward_bfloat16.cpp", "forward_half.cpp",
+                                      "half_kernels.cpp")),
+    cpu=(32.3, 31.5, 11.0, 2.4),
+    fallback="the CSR backend",
+    label="the fused C++ kernel's float16 / bfloat16 part",
+    expect="about 77 s of CPU (measured, docs/engine.md)",
+    needs=FUSED,
+    **_FLAGS,
+)
+
+EXTENSIONS = (FUSED, FUSED_HALF)  # every C++ extension of the package
 
 
-def prebuild(*, progress: bool = True) -> float:
-    """Builds every C++ extension of the package (:data:`EXTENSIONS`) ahead of its first use, so that
-    no call waits on a compiler; a no-op, well under a second, where they are built. ``python -m
-    tgattn build`` runs it.
+def prebuild(extensions: Sequence[Extension] = (FUSED,), *, progress: bool = True) -> float:
+    """Builds C++ extensions of the package (default: the fused kernel, all that float32 / float64 calls
+    need) ahead of their first use, so that no call waits on a compiler; a no-op, well under a second,
+    where they are built. ``python -m tgattn build`` runs it (``--half``: :data:`EXTENSIONS`, all of them).
 
     Args:
+        extensions: what to build (default: :data:`FUSED`).
         progress: log each build's progress (default: True; see :func:`load_extension`).
 
     Returns:
         the wall seconds it took.
 
     Raises:
-        RuntimeError: naming the extension that could not be built (the warning says why).
+        RuntimeError: naming the extension that could not be built and why.
 
     Example:
         >>> _ = prebuild(progress=False)  # builds what is missing (once per machine, torch and source)
         >>> seconds = prebuild()  # built: only the check, nothing logged
     """
     start = time.perf_counter()
-    for ext in EXTENSIONS:
-        if not ext.load(progress=progress):
-            raise RuntimeError(f"tgattn: could not build {ext.label or ext.name} (see the warning above)")
+    for ext in extensions:
+        try:
+            ext.build(progress=progress)
+        except Exception as err:
+            raise RuntimeError(f"could not build {ext.label or ext.name}: {type(err).__name__}: {err}") from err
     return time.perf_counter() - start
 
 
@@ -254,10 +311,37 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _jobs(units: int) -> str:
-    """How many of the ``units`` the build compiles at a time."""
+def _jobs(units: int) -> int:
+    """How many of the ``units`` the build compiles at a time: ``MAX_JOBS`` if set, else one a core (ninja's own
+    default, cores + 2, started the three longest units together on 2 cores, each then taking three times as long)."""
     jobs = os.environ.get("MAX_JOBS", "")
-    return f"{units} units, {jobs} at a time (MAX_JOBS)" if jobs.isdigit() else f"{units} units on {_cores()} cores"
+    return int(jobs) if jobs.isdigit() and int(jobs) > 0 else max(1, min(units, _cores()))
+
+
+def _longest_first(units: List[Path], cpu: Sequence[float]) -> Tuple[List[Path], List[float]]:
+    """The units, and their measured CPU seconds (default: 1 each), longest first (ties: as given)."""
+    weights = list(cpu) or [1.0] * len(units)
+    order = sorted(range(len(units)), key=lambda i: -weights[i])
+    return [units[i] for i in order], [weights[i] for i in order]
+
+
+def _say_jobs(units: int, jobs: int) -> str:
+    """The notice's words for :func:`_jobs`."""
+    return f"{units} units, {jobs} at a time" + (" (MAX_JOBS)" if os.environ.get("MAX_JOBS", "").isdigit() else "")
+
+
+@contextmanager
+def _max_jobs(jobs: int) -> Iterator[None]:
+    """``MAX_JOBS=jobs`` while torch's build runs (it hands that to ninja)."""
+    before = os.environ.get("MAX_JOBS")
+    os.environ["MAX_JOBS"] = str(jobs)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["MAX_JOBS"]
+        else:
+            os.environ["MAX_JOBS"] = before
 
 
 def _last_build(folder: Path, name: str, units: int) -> str:
@@ -269,81 +353,27 @@ def _last_build(folder: Path, name: str, units: int) -> str:
             record, when = json.loads(done.read_text()), done.stat().st_mtime
         except (OSError, ValueError):
             continue
-        if record.get("units", 1) == units and "seconds" in record and (best is None or when > best[0]):
+        if _usable(record, units) and (best is None or when > best[0]):
             best = when, record
     if best is None:
         return ""
     record = best[1]
-    cores = f" on {record['cores']} cores" if "cores" in record else ""
+    cores = f" on {record['cores']} cores" if _count(record.get("cores")) else ""
     return f"{record['seconds']:.0f} s{cores}"
 
 
-class _Progress:
-    """While a build of several units runs: a line per unit whose object file appeared, and at least
-    every :data:`HEARTBEAT_S` seconds one with the units in the compiler (processes in the build folder
-    whose arguments name the unit: Linux's ``/proc``; elsewhere the units left)."""
-
-    def __init__(self, folder: Path, units: Sequence[Path], start: float, say):
-        self.folder, self.units, self.start, self.say = folder, list(units), start, say
-        self.done: List[Path] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="tgattn-build-progress", daemon=True)
-
-    def __enter__(self):
-        if self.say is not None:
-            self.thread.start()
-        return self
-
-    def __exit__(self, kind, *exc):
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join()
-            if kind is None:
-                self._scan()  # units finished since the last look
-
-    def _scan(self) -> bool:
-        """Says which units finished since the last look; whether any did."""
-        news = [u for u in self.units if u not in self.done and (self.folder / f"{u.stem}.o").exists()]
-        for unit in news:
-            self.done.append(unit)
-            self.say("tgattn: [%d/%d] compiled %s (%.0f s)", len(self.done), len(self.units), unit.name,
-                     time.perf_counter() - self.start)
-        return bool(news)
-
-    def _watch(self) -> None:
-        quiet_since = time.perf_counter()
-        while not self.stop.wait(0.5):
-            now = time.perf_counter()
-            if self._scan():
-                quiet_since = now
-            elif now - quiet_since >= HEARTBEAT_S:
-                quiet_since = now
-                left = [u for u in self.units if u not in self.done]
-                busy = _compiling(self.folder, left)
-                what = ("linking" if not left else f"compiling {', '.join(u.name for u in busy)}" if busy
-                        else f"{len(left)} left")
-                self.say("tgattn: [%d/%d] %.0f s, %s", len(self.done), len(self.units), now - self.start, what)
+def _count(value) -> bool:
+    """Whether ``value`` is a whole number >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _compiling(folder: Path, units: Sequence[Path]) -> List[Path]:
-    """Those of ``units`` that a process working in ``folder`` (ninja runs the compiler there) has
-    among its arguments: the units in the compiler now (none where there is no ``/proc``)."""
-    here, wanted = os.path.realpath(folder), {os.fsencode(u): u for u in units}
-    busy = set()
-    try:
-        entries = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    for pid in entries:
-        try:
-            if os.readlink(f"/proc/{pid}/cwd") != here:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().split(b"\0")
-        except OSError:
-            continue
-        busy.update(wanted[a] for a in args if a in wanted)
-    return [u for u in units if u in busy]
+def _usable(record, units: int) -> bool:
+    """Whether ``record`` (a ``built.json`` read back) is a finished build of ``units`` units with its time:
+    another build's record may be from an older tgattn, damaged or hand-made, and is skipped then."""
+    if not isinstance(record, dict) or record.get("units", 1) != units:
+        return False
+    seconds = record.get("seconds")
+    return isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds >= 0
 
 
 def _load_built(folder: Path, library: Path) -> bool:

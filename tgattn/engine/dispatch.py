@@ -157,6 +157,13 @@ def plan(
     return "fused" if fused_ok else "csr"
 
 
+def _fusable(q: Tensor) -> bool:
+    """Whether the fused kernel can take ``q``'s call: a CPU tensor, and for float16 / bfloat16 its half
+    library built (the first such call builds it; where that build fails the call runs on ``csr``, as a
+    failed build of the main library does)."""
+    return q.device.type == "cpu" and (q.dtype not in (torch.float16, torch.bfloat16) or fused.half_available())
+
+
 def all_finite(*tensors: Tensor) -> bool:
     """Whether the tensors hold only finite numbers (a sum each, which overflows to inf where a
     value is not finite; an overflow of finite values reads as not finite, which only costs speed).
@@ -209,7 +216,7 @@ def run(
     Returns ``(out, weights)`` with weights ``[E, H]`` in the caller's edge order, or ``None``.
     """
     dtype = q.dtype
-    fusable = q.device.type == "cpu"
+    fusable = _fusable(q)
     named = backend in ("triton", "tc")
     tritonable = backend in ("auto", "triton", "tc") and triton_backend.usable(q, named=named)
     tiles = tritonable and backend in ("auto", "tc") and edge_scale is None and triton_backend.tiles_pay(
@@ -286,7 +293,7 @@ def edge_terms_on_fused(
     :func:`plan` sends it to ``fused`` once weights are asked for (the value term needs them on every
     other backend, which keeps it off SDPA and the tiles), and with finite inputs and no NaN sink (as
     :func:`run` checks; the composition then runs on ``csr``)."""
-    if q.device.type != "cpu" or s.num_edges == 0:
+    if not _fusable(q) or s.num_edges == 0:
         return False
     chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap,
                   sinks=sinks is not None)

@@ -14,6 +14,7 @@ callers that do not prepare, never the place where correctness is decided.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable, Hashable, Optional, Tuple, Union
 
 import torch
@@ -32,7 +33,7 @@ class EdgeSet:
     reach it): :func:`prepare` keeps a copy of the edges in the given order (:attr:`edge_index`, what a
     compiled graph takes: made before, so that tracing reads it without a lock), and a set the cache
     prepares for a plain tensor rebuilds them from its sorted form when asked. Tensors it hands out
-    must not be written to.
+    must not be written to; :attr:`edge_index` sees a write and hands out the prepared edges again.
 
     Example:
         >>> from tgattn import builders
@@ -96,12 +97,36 @@ class EdgeSet:
     def edge_index(self) -> Tensor:
         """``LongTensor[2, E]`` in the order the edges were given (made once, on first use).
 
+        The set's own tensor, handed out without a copy (a copy per access cost a pass over the
+        edges on every call of a layer). Written in place, it no longer belongs to the set: its
+        version counter shows the write, and the next access warns and hands out the edges as
+        prepared, made again from the analysis, so the set never disagrees with itself. (A write
+        that bypasses the version counter, through ``.numpy()`` or ``.data``, goes unseen.)
+
         Example:
             >>> ei = torch.tensor([[1, 0, 2], [2, 2, 0]])
-            >>> torch.equal(prepare(ei, 3, 3).edge_index, ei)
+            >>> es = prepare(ei, 3, 3)
+            >>> torch.equal(es.edge_index, ei)
             True
+            >>> es.edge_index[0, 0] = 7  # not the set's edges any more
+            >>> with warnings.catch_warnings(record=True) as seen:
+            ...     warnings.simplefilter("always")
+            ...     es.edge_index.tolist()
+            [[1, 0, 2], [2, 2, 0]]
+            >>> str(seen[0].message)
+            "an EdgeSet's edge_index was written to in place: the set keeps the edges it was prepared with (prepare the new edges to attend along them)"
         """
-        return self.derived("edge_index", self._given_order)
+        edges, version = self.derived("edge_index", lambda: _stamped(self._given_order()))
+        if edges._version == version:
+            return edges
+        with self._structure.lock:
+            edges, version = self._structure.extras["edge_index"]
+            if edges._version != version:
+                warnings.warn("an EdgeSet's edge_index was written to in place: the set keeps the edges it was "
+                              "prepared with (prepare the new edges to attend along them)", stacklevel=2)
+                edges, version = _stamped(self._given_order())
+                self._structure.extras["edge_index"] = (edges, version)
+        return edges
 
     def _given_order(self) -> Tensor:
         s = self._structure
@@ -136,9 +161,30 @@ class EdgeSet:
             >>> plan = es.tile_plan(torch.bfloat16, 64)
             >>> (plan.block_m, plan.block_n), plan.tc_share, es.tile_plan(torch.bfloat16, 64) is plan
             ((64, 64), 1.0, True)
+
+        There is none for the calls ``tc`` runs wholly on its gather kernels: float32 and float64
+        inputs (``tl.dot`` in IEEE precision is no tensor-core work) and a ``group`` that is not a
+        power of two. Those, and arguments of other types, raise ``ValueError`` naming the value:
+
+            >>> es.tile_plan(torch.float64)
+            Traceback (most recent call last):
+            ...
+            ValueError: dtype torch.float64 has no tile plan: backend='tc' runs float32 and float64 inputs wholly on its gather kernels (tiles: torch.float16, torch.bfloat16)
         """
         from .triton.tc import plan_for_inputs
+        from .triton.tile_plan import TILE_DTYPES
 
+        tiles = ", ".join(map(str, TILE_DTYPES))
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be {' or '.join(map(str, TILE_DTYPES))}, the tiles' dtypes (got {dtype!r})")
+        if dtype not in TILE_DTYPES:
+            raise ValueError(f"dtype {dtype} has no tile plan: backend='tc' runs float32 and float64 inputs wholly on "
+                             f"its gather kernels (tiles: {tiles})")
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 128:
+            raise ValueError(f"head_dim must be an integer from 1 to 128 (got {head_dim!r})")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1 or group & (group - 1):
+            raise ValueError(f"group must be a power of two >= 1, the query heads a key head serves (got {group!r}): "
+                             "backend='tc' runs other groups wholly on its gather kernels")
         return plan_for_inputs(self._structure, dtype, head_dim, group)[0]
 
     def to(self, device: Union[str, torch.device]) -> "EdgeSet":
@@ -174,6 +220,11 @@ class EdgeSet:
     def __repr__(self) -> str:
         return (f"EdgeSet(num_queries={self.num_queries}, num_keys={self.num_keys}, num_edges={self.num_edges}, "
                 f"kind={self.kind!r})")
+
+
+def _stamped(edges: Tensor) -> Tuple[Tensor, int]:
+    """``edges`` with its version counter now: what :attr:`EdgeSet.edge_index` keeps, to see a write."""
+    return edges, edges._version
 
 
 def _moved(s: Structure, device: torch.device) -> Structure:
@@ -220,7 +271,7 @@ def prepare(edge_index: Tensor, num_queries: int, num_keys: int) -> EdgeSet:
     """
     made = EdgeSet(analysed(edge_index, num_queries, num_keys))  # (validated: a tensor [2, E] of integers)
     copy = edge_index.detach().to(torch.long, copy=True)
-    made.derived("edge_index", lambda: copy)
+    made.derived("edge_index", lambda: _stamped(copy))
     return made
 
 
@@ -312,7 +363,7 @@ def _prepared_own(looped: Tensor, num_nodes: int) -> EdgeSet:
     """:func:`prepare` of an edge set made here (no caller holds it): it serves as the set's
     :attr:`~EdgeSet.edge_index` as it is, without a copy."""
     made = EdgeSet(analysed(looped, num_nodes, num_nodes))
-    made.derived("edge_index", lambda: looped)
+    made.derived("edge_index", lambda: _stamped(looped))
     return made
 
 

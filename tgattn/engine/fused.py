@@ -24,7 +24,8 @@ from torch import Tensor
 
 from .analysis import Structure
 from .csr import transpose_pattern
-from .native import available, cache_info, cache_limit_from_env, dropout_keep, empty_cache, register_fake_kernels
+from .native import (available, cache_info, cache_limit_from_env, dropout_keep, empty_cache, half_available,
+                     register_fake_kernels)
 from .precision import compute_dtype
 from .recompute import gather_attention, recompute_grads
 
@@ -184,6 +185,8 @@ def fused_attention(
     """
     if not available():
         raise RuntimeError("tgattn: the fused kernel is unavailable here (see the warning of its build)")
+    if q.dtype in (torch.float16, torch.bfloat16) and not half_available():
+        raise RuntimeError(f"tgattn: the fused kernel's {q.dtype} part is unavailable here (see the warning of its build)")
     register_fake_kernels()
 
     seed = int(torch.randint(0, 2**62, (), generator=generator)) if dropout_p > 0 else 0

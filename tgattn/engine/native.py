@@ -2,7 +2,9 @@
 
 The extension (:data:`~tgattn.engine.build.FUSED`) is compiled on first use, or ahead of it by
 ``python -m tgattn build``, with :func:`torch.utils.cpp_extension.load` (its units side by
-side on every core, with progress; cached under ``~/.cache/torch_extensions``). Without a C++ compiler or
+side on every core, with progress; cached under ``~/.cache/torch_extensions``); its float16 /
+bfloat16 kernels (:data:`~tgattn.engine.build.FUSED_HALF`) when a float16 / bfloat16 call first
+needs them (:func:`half_available`), or ahead by ``python -m tgattn build --half``. Without a C++ compiler or
 ``ninja``, or with ``TGATTN_NO_FUSED=1`` in the environment, :func:`available` is false (one
 warning says why) and the engine runs the CSR backend instead: same results, slower.
 
@@ -28,10 +30,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .build import FUSED
+from .build import FUSED, FUSED_HALF
 from .precision import compute_dtype
 
-_state = {"tried": False, "ok": False, "fakes": False}
+_state = {"tried": False, "ok": False, "fakes": False, "half": None}
 
 
 def available() -> bool:
@@ -52,6 +54,20 @@ def available() -> bool:
         if _state["ok"] and limit is not None:
             torch.ops.tgattn_fused.cache_limit(limit)
     return _state["ok"]
+
+
+def half_available() -> bool:
+    """Whether the fused kernel's float16 / bfloat16 part is compiled and loaded: a library of its own
+    (:data:`~tgattn.engine.build.FUSED_HALF`), which the first float16 / bfloat16 call compiles, so that a
+    float32 user's first build leaves it out (its units were half the kernel's compile time).
+
+    Example:
+        >>> half_available() == available()  # where the kernel builds, its half part does too
+        True
+    """
+    if _state["half"] is None:
+        _state["half"] = available() and FUSED_HALF.load()
+    return _state["half"]
 
 
 def cache_limit_from_env(raw: Optional[str]) -> Optional[int]:

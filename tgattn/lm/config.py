@@ -1,6 +1,7 @@
 """Training settings of the character GPT, importable without torch (the command line reads them)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 SEED_LIMIT = 2**63  # seeds are in [0, SEED_LIMIT)
@@ -40,8 +41,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= {minimum} (got {getattr(self, name)!r})")
         if self.seed >= SEED_LIMIT:
             raise ValueError(f"seed must be < 2**63 (got {self.seed})")
-        for name, ok, rule in (("lr", self.lr > 0, "> 0"), ("min_lr", self.min_lr >= 0, ">= 0"),
-                               ("weight_decay", self.weight_decay >= 0, ">= 0"),
-                               ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"), ("grad_clip", self.grad_clip >= 0, ">= 0")):
-            if not ok:  # NaN fails every comparison
+        for name, ok, rule in (("lr", 0 < self.lr < math.inf, "> 0 and finite"),
+                               ("min_lr", 0 <= self.min_lr < math.inf, ">= 0 and finite"),
+                               ("weight_decay", 0 <= self.weight_decay < math.inf, ">= 0 and finite"),
+                               ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
+                               ("grad_clip", 0 <= self.grad_clip < math.inf, ">= 0 and finite")):
+            if not ok:  # NaN fails every comparison; an infinite lr made every weight NaN at the first step
                 raise ValueError(f"{name} must be {rule} (got {getattr(self, name)!r})")

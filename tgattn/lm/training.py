@@ -48,8 +48,9 @@ def check_training_state(state: dict, checkpoint, optimizer: torch.optim.Optimiz
     Checked as the model's tensors are (:func:`tgattn.lm.checkpoint_config`): the random states
     (``rng``: the batch sampler's and torch's) are byte tensors of the generator's state size,
     ``best_val`` is a number, and the optimizer state has this optimizer's parameter groups,
-    with each moment shaped as its parameter. Otherwise ``load_state_dict`` and
-    ``set_rng_state`` raised tracebacks, or wrong moments loaded and failed at the first step.
+    with each moment shaped as its parameter; then the values (:func:`_check_values`). Otherwise
+    ``load_state_dict`` and ``set_rng_state`` raised tracebacks, or wrong moments loaded and failed
+    at the first step.
     """
     where = f"checkpoint {checkpoint} cannot be resumed"
     size = torch.get_rng_state().shape
@@ -78,6 +79,43 @@ def check_training_state(state: dict, checkpoint, optimizer: torch.optim.Optimiz
             if name != "step" and (not isinstance(value, Tensor) or value.shape != params[index].shape):
                 raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} is {_kind(value)}, "
                                       f"the parameter is {list(params[index].shape)}")
+    _check_values(state, where)
+
+
+def _check_values(state: dict, where: str) -> None:
+    """Refuse the values that poison the first step although every shape fits.
+
+    Adam divides by ``sqrt(exp_avg_sq) + eps`` and scales by ``1 - beta ** step``: a NaN or inf
+    moment, a negative second moment (its square root is NaN), a non-finite or negative step
+    count, a non-finite hyper-parameter or weight made every weight NaN at the first step, and
+    the run then overwrote its checkpoint with them.
+    """
+    best = state["best_val"]
+    if not best >= 0:  # inf is the value before the first validation; NaN fails the comparison
+        raise CheckpointError(f"{where}: its best_val is {best!r}, not a loss >= 0")
+    bad = [name for name, t in state["model"].items() if not torch.isfinite(t).all()]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"{where}: its weights {bad[0]!r} hold NaN or inf{more}")
+    for index, moments in state["optimizer"]["state"].items():
+        for name, value in moments.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # a step count saved as a number
+                value = torch.as_tensor(value)
+            real = isinstance(value, Tensor) and (value.is_floating_point() or name == "step" and not value.is_complex())
+            if not real:
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} is {_kind(value)}, "
+                                      "not real numbers")
+            if not torch.isfinite(value).all():
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} holds NaN or inf")
+            if name in ("step", "exp_avg_sq", "max_exp_avg_sq") and (value < 0).any():
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter {index} holds a negative value "
+                                      f"({float(value.min()):g})")
+    for number, group in enumerate(state["optimizer"]["param_groups"]):
+        for name, value in group.items():
+            values = value if isinstance(value, (list, tuple)) and name != "params" else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                raise CheckpointError(f"{where}: its optimizer's {name} of parameter group {number} is {value!r}, "
+                                      "not finite")
 
 
 def _kind(value) -> str:
@@ -156,7 +194,9 @@ def train(
             checkpoint is past ``cfg.max_iters`` (resuming never takes a run back).
         CheckpointError: when resuming from a damaged checkpoint, one whose config does not
             match its weights, or one without training state or with a training state of other
-            shapes (:func:`check_training_state`).
+            shapes or of non-finite values (:func:`check_training_state`).
+        ValueError: when training diverges (a non-finite loss, or non-finite weights when a
+            checkpoint is due): the last checkpoint is kept, never replaced by NaN weights.
     """
     torch.manual_seed(cfg.seed)
     batches = torch.Generator().manual_seed(cfg.seed)
@@ -199,6 +239,13 @@ def train(
             "train_config": asdict(cfg),
         }
 
+    def save(it: int) -> None:
+        bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:  # a good checkpoint is never replaced by a diverged model
+            raise ValueError(f"training diverged: weights {bad[0]!r} hold NaN or inf at iteration {it}; "
+                             f"checkpoint {checkpoint} is kept as it was")
+        save_checkpoint(checkpoint, snapshot(it))
+
     def validate(it: int) -> None:
         nonlocal best_val
         kw = dict(batch_size=cfg.batch_size, iters=cfg.eval_iters, seed=cfg.seed + 1)
@@ -219,7 +266,7 @@ def train(
         if it % cfg.eval_interval == 0 and it > start:
             validate(it)
         if checkpoint is not None and it % cfg.checkpoint_interval == 0 and it > start:
-            save_checkpoint(checkpoint, snapshot(it))
+            save(it)
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(it, cfg)
@@ -236,6 +283,9 @@ def train(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - t0
+        if not math.isfinite(loss.item()):  # every later step and checkpoint would hold NaN: stop now
+            kept = f"; checkpoint {checkpoint} is kept as it was" if checkpoint is not None else ""
+            raise ValueError(f"training diverged: the loss is {loss.item()} at iteration {it}{kept}")
         history["steps"].append({"iter": it, "loss": loss.item(), "lr": lr_at(it, cfg), "seconds": seconds})
         if bar is not None:
             bar.update(1)
@@ -247,5 +297,5 @@ def train(
     if start < cfg.max_iters or not history["evals"]:
         validate(cfg.max_iters)
     if checkpoint is not None and (state is None or start < cfg.max_iters):  # resumed with no step to take: left as it was
-        save_checkpoint(checkpoint, snapshot(cfg.max_iters))
+        save(cfg.max_iters)
     return history

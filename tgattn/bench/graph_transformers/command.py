@@ -31,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..._cli import out_help, run, runs_dir
+from ..._cli import out_help, positive_float, run, runs_dir
 from ..choices import MOLECULE_SETS, NODE_SETS
 from .tables import read_scaling, write_tables
 from ..report import read_rows, write_csv
@@ -57,9 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="start the seeds here: seed-start..seed-start+seeds-1 (to spread seeds over processes)")
     parser.add_argument("--datasets", nargs="+", default=[*MOLECULE_SETS, *NODE_SETS],
                         help=f"any of {', '.join(MOLECULE_SETS + NODE_SETS)}")
-    parser.add_argument("--limit-mb", type=float, default=6000.0,
+    parser.add_argument("--limit-mb", type=positive_float, default=6000.0,
                         help="address-space cap of each scaling point above its size after imports (default: 6000)")
-    parser.add_argument("--budget-s", type=float, default=60.0,
+    parser.add_argument("--budget-s", type=positive_float, default=60.0,
                         help="scaling: skip a point predicted to take longer per step (default: 60)")
     parser.add_argument("--data-root", default=None, help="folder holding planetoid/<Name>/raw (default: $TGATTN_DATA)")
     parser.add_argument("--out", default=runs_dir("graph_transformers"), help=out_help("graph_transformers"))

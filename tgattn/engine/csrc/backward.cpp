@@ -1,5 +1,5 @@
 // The backward kernels for float and double inputs (float16 and bfloat16, with their query pass, take a
-// unit each: backward_half.cpp, backward_bfloat16.cpp; see ops.h).
+// unit each in the half library: backward_half.cpp, backward_bfloat16.cpp; see ops.h).
 #include "backward.h"
 
 namespace tgattn_fused {

@@ -1,5 +1,5 @@
-// The backward kernels for float16 inputs, a unit of its own: the largest (key passes with and without the
-// query pass, for int32 and int64 indices; see ops.h).
+// The backward kernels for float16 inputs, a unit of the half library (built on first need; see ops.h): the largest
+// (key passes with and without the query pass, for int32 and int64 indices).
 #include "backward.h"
 
 namespace tgattn_fused {

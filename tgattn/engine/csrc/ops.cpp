@@ -20,9 +20,10 @@
 // reads cheaper.
 //
 // This unit checks the ops' inputs, allocates their outputs and registers them; the kernels are compiled
-// in units of their own (forward.cpp; backward.cpp for float and double, backward_half.cpp and
-// backward_bfloat16.cpp, the largest; through forward.h and backward.h), the other ops in graph.cpp and
-// maps.cpp, so that ninja compiles them on every core (ops.h says what they share).
+// in units of their own (forward.cpp and backward.cpp for float and double; forward_half.cpp,
+// backward_half.cpp and backward_bfloat16.cpp, the largest, in a library of their own built on first need;
+// through forward.h and backward.h), the other ops in graph.cpp and maps.cpp, so that ninja compiles them on
+// every core (ops.h says what they share).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -41,6 +42,23 @@
 #include "rows.h"
 
 namespace tgattn_fused {
+
+namespace {
+HalfKernels half_table[2];  // float16, bfloat16: filled as the half library loads
+int half_slot(at::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, "tgattn fused: no kernels for ", dtype);
+  return dtype == at::kBFloat16;
+}
+}  // namespace
+
+void set_half_kernels(at::ScalarType dtype, const HalfKernels& kernels) { half_table[half_slot(dtype)] = kernels; }
+
+const HalfKernels& half_kernels(at::ScalarType dtype) {
+  const HalfKernels& kernels = half_table[half_slot(dtype)];
+  TORCH_CHECK(kernels.forward != nullptr, "tgattn fused: the ", dtype, " kernels are not loaded ",
+              "(tgattn.engine.native.half_available() builds and loads them)");
+  return kernels;
+}
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(rows_ok(q) && rows_ok(k) && rows_ok(v),
@@ -181,8 +199,11 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t* cp = col.data_ptr<int64_t>();
   const ForwardCall call{q, k, v, b, sk, qe, feat, out, lse, w, sums, ptr, cp, fperm, H, n_q, n_k, dk, dv, E, F,
                          scale, dropout_p, softcap, seed, weights, edge_sums};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_forward",
-                                  [&] { forward_heads<scalar_t>(call); });
+  switch (q.scalar_type()) {  // float16 / bfloat16: the half library's kernels (ops.h)
+    case at::kFloat: forward_heads<float>(call); break;
+    case at::kDouble: forward_heads<double>(call); break;
+    default: half_kernels(q.scalar_type()).forward(call);
+  }
   if (edge_sums) return {out, lse, w, sums};
   return {out, lse, w};
 }
@@ -343,8 +364,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const BackwardCall call{go, o, q, k, v, lse, w, gw, b, sk, qe, feat, esums, gsum, row_t, perm, cv,
                           dq, dkt, dvt, ds, as, pw, delta, ad, extra, sums, ptr, tptr, fperm, bounds, direct,
                           H, n_q, n_k, dk, dv, E, F, scale, dropout_p, softcap, seed, grad_bias, edge, query_pass, fuse_q};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_backward",
-                                  [&] { backward_heads<scalar_t>(call); });
+  switch (q.scalar_type()) {
+    case at::kFloat: backward_heads<float>(call); break;
+    case at::kDouble: backward_heads<double>(call); break;
+    default: half_kernels(q.scalar_type()).backward(call);
+  }
   if (extra.defined()) dq.add_(extra.sum(0));
   if (sums.defined())  // in the float32 path's order: block 0 plus the sum of the others
     dq.copy_(blocks > 1 ? sums[0].add_(sums.slice(0, 1).sum(0)) : sums[0]);
@@ -355,8 +379,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     at::Tensor de = cache.empty({E, F}, ct);
     // Each edge's position in the key pass (the inverse of perm_t), where as and pw are read.
     at::Tensor pos_of = cache.empty({E}, perm);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tgattn_fused_edge_grads",
-                                    [&] { backward_edge_grads<scalar_t>(call, dqe, de, pos_of); });
+    switch (q.scalar_type()) {
+      case at::kFloat: backward_edge_grads<float>(call, dqe, de, pos_of); break;
+      case at::kDouble: backward_edge_grads<double>(call, dqe, de, pos_of); break;
+      default: half_kernels(q.scalar_type()).edge_grads(call, dqe, de, pos_of);
+    }
     grads.push_back(dqe), grads.push_back(de);
   }
   return grads;

@@ -1,7 +1,7 @@
 // What the translation units of the fused extension share: the CSR pointer, the input checks, the
 // per-dtype kernels' arguments (ForwardCall, BackwardCall: forward() and backward() in ops.cpp check
-// their inputs and allocate; forward.cpp, backward.cpp, backward_half.cpp and backward_bfloat16.cpp run
-// the kernels), and the other ops that ops.cpp registers.
+// their inputs and allocate; forward.cpp, backward.cpp and, in the half library below, forward_half.cpp,
+// backward_half.cpp and backward_bfloat16.cpp run the kernels), and the other ops that ops.cpp registers.
 //
 // The kernels were one file, fused.cpp, a single translation unit that one core compiled while the
 // others idled; split, ninja compiles the units side by side. Each unit keeps its own copy of the
@@ -50,7 +50,7 @@ struct ForwardCall {
 };
 
 // Runs the forward's kernels on every head for inputs of dtype S (float, double, c10::Half,
-// c10::BFloat16): forward.h, instantiated in forward.cpp.
+// c10::BFloat16): forward.h, instantiated in forward.cpp (float, double) and forward_half.cpp.
 template <typename S>
 void forward_heads(const ForwardCall& c);
 
@@ -75,6 +75,20 @@ template <typename S>
 void backward_heads(const BackwardCall& c);
 template <typename S>
 void backward_edge_grads(const BackwardCall& c, const at::Tensor& dqe, const at::Tensor& de, const at::Tensor& pos_of);
+
+// The float16 / bfloat16 kernels are a library of their own, tgattn_fused_half (forward_half.cpp,
+// backward_half.cpp, backward_bfloat16.cpp, half_kernels.cpp), which tgattn/engine/build.py compiles when a
+// float16 / bfloat16 call first needs it: they were 64 s of the kernel's 134 s of compiler CPU, and most
+// calls are float32. Loading that library fills this table through set_half_kernels (it links against this
+// one); forward() and backward() in ops.cpp run float and double here, float16 and bfloat16 through the table.
+struct HalfKernels {
+  void (*forward)(const ForwardCall&);
+  void (*backward)(const BackwardCall&);
+  void (*edge_grads)(const BackwardCall&, const at::Tensor&, const at::Tensor&, const at::Tensor&);
+};
+void set_half_kernels(at::ScalarType dtype, const HalfKernels& kernels);
+// The table's kernels for dtype (float16 or bfloat16); a clear error while their library is not loaded.
+const HalfKernels& half_kernels(at::ScalarType dtype);
 
 // Sorting and transposing edges, self-loops, the benchmark's floor, dropout masks (graph.cpp).
 std::vector<at::Tensor> transpose_rows(const at::Tensor& rowptr, const at::Tensor& col, int64_t n_k, bool with_perm,
