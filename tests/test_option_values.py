@@ -71,8 +71,8 @@ def test_tile_plan_takes_every_power_of_two_group(window_set):
 
 
 @pytest.mark.parametrize("module, argv, message", [
-    ("graph_transformers", ["--limit-mb", "inf"], "argument --limit-mb: must be finite (got 'inf')"),
-    ("graph_transformers", ["--budget-s", "nan"], "argument --budget-s: must be a number > 0 (got 'nan')"),
+    ("graph_transformers.command", ["--limit-mb", "inf"], "argument --limit-mb: must be finite (got 'inf')"),
+    ("graph_transformers.command", ["--budget-s", "nan"], "argument --budget-s: must be a number > 0 (got 'nan')"),
     ("hf", ["--mask-gb", "inf"], "argument --mask-gb: must be finite (got 'inf')"),
     ("hf", ["--mask-gb=-1"], "argument --mask-gb: must be a number >= 0 (got '-1')"),
 ])
@@ -80,6 +80,7 @@ def test_the_benchmarks_float_options_are_finite(cli, module, argv, message):
     """Before: plain ``float`` took inf and nan (and a negative mask budget)."""
     import importlib
 
-    bench = importlib.import_module(f"tgattn.bench.{module}")
+    bench = importlib.import_module(f"tgattn.bench.{module}")  # a benchmark with parts: its command module
     status, err = cli(bench.main, argv)
-    assert status == 2 and one_line_error(err, f"python -m tgattn.bench.{module}") == message
+    prog = f"python -m tgattn.bench.{module.removesuffix('.command')}"
+    assert status == 2 and one_line_error(err, prog) == message
