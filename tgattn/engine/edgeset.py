@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from . import native
-from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp
+from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp, on_host
+from .device_analysis import analyse_on_device
 from .validate import check_edge_index, check_ranges
 
 
@@ -182,12 +183,16 @@ def _moved(s: Structure, device: torch.device) -> Structure:
 def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
     """The :class:`~tgattn.engine.analysis.Structure` of a never-seen ``edge_index``, validated: the one
     place edges are checked. The extension's counting sort checks every node id in its first pass, so
-    the ranges are checked by a pass of their own only where it does not run.
+    the ranges are checked by a pass of their own only where it does not run; on a device (CUDA) the
+    analysis checks them too, and reads back once (:func:`~tgattn.engine.device_analysis.analyse_on_device`).
 
     Raises:
         TypeError, ValueError: naming the bad type, shape, dtype or node id.
     """
     checked = check_edge_index(edge_index, num_keys, num_queries, ranges=False)
+    if not on_host(checked):  # a GPU: the ids checked within the analysis's one read back
+        with torch.no_grad():
+            return analyse_on_device(checked, num_queries, num_keys)
     by_extension = counting_sort(checked, num_queries, num_keys)
     if not by_extension:
         check_ranges(checked, num_keys, num_queries)

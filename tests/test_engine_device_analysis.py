@@ -1,0 +1,80 @@
+"""The device analysis of a new edge set equals the host analysis, and reads back once.
+
+The oracle is :func:`tgattn.engine.analysis.analyse` (the host analysis, itself tested against the
+builders' arithmetic twins); the device analysis runs here on CPU tensors, which it treats as a
+GPU's (it never asks where they are).
+"""
+import pytest
+import torch
+
+from tgattn import builders
+from tgattn.engine.analysis import analyse, row_spans
+from tgattn.engine.device_analysis import analyse_on_device
+
+
+def _shuffled(ei, seed=0):
+    return ei[:, torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(seed))]
+
+
+def _random(n_q, n_k, p, seed):
+    mask = torch.rand(n_q, n_k, generator=torch.Generator().manual_seed(seed)) < p
+    return builders.from_mask(mask)
+
+
+CASES = {
+    "window": (builders.window(12, 2), 12, 12),
+    "window_shuffled": (_shuffled(builders.window(12, 2)), 12, 12),
+    "causal": (builders.causal(9), 9, 9),
+    "full": (_shuffled(builders.full(5), 1), 5, 5),
+    "packed_full": (builders.full([3, 1, 4]), 8, 8),
+    "packed_causal": (_shuffled(builders.causal([2, 5, 1]), 2), 8, 8),
+    "packed_unequal_window": (builders.window([4, 6], 1), 10, 10),  # intervals, not packed
+    "causal_with_a_gap": (builders.causal(6)[:, 1:], 6, 6),  # row 0 empty
+    "random": (_random(10, 7, 0.4, 1), 10, 7),
+    "random_shuffled": (_shuffled(_random(10, 10, 0.3, 2), 3), 10, 10),
+    "duplicates": (_shuffled(torch.cat([builders.window(8, 1), builders.window(8, 1)[:, :3]], 1), 4), 8, 8),
+    "few_edges_many_nodes": (torch.tensor([[90, 3, 50], [7, 7, 0]]), 100, 120),
+    "one_edge": (torch.tensor([[2], [0]]), 1, 3),
+    "empty": (torch.zeros(2, 0, dtype=torch.long), 4, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_device_analysis_equals_the_host_analysis(name):
+    ei, n_q, n_k = CASES[name]
+    host, device = analyse(ei, n_q, n_k), analyse_on_device(ei, n_q, n_k)
+    for field in ("n_q", "n_k", "num_edges", "duplicates", "kind", "lengths", "intervals"):
+        assert getattr(device, field) == getattr(host, field), field
+    assert (device.perm is None) == (host.perm is None)
+    if host.perm is not None:
+        assert torch.equal(device.perm, host.perm)
+    for field in ("src", "dst", "rowptr"):
+        assert torch.equal(getattr(device, field).long(), getattr(host, field).long()), field
+    assert device.rowptr.dtype == host.rowptr.dtype
+    if ei.shape[1]:
+        assert device.extras["row_spans"] == row_spans(host)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.tensor([[0, -1], [1, 1]]), "negative node id -1"),
+    (torch.tensor([[0, 4], [1, 1]]), "key/source node 4, but there are 4 key nodes"),
+    (torch.tensor([[0, 1], [3, 1]]), "query/target node 3, but there are 3 query nodes"),
+])
+def test_device_analysis_names_a_node_out_of_range(bad, message):
+    with pytest.raises(ValueError, match=message):
+        analyse_on_device(bad, 3, 4)
+
+
+def test_device_analysis_reads_back_once_and_twice_for_packed_sets(monkeypatch):
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.numel()) or original(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: pytest.fail("a read of its own"))
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: pytest.fail("a read of its own"))
+    for ei, n in ((_shuffled(builders.window(12, 2)), 12), (_random(10, 10, 0.3, 2), 10), (builders.causal(9), 9)):
+        reads.clear()
+        analyse_on_device(ei, n, n)
+        assert len(reads) == 1
+    reads.clear()
+    assert analyse_on_device(builders.full([3, 1, 4]), 8, 8).lengths == (3, 1, 4)
+    assert len(reads) == 2
