@@ -11,20 +11,19 @@ a second time, for its sequence lengths.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
+import numpy
 import torch
 from torch import Tensor
 
 from .analysis import Structure, row_pointer
 from .validate import check_ranges
 
-_FAR = 2**62  # beyond any j - i: the neutral value of the min / max over the rows' ends
-
-
 def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     """:func:`~tgattn.engine.analysis.analyse` of a ``LongTensor[2, E]`` (type and shape checked) that
-    also checks the node ids, with one host read (two for a packed set).
+    also checks the node ids, with one host read (two for a set whose keys form one range per row,
+    every row with edges: the packed kinds' test).
 
     Raises:
         ValueError: naming a node id outside ``[0, n_k) x [0, n_q)``.
@@ -39,35 +38,28 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     src, dst = edge_index[0], edge_index[1]  # [E] keys j, queries i
     if E == 0:
         return Structure(n_q, n_k, 0, None, src.clone(), dst.clone(), row_pointer(dst, n_q), False)
-    key = dst * max(n_k, 1) + src  # [E] the (target, source) order
-    perm = torch.argsort(key, stable=True)  # [E]
-    s_src, s_dst, s_key = src[perm], dst[perm], key[perm]
-    # clamped: out-of-range ids are reported after the read, and must not fault before it
-    rowptr = row_pointer(s_dst.clamp(0, max(n_q - 1, 0)), n_q)
-    first = torch.ones(E, dtype=torch.bool, device=src.device)  # [E] the first edge of its row
-    first[1:] = s_dst[1:] != s_dst[:-1]
-    last = torch.ones_like(first)  # [E] the last edge of its row
-    last[:-1] = first[1:]
-    offset = s_src - s_dst  # [E] j - i
-    stats = [
-        edge_index.min(), src.max(), dst.max(),
-        (key[1:] < key[:-1]).any(), (s_key[1:] == s_key[:-1]).any(),
-        first.sum(),  # rows with edges
-        torch.where(first, offset, _FAR).min(), torch.where(last, offset, -_FAR).max(), rowptr.diff().max(),
-        (s_src * last).sum() - (s_src * first).sum(),  # sum of the rows' spans (last - first key)
-        (s_src <= s_dst).all(),
+    s_key, perm = torch.sort(dst * max(n_k, 1) + src, stable=True)  # [E] the (target, source) order
+    s_src, s_dst = src[perm], dst[perm]
+    # searchsorted, not a count: ids out of range are reported after the read, and must not fault before it
+    bounds = torch.arange(n_q + 1, device=src.device)
+    rowptr = torch.searchsorted(s_dst, bounds, out_int32=E < 2**31)  # [n_q + 1] as row_pointer makes it
+    same_row = s_dst[1:] == s_dst[:-1]  # [E - 1] an edge and the next share their query
+    offset = s_src - s_dst  # [E] j - i; a row's first edge has its least, its last edge its largest
+    counts = [  # each a number of edges that break a rule: zero when the rule holds
+        (s_key[:-1] != s_key[1:]).logical_not_().sum(),  # repeated edges
+        same_row.logical_not().sum(),  # rows with edges, less one
+        ((s_src[1:] - s_src[:-1] != 1) & same_row).sum(),  # gaps inside rows (keys not one range)
+        (s_src > s_dst).sum(),  # keys after their query (not causal)
+        (dst[1:] * max(n_k, 1) + src[1:] < dst[:-1] * max(n_k, 1) + src[:-1]).sum(),  # out of order as given
     ]
-    packed = _packed_flags(s_src, rowptr, n_q) if n_q == n_k and E >= n_q else None
-    if packed is not None:
-        stats += packed[:3]
-    values = torch.stack([t.long() for t in stats]).tolist()  # the one read
-    lo, src_max, dst_max, unsorted, duplicates, rows, span_lo, span_hi, deg_max, spans, causal_ok = values[:11]
+    high = edge_index.amax(1)  # [2] the largest key and query
+    stats = torch.stack([edge_index.amin(), high[0], high[1], offset.min(), offset.max(), rowptr.diff().max(), *counts])
+    lo, src_max, dst_max, span_lo, span_hi, deg_max, duplicates, rows, gaps, after, unsorted = stats.tolist()  # the read
     if lo < 0 or src_max >= n_k or dst_max >= n_q:
         check_ranges(edge_index, n_k, n_q)  # raises, naming the node
-    if not unsorted:  # copies of the caller's edges already, in their order
-        perm = None
-    s = Structure(n_q, n_k, E, perm, s_src, s_dst, rowptr, bool(duplicates))
-    whole = not duplicates and spans + rows == E
+    rows += 1
+    s = Structure(n_q, n_k, E, perm if unsorted else None, s_src, s_dst, rowptr, duplicates > 0)
+    whole = not duplicates and not gaps
     s.extras["row_spans"] = (span_lo, span_hi, deg_max, whole)
     if duplicates:
         return s
@@ -75,27 +67,28 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     if E == n_q * n_k:
         s.kind, s.intervals = "full", True
     elif whole and n_q == n_k and rows == n_q:
-        if E == n_q * (n_q + 1) // 2 and causal_ok:
+        if E == n_q * (n_q + 1) // 2 and not after:
             s.kind = "causal"
-        elif packed is not None and values[11] and (values[12] or values[13]):
-            starts = packed[3].nonzero().flatten()  # [B] the second read: the sequences' first rows
-            s.kind = "packed_full" if values[12] else "packed_causal"
-            s.lengths = tuple(torch.diff(starts, append=starts.new_tensor([n_q])).tolist())
+        else:
+            s.kind, s.lengths = _packed(s_src, rowptr, n_q)
     return s
 
 
-def _packed_flags(s_src: Tensor, rowptr: Tensor, n: int) -> Optional[list]:
-    """``[segments, full, causal, starts]`` of a set of ``n`` queries over ``n`` keys read as
-    sequences: a sequence starts at a row whose first key is itself; ``segments`` (0-dim) holds when
-    row 0 starts one and every row's first key is its sequence's first row, ``full`` when every row's
-    last key is its sequence's last row, ``causal`` when it is the row itself; ``starts [n]`` marks the
-    first rows. Meaningful where every row has edges and keys form one range (the caller checks)."""
-    E = s_src.numel()
+def _packed(s_src: Tensor, rowptr: Tensor, n: int) -> Tuple[str, Optional[Tuple[int, ...]]]:
+    """``(kind, lengths)`` of a set of ``n`` queries over ``n`` keys, every row with edges and its keys one
+    range: ``packed_full`` or ``packed_causal`` with the sequence lengths, else ``("general", None)``. A
+    sequence starts at a row whose first key is itself; the set is packed when row 0 starts one, every
+    row's first key is its sequence's first row and every row's last key its sequence's last row (full)
+    or the row itself (causal). One read: the three tests and the starts."""
     rows = torch.arange(n, device=s_src.device)
-    first = s_src[rowptr[:-1].long().clamp(max=E - 1)]  # [n] each row's first key
-    last = s_src[(rowptr[1:].long() - 1).clamp(min=0)]  # [n] each row's last key
+    first, last = s_src[rowptr[:-1].long()], s_src[rowptr[1:].long() - 1]  # [n] each row's first and last key
     starts = first == rows  # [n]
     own = torch.cummax(torch.where(starts, rows, -1), 0).values  # [n] the first row of each row's sequence
-    after = torch.where(starts, rows, n).flip(0).cummin(0).values.flip(0)  # [n] the next start at or after a row
-    ends = torch.cat([after[1:], after.new_tensor([n])])  # [n] exclusive end of each row's sequence
-    return [starts[0] & (first == own).all(), (last == ends - 1).all(), (last == rows).all(), starts]
+    ends = torch.where(starts, rows, n).flip(0).cummin(0).values.flip(0).roll(-1)  # [n] the next start after a row
+    ends[-1] = n  # (a fill, not a copy from the host)
+    broken = torch.stack([(first != own).sum(), (last != ends - 1).sum(), (last != rows).sum()])
+    read = torch.cat([broken, starts.long()]).cpu().numpy()  # the second read
+    if read[0] or not read[3] or (read[1] and read[2]):
+        return "general", None
+    lengths = numpy.diff(numpy.append(numpy.flatnonzero(read[3:]), n))
+    return ("packed_full" if not read[1] else "packed_causal"), tuple(lengths.tolist())
