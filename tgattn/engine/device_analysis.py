@@ -38,28 +38,31 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     src, dst = edge_index[0], edge_index[1]  # [E] keys j, queries i
     if E == 0:
         return Structure(n_q, n_k, 0, None, src.clone(), dst.clone(), row_pointer(dst, n_q), False)
-    s_key, perm = torch.sort(dst * max(n_k, 1) + src, stable=True)  # [E] the (target, source) order
+    key = dst * max(n_k, 1) + src  # [E] the (target, source) order
+    s_key, perm = torch.sort(key, stable=True)
     s_src, s_dst = src[perm], dst[perm]
     # searchsorted, not a count: ids out of range are reported after the read, and must not fault before it
     bounds = torch.arange(n_q + 1, device=src.device)
     rowptr = torch.searchsorted(s_dst, bounds, out_int32=E < 2**31)  # [n_q + 1] as row_pointer makes it
     same_row = s_dst[1:] == s_dst[:-1]  # [E - 1] an edge and the next share their query
-    offset = s_src - s_dst  # [E] j - i; a row's first edge has its least, its last edge its largest
-    counts = [  # each a number of edges that break a rule: zero when the rule holds
-        (s_key[:-1] != s_key[1:]).logical_not_().sum(),  # repeated edges
-        same_row.logical_not().sum(),  # rows with edges, less one
-        ((s_src[1:] - s_src[:-1] != 1) & same_row).sum(),  # gaps inside rows (keys not one range)
-        (s_src > s_dst).sum(),  # keys after their query (not causal)
-        (dst[1:] * max(n_k, 1) + src[1:] < dst[:-1] * max(n_k, 1) + src[:-1]).sum(),  # out of order as given
-    ]
-    high = edge_index.amax(1)  # [2] the largest key and query
-    stats = torch.stack([edge_index.amin(), high[0], high[1], offset.min(), offset.max(), rowptr.diff().max(), *counts])
-    lo, src_max, dst_max, span_lo, span_hi, deg_max, duplicates, rows, gaps, after, unsorted = stats.tolist()  # the read
+    step = s_key.diff()  # [E - 1] from an edge to the next: the step between their keys inside a row
+    # Without repeats the steps inside a row are >= 1, and they all are 1 (the row's keys are one range)
+    # exactly when they add up to the number of steps inside rows, E - rows.
+    low, high = torch.aminmax(edge_index, dim=1)  # [2], [2]: the least and largest key and query
+    offsets = torch.aminmax(s_src - s_dst)  # j - i; a row's first edge has its least, its last its largest
+    stats = torch.stack([
+        low.min(), high[0], high[1], *offsets, rowptr.diff().max(),
+        (step == 0).sum(),  # repeated edges
+        same_row.sum(),  # E - rows with edges
+        (step * same_row).sum(),  # the steps inside rows
+        (key != s_key).sum(),  # out of order as given
+    ])
+    lo, src_max, dst_max, span_lo, span_hi, deg_max, duplicates, inside, steps, unsorted = stats.tolist()  # the read
     if lo < 0 or src_max >= n_k or dst_max >= n_q:
         check_ranges(edge_index, n_k, n_q)  # raises, naming the node
-    rows += 1
+    rows = E - inside
     s = Structure(n_q, n_k, E, perm if unsorted else None, s_src, s_dst, rowptr, duplicates > 0)
-    whole = not duplicates and not gaps
+    whole = not duplicates and steps == inside
     s.extras["row_spans"] = (span_lo, span_hi, deg_max, whole)
     if duplicates:
         return s
@@ -67,7 +70,7 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     if E == n_q * n_k:
         s.kind, s.intervals = "full", True
     elif whole and n_q == n_k and rows == n_q:
-        if E == n_q * (n_q + 1) // 2 and not after:
+        if E == n_q * (n_q + 1) // 2 and span_hi <= 0:  # no key after its query
             s.kind = "causal"
         else:
             s.kind, s.lengths = _packed(s_src, rowptr, n_q)
@@ -85,7 +88,7 @@ def _packed(s_src: Tensor, rowptr: Tensor, n: int) -> Tuple[str, Optional[Tuple[
     starts = first == rows  # [n]
     own = torch.cummax(torch.where(starts, rows, -1), 0).values  # [n] the first row of each row's sequence
     ends = torch.where(starts, rows, n).flip(0).cummin(0).values.flip(0).roll(-1)  # [n] the next start after a row
-    ends[-1] = n  # (a fill, not a copy from the host)
+    ends[-1:].fill_(n)  # (a fill, not a copy of a host value)
     broken = torch.stack([(first != own).sum(), (last != ends - 1).sum(), (last != rows).sum()])
     read = torch.cat([broken, starts.long()]).cpu().numpy()  # the second read
     if read[0] or not read[3] or (read[1] and read[2]):
