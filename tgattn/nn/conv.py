@@ -14,7 +14,6 @@ from torch_geometric.utils import add_self_loops as add_loops
 from torch_geometric.utils import remove_self_loops
 
 from .. import functional
-from ..engine.analysis import on_host
 from ..edgeset import EdgeSet, as_edge_set, checked_edges, edge_tensor, num_edges, prepare, self_looped
 from . import _adjacency, _checkpoint
 from .explain import explain_edge_scale
@@ -450,7 +449,7 @@ def _attended_rows(edges, num_keys: int, num_queries: int) -> Optional[_Attended
     """
     if torch.compiler.is_compiling() or not 0 < num_edges(edges) < _SPLIT_EDGES_PER_ROW * num_queries:
         return None
-    if not on_host(edges.structure.src if isinstance(edges, EdgeSet) else edges):
+    if not functional.on_host(edges.structure.src if isinstance(edges, EdgeSet) else edges):
         # On a GPU the split reads its counts back (syncs) once per edge set and the shortcut's finite
         # check every call (see forward), where the kernels spend little on rows of one edge.
         return None
