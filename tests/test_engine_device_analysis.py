@@ -2,7 +2,9 @@
 
 The oracle is :func:`tgattn.engine.analysis.analyse` (the host analysis, itself tested against the
 builders' arithmetic twins); the device analysis runs here on CPU tensors, which it treats as a
-GPU's (it never asks where they are).
+GPU's (it never asks where they are). The two share no code: on the CPU the host analysis sorts
+in the fused extension (rows sorted one by one, or a second counting sort past 32 edges a row),
+which also finds the rows' spans; the device analysis sorts with ``torch.sort``.
 """
 import pytest
 import torch
@@ -33,6 +35,10 @@ CASES = {
     "random": (_random(10, 7, 0.4, 1), 10, 7),
     "random_shuffled": (_shuffled(_random(10, 10, 0.3, 2), 3), 10, 10),
     "duplicates": (_shuffled(torch.cat([builders.window(8, 1), builders.window(8, 1)[:, :3]], 1), 4), 8, 8),
+    # more than 32 edges a row: the extension's second counting sort instead of sorting rows
+    "dense_rows_shuffled": (_shuffled(torch.cat([_random(50, 60, 0.9, 5), _random(50, 60, 0.9, 5)[:, :40]], 1), 6),
+                            50, 60),
+    "full_dense_shuffled": (_shuffled(builders.full(40), 7), 40, 40),
     "few_edges_many_nodes": (torch.tensor([[90, 3, 50], [7, 7, 0]]), 100, 120),
     "one_edge": (torch.tensor([[2], [0]]), 1, 3),
     "empty": (torch.zeros(2, 0, dtype=torch.long), 4, 4),

@@ -14,7 +14,7 @@ callers that do not prepare, never the place where correctness is decided.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Hashable, Optional, Tuple, Union
+from typing import Callable, Hashable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -320,3 +320,43 @@ def _with_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
         edge_index = edge_index[:, keep]
     loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
     return torch.cat([edge_index, loops], dim=1)
+
+
+def all_pairs_per_graph(batch: Tensor, lengths: Sequence[int]) -> EdgeSet:
+    """Every (key, query) pair of nodes within each graph of a batch, prepared without an analysis:
+    the set :func:`prepare` makes of ``builders.full(lengths)``, built where ``batch`` lies from sizes
+    the host knows, so that on a GPU nothing is read back nor copied from the host (GPS's global
+    attention on a new batch each step).
+
+    ``batch [N]``: each node's graph, sorted (graph ``b``'s nodes contiguous, in order); ``lengths``:
+    the node count of every graph, the counts of ``batch`` (not checked against it: the caller read
+    them from it).
+
+    Example:
+        >>> es = all_pairs_per_graph(torch.tensor([0, 0, 1]), [2, 1])
+        >>> es.edge_index.tolist(), es.kind, es.structure.lengths
+        ([[0, 1, 0, 1, 2], [0, 0, 1, 1, 2]], 'packed_full', (2, 1))
+    """
+    n = batch.numel()
+    sizes = tuple(int(length) for length in lengths if length)  # a graph without nodes is no sequence
+    if sum(sizes) != n:
+        raise ValueError(f"the graphs' lengths add up to {sum(sizes)}, but batch has {n} nodes")
+    E = sum(length * length for length in sizes)
+    ones = torch.ones_like(batch)
+    counts = torch.zeros(len(lengths), dtype=torch.long, device=batch.device).scatter_add_(0, batch, ones)  # [B]
+    own = counts[batch]  # [N] the size of each node's graph: its row's degree
+    first = (counts.cumsum(0) - counts)[batch]  # [N] the first node of each node's graph
+    rowptr = torch.zeros(n + 1, dtype=torch.long, device=batch.device)
+    torch.cumsum(own, 0, out=rowptr[1:])  # [N + 1]
+    dst = torch.repeat_interleave(torch.arange(n, device=batch.device), own, output_size=E)  # [E] sorted queries
+    src = first[dst] + torch.arange(E, device=batch.device) - rowptr[dst]  # [E] each row's keys in order
+    s = Structure(n, n, E, None, src, dst, rowptr.to(torch.int32 if E < 2**31 else torch.long), False)
+    longest = max(sizes, default=0)
+    if E:
+        s.intervals = True
+        s.extras["row_spans"] = (1 - longest, longest - 1, longest, True)
+    if len(sizes) == 1:
+        s.kind = "full"
+    elif sizes:
+        s.kind, s.lengths = "packed_full", sizes
+    return EdgeSet(s)
