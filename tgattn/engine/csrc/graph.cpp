@@ -186,7 +186,13 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
       int64_t *a = pp + begin, *b = pp + start[i];
       bool in_order = true;
       for (int64_t* x = a + 1; x < b && in_order; ++x) in_order = sp[x[-1]] <= sp[*x];
-      if (!in_order) std::stable_sort(a, b, [&](int64_t x, int64_t y) { return sp[x] < sp[y]; });
+      if (in_order) continue;
+      if (b - a > 16) {
+        std::stable_sort(a, b, [&](int64_t x, int64_t y) { return sp[x] < sp[y]; });
+        continue;
+      }
+      for (int64_t* x = a + 1; x < b; ++x)  // insertion sort, stable: no buffer to allocate for a short row
+        for (int64_t* y = x; y > a && sp[y[-1]] > sp[*y]; --y) std::swap(y[-1], *y);
     }
   } else {
     // Many edges a row: two stable counting sorts, by source then by target, O(E + n) whatever the degrees.
