@@ -3,7 +3,8 @@
 Each batch brings a never-seen ``edge_index`` of its own size (a mini-batch GNN's step). Compiled
 with ``dynamic=True``, the step is one graph for every batch (Dynamo's counters), in the default mode
 and in ``mode="reduce-overhead"``; handed prepared sets (:func:`tgattn.prepare`) instead, one more
-graph, again for every size. The losses equal the eager step's. ``torch._dynamo.explain`` finds no
+graph, again for every size, whose op finds each set's analysis in the engine's cache (made once, by
+``prepare``). The losses equal the eager step's. ``torch._dynamo.explain`` finds no
 graph break, over a tensor and over a prepared set. (The backward runs outside the compiled
 function: Dynamo does not trace ``Tensor.backward``; AOTAutograd compiles the backward graph.)
 """
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tgattn
-from tgattn import GraphAttentionConv
+from tgattn import GraphAttentionConv, engine
 from tgattn.bench.models import molecule_batches
 
 
@@ -76,7 +77,9 @@ def test_the_step_compiles_once_for_batches_of_new_sizes(mode):
         got.backward()
         torch.testing.assert_close(got, eager(x, ei, y), atol=1e-5, rtol=1e-5)
         assert _graphs() == 1
+    misses = engine.CACHE.misses
     for x, ei, y in batches:
         compiled(x, tgattn.prepare(ei, x.shape[0], x.shape[0]), y).backward()
         assert _graphs() == 2  # the prepared form: one graph more, for every size
     assert not counters["recompiles"]
+    assert engine.CACHE.misses == misses  # the op finds each prepared set's analysis: none made twice

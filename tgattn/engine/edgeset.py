@@ -208,17 +208,21 @@ def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
 def prepare(edge_index: Tensor, num_queries: int, num_keys: int) -> EdgeSet:
     """Validate and analyse ``edge_index`` (``[2, E]``, row 0 = key j, row 1 = query i) once.
 
-    Uncached: the caller keeps the :class:`EdgeSet`, which keeps a copy of the edges (the caller may
-    reuse its tensor). Edges already sorted by (query, key) are not sorted again (``structure.perm``
-    is None).
+    The caller keeps the :class:`EdgeSet`, which keeps a copy of the edges (the caller may reuse its
+    tensor). Edges already sorted by (query, key) are not sorted again (``structure.perm`` is None).
+    The copy is what a compiled graph hands the custom op (:mod:`tgattn.engine.custom_op`, which takes
+    tensors): the engine's cache knows it with this analysis, as long as the set lives, so that a
+    compiled step over a new prepared set analyses it once, not twice.
 
     Example:
-        >>> prepare(torch.tensor([[0, 0, 1], [0, 1, 1]]), 2, 2).kind
-        'causal'
+        >>> es = prepare(torch.tensor([[0, 0, 1], [0, 1, 1]]), 2, 2)
+        >>> es.kind, structure_of(es.edge_index, 2, 2) is es.structure
+        ('causal', True)
     """
     made = EdgeSet(analysed(edge_index, num_queries, num_keys))  # (validated: a tensor [2, E] of integers)
     copy = edge_index.detach().to(torch.long, copy=True)
     made.derived("edge_index", lambda: copy)
+    CACHE.put(copy, num_queries, num_keys, made.structure)
     return made
 
 
