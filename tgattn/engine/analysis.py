@@ -104,8 +104,8 @@ def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     """
     src, dst = edge_index[0], edge_index[1]
     if counting_sort(edge_index, n_q, n_k):
-        perm, src, dst, duplicates, rowptr, stats = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
-        lo, hi, deg, rows, inside, steps = stats.tolist()
+        perm, src, dst, _, rowptr, stats = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
+        lo, hi, deg, rows, inside, steps, duplicates = stats.tolist()  # one read
         duplicates = bool(duplicates)
         spans = ((lo, hi, deg, not duplicates and steps == inside), rows) if src.numel() else None
         return (perm if perm.numel() else None), src, dst, duplicates, rowptr, spans

@@ -129,11 +129,12 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
   }
   TORCH_CHECK(ok, "tgattn sort_edges: an index outside [0, n_k) x [0, n_q)");
   // One pass over the sorted edges: whether an edge repeats, and the row statistics the analysis
-  // asks for (stats [6] int64: least and largest j - i, largest degree, rows with edges, steps
-  // between consecutive keys inside rows and their sum; the keys of every row form one range
-  // exactly when that sum equals their number, without repeats).
+  // asks for (stats [7] int64: least and largest j - i, largest degree, rows with edges, steps
+  // between consecutive keys inside rows and their sum, whether an edge repeats; the keys of every
+  // row form one range exactly when that sum equals their number, without repeats). All in one
+  // tensor, so that the host reads them at once.
   const auto summary = [&](const int64_t* sp, const int64_t* tp, bool& dup) {
-    at::Tensor stats = at::empty({6}, s.options());
+    at::Tensor stats = at::empty({7}, s.options());
     int64_t* st = stats.data_ptr<int64_t>();
     int64_t lo = sp[0] - tp[0], hi = lo, deg = 1, run = 1, inside = 0, steps = 0;
     dup = false;
@@ -148,7 +149,7 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
       }
       deg = std::max(deg, run);
     }
-    st[0] = lo, st[1] = hi, st[2] = deg, st[3] = E - inside, st[4] = inside, st[5] = steps;
+    st[0] = lo, st[1] = hi, st[2] = deg, st[3] = E - inside, st[4] = inside, st[5] = steps, st[6] = dup;
     return stats;
   };
   const bool narrow = E < (int64_t(1) << 31);
@@ -170,7 +171,7 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
   bool dup = false;
   if (sorted) {
     count_rows();
-    at::Tensor stats = E ? summary(sp, tp, dup) : at::zeros({6}, s.options());
+    at::Tensor stats = E ? summary(sp, tp, dup) : at::zeros({7}, s.options());
     return {at::empty({0}, s.options()), s.clone(), t.clone(), at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool)),
             rowptr, stats};
   }
