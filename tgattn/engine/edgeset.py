@@ -311,17 +311,16 @@ def _holds_input(edge_index: Tensor, entry: Tuple[Optional[Tensor], EdgeSet, int
 
 def _with_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
     """``[2, E']``: the edges without their self-loops, then ``(i, i)`` for every node. One pass of
-    the extension on the CPU (which checks the node ids; :func:`prepare` names a bad one)."""
+    the extension on the CPU (which checks the node ids; :func:`prepare` names a bad one); on a
+    device one boolean selection, the one read back it costs (the looped set's analysis is another)."""
     edge_index = edge_index.long()
-    if edge_index.device.type == "cpu" and native.available():
+    if on_host(edge_index) and native.available():
         try:
             return torch.ops.tgattn_fused.self_loops(edge_index, num_nodes)
         except RuntimeError:
             check_ranges(edge_index, num_nodes, num_nodes)  # names the bad node id
             raise
-    keep = edge_index[0] != edge_index[1]  # [E]
-    if not bool(keep.all()):
-        edge_index = edge_index[:, keep]
+    edge_index = edge_index[:, edge_index[0] != edge_index[1]]  # [2, E - loops]
     loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
     return torch.cat([edge_index, loops], dim=1)
 
