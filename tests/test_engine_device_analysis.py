@@ -87,3 +87,29 @@ def test_device_analysis_reads_back_once_and_twice_where_a_set_may_be_packed(mon
         reads.clear()
         assert analyse_on_device(ei, n, n).lengths == lengths
         assert reads == ["tolist", "numpy"]
+
+
+def test_device_analysis_counts_the_loops_among_the_first_edges():
+    ei = torch.tensor([[0, 2, 1, 3], [0, 1, 1, 2]])  # (0, 0) and (1, 1) are loops
+    looped = torch.cat([ei, torch.arange(4).expand(2, -1)], 1)
+    assert analyse_on_device(looped, 4, 4, loops_among=4).extras["loops_among"] == 2
+    assert analyse_on_device(looped[:, 2:], 4, 4, loops_among=2).extras["loops_among"] == 1
+    assert analyse_on_device(looped[:, 1:], 4, 4, loops_among=1).extras["loops_among"] == 0
+    assert "loops_among" not in analyse_on_device(looped, 4, 4).extras
+
+
+@pytest.mark.parametrize("ei", [torch.tensor([[1, 0, 2], [0, 2, 1]]), torch.tensor([[1, 0, 2, 2], [0, 0, 2, 1]])],
+                         ids=["without_loops", "with_loops"])
+def test_self_looped_sets_on_a_device_equal_the_hosts(monkeypatch, ei):
+    """Looped on a device (the input's own loops counted in the analysis's read, removed where found), the
+    set equals the host's (the extension's removal), its given order included."""
+    from tgattn.engine import analysis, edgeset
+
+    host = edgeset.self_looped(ei.clone(), 3)
+    monkeypatch.setattr(analysis, "HOST_DEVICES", frozenset())
+    device = edgeset.self_looped(ei.clone(), 3)
+    assert torch.equal(device.edge_index, host.edge_index)
+    for field in ("kind", "duplicates", "intervals"):
+        assert getattr(device.structure, field) == getattr(host.structure, field)
+    for field in ("src", "dst", "rowptr"):
+        assert torch.equal(getattr(device.structure, field), getattr(host.structure, field))

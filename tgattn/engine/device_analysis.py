@@ -20,10 +20,14 @@ from torch import Tensor
 from .analysis import Structure, row_pointer
 from .validate import check_ranges
 
-def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
+def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int, *, loops_among: Optional[int] = None) -> Structure:
     """:func:`~tgattn.engine.analysis.analyse` of a ``LongTensor[2, E]`` (type and shape checked) that
     also checks the node ids, with one host read (two for a set whose keys form one range per row,
     every row with edges: the packed kinds' test).
+
+    ``loops_among``: also count, in the same read, the self-loops ``(i, i)`` among the first
+    ``loops_among`` edges as given (``extras["loops_among"]``): a set given with loops appended tells
+    whether its first part had loops of its own.
 
     Raises:
         ValueError: naming a node id outside ``[0, n_k) x [0, n_q)``.
@@ -37,7 +41,9 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     E = edge_index.shape[1]
     src, dst = edge_index[0], edge_index[1]  # [E] keys j, queries i
     if E == 0:
-        return Structure(n_q, n_k, 0, None, src.clone(), dst.clone(), row_pointer(dst, n_q), False)
+        s = Structure(n_q, n_k, 0, None, src.clone(), dst.clone(), row_pointer(dst, n_q), False)
+        s.extras.update({} if loops_among is None else {"loops_among": 0})
+        return s
     key = dst * max(n_k, 1) + src  # [E] the (target, source) order
     s_key, perm = torch.sort(key, stable=True)
     s_src, s_dst = src[perm], dst[perm]
@@ -50,18 +56,23 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
     # exactly when they add up to the number of steps inside rows, E - rows.
     low, high = torch.aminmax(edge_index, dim=1)  # [2], [2]: the least and largest key and query
     offsets = torch.aminmax(s_src - s_dst)  # j - i; a row's first edge has its least, its last its largest
-    stats = torch.stack([
+    stats = [
         low.min(), high[0], high[1], *offsets, rowptr.diff().max(),
         (step == 0).sum(),  # repeated edges
         same_row.sum(),  # E - rows with edges
         (step * same_row).sum(),  # the steps inside rows
         (key != s_key).sum(),  # out of order as given
-    ])
-    lo, src_max, dst_max, span_lo, span_hi, deg_max, duplicates, inside, steps, unsorted = stats.tolist()  # the read
+    ]
+    if loops_among is not None:
+        stats.append((src[:loops_among] == dst[:loops_among]).sum())
+    values = torch.stack(stats).tolist()  # the read
+    lo, src_max, dst_max, span_lo, span_hi, deg_max, duplicates, inside, steps, unsorted = values[:10]
     if lo < 0 or src_max >= n_k or dst_max >= n_q:
         check_ranges(edge_index, n_k, n_q)  # raises, naming the node
     rows = E - inside
     s = Structure(n_q, n_k, E, perm if unsorted else None, s_src, s_dst, rowptr, duplicates > 0)
+    if loops_among is not None:
+        s.extras["loops_among"] = values[10]
     whole = not duplicates and steps == inside
     s.extras["row_spans"] = (span_lo, span_hi, deg_max, whole)
     if duplicates:

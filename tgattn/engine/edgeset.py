@@ -278,20 +278,35 @@ def self_looped(edges, num_nodes: int) -> EdgeSet:
     """
     if isinstance(edges, EdgeSet):
         edges.check_sizes(num_nodes, num_nodes)
-        return edges.derived(("self_loops", num_nodes), lambda: _prepared_own(_with_loops(edges.edge_index, num_nodes),
-                                                                                num_nodes))
+        return edges.derived(("self_loops", num_nodes), lambda: _looped(edges.edge_index, num_nodes))
     key = ("self_loops", num_nodes)
     found = CACHE.lookup(edges, key, _holds_input)
     if found is not None:
         return found[1]
-    looped = _with_loops(check_edge_index(edges, num_nodes, num_nodes, ranges=False), num_nodes)
-    made = _prepared_own(looped, num_nodes)
+    made = _looped(check_edge_index(edges, num_nodes, num_nodes, ranges=False), num_nodes)
     # Where the input had no loop of its own, the looped set begins with it: a hit compares the input
     # with that beginning, not with a copy of its own (16 bytes an edge, 1 GB at ogbn-products).
-    appended = looped.shape[1] == edges.shape[1] + num_nodes
+    appended = made.num_edges == edges.shape[1] + num_nodes
     copy = None if appended or device_stamp(edges) is not None else edges.detach().clone()
     CACHE.store(edges, key, (copy, made, edges.shape[1]))
     return made
+
+
+def _looped(edge_index: Tensor, num_nodes: int) -> EdgeSet:
+    """The looped set of a validated ``edge_index`` (:func:`self_looped`), prepared. On a device, the
+    input and the loops are analysed as they are, counting the input's own loops in the analysis's one
+    read; only where it has some (PyG's batches have none) are they removed and the set analysed again."""
+    edge_index = edge_index.long()
+    if not on_host(edge_index):
+        loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
+        looped = torch.cat([edge_index, loops], dim=1)  # [2, E + N]
+        with torch.no_grad():
+            s = analyse_on_device(looped, num_nodes, num_nodes, loops_among=edge_index.shape[1])
+        if not s.extras.pop("loops_among"):
+            made = EdgeSet(s)
+            made.derived("edge_index", lambda: looped)
+            return made
+    return _prepared_own(_with_loops(edge_index, num_nodes), num_nodes)
 
 
 def _prepared_own(looped: Tensor, num_nodes: int) -> EdgeSet:
