@@ -378,7 +378,7 @@ def _looped(edge_index: Tensor, num_nodes: int) -> EdgeSet:
             s = analyse_on_device(looped, num_nodes, num_nodes, loops_among=edge_index.shape[1])
         if not s.extras.pop("loops_among"):
             made = EdgeSet(s)
-            made.derived("edge_index", lambda: looped)
+            made.derived("edge_index", lambda: _stamped(looped))
             return made
     return _prepared_own(_with_loops(edge_index, num_nodes), num_nodes)
 
