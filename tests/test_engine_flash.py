@@ -141,7 +141,7 @@ def test_sort_edges_gives_the_row_pointer_of_the_sorted_targets():
     ei = random_edges(30, 40, 0.1, seed=9)  # 30 queries, 40 keys
     ei = ei[:, ei[1] != 7]  # row 7 without edges
     for edges in (ei, ei.flip(1)):
-        perm, src, dst, _, rowptr = torch.ops.tgattn_fused.sort_edges(edges[0], edges[1], 30, 40)
+        perm, src, dst, _, rowptr, _ = torch.ops.tgattn_fused.sort_edges(edges[0], edges[1], 30, 40)
         assert (perm.numel() == 0) == (edges is ei)
         assert rowptr.dtype == torch.int32 and torch.equal(rowptr, row_pointer(dst, 30))
         assert torch.equal(engine.analyse(edges, 30, 40).rowptr, rowptr)

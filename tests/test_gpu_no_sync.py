@@ -1,24 +1,12 @@
-"""The CUDA route's steady state makes no host sync, shown without a GPU.
-
-The engine reads values back only from host tensors (:func:`tgattn.engine.analysis.on_host`).
-These tests tell it that the CPU is a device (``HOST_DEVICES`` empty) and let ``auto`` pick the
-Triton kernels for CPU tensors (Triton's interpreter stands in for the GPU), then record, under a
-``TorchDispatchMode``, every aten op that makes the host wait for a CUDA device: reading a value
-(``_local_scalar_dense``, ``is_nonzero``, ``equal``), ops whose output size depends on values
-(``nonzero``, ``unique``, boolean indexing, ``bincount`` ...), tensors made from Python data
-(``lift_fresh``: a blocking host-to-device copy on CUDA), and ``Tensor.tolist`` / ``numpy``.
-What the interpreter itself does while it runs a kernel is the GPU's work and is not counted.
+"""The CUDA route's steady state makes no host sync, shown without a GPU (``tests/host_reads.py``:
+the CPU taken for a device, Triton's interpreter for the GPU, the syncing ops recorded).
 
 The first call on an edge set validates and analyses it and may sync; later calls must not,
 forward and backward. A prepared set (:func:`tgattn.prepare`) was validated and analysed where it
 was prepared: no call on it syncs or allocates by data-dependent sizes, the first one included.
 """
-import sys
-from contextlib import contextmanager
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import tgattn
 from tgattn import builders, engine
@@ -27,99 +15,8 @@ from tgattn.engine import edgeset
 from tgattn.functional import graph_attention
 
 from engine_helpers import inputs, max_err, oracle
+from host_reads import cpu_as_cuda, recording  # noqa: F401  (a fixture)
 
-pytest.importorskip("triton")
-from tgattn.engine import triton as backend  # noqa: E402
-from tgattn.engine.triton import attention  # noqa: E402
-
-aten = torch.ops.aten
-SYNCING = {
-    aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.item.default,
-    aten.nonzero.default, aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default,
-    aten.masked_select.default, aten.repeat_interleave.Tensor, aten.bincount.default, aten.lift_fresh.default,
-}
-BOOL_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
-
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available() or not attention.interpreter_ready(),
-    reason="runs the CUDA route on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1, no GPU)",
-)
-
-
-def _in_kernel() -> bool:
-    """Whether the interpreter is running a kernel (its work is the GPU's)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith("triton."):
-            return True
-        frame = frame.f_back
-    return False
-
-
-class SyncRecorder(TorchDispatchMode):
-    """Names of the host-syncing ops run inside ``with recorder:`` (outside Triton kernels)."""
-
-    def __init__(self):
-        super().__init__()
-        self.syncs = []
-
-    def note(self, name):
-        if not _in_kernel():
-            self.syncs.append(name)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in SYNCING:
-            self.note(str(func))
-        elif func in BOOL_INDEXED:
-            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-            if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
-                self.note(f"{func} with a boolean mask")
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def recording():
-    """A :class:`SyncRecorder` that also sees ``Tensor.tolist`` and ``Tensor.numpy``."""
-    recorder = SyncRecorder()
-    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
-
-    def spy(name):
-        def call(self, *args, **kwargs):
-            recorder.note(f"Tensor.{name}")
-            return originals[name](self, *args, **kwargs)
-
-        return call
-
-    try:
-        for name in originals:
-            setattr(torch.Tensor, name, spy(name))
-        with recorder:
-            yield recorder
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-
-
-@pytest.fixture
-def cpu_as_cuda(monkeypatch):
-    """The engine treats CPU tensors as device tensors and ``auto`` picks Triton for them."""
-    monkeypatch.delenv("TGATTN_NO_TRITON", raising=False)
-    monkeypatch.setattr(analysis, "HOST_DEVICES", frozenset())
-    monkeypatch.setattr(backend, "usable", lambda q, named=False: True)
-    # The dropout seed is drawn from torch's CPU generator: a host read, no device sync on CUDA.
-    draw = attention.draw_seed
-    monkeypatch.setattr(attention, "draw_seed", lambda: _unrecorded(draw))
-    engine.CACHE.clear()
-    yield
-    engine.CACHE.clear()
-
-
-def _unrecorded(fn):
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        return fn()
 
 
 def _edges():

@@ -34,11 +34,11 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from torch_geometric import EdgeIndex
 
-from .engine.edgeset import EdgeSet, edge_set_of, self_looped
+from .engine.edgeset import EdgeSet, all_pairs_per_graph, edge_set_of, self_looped
 from .engine.edgeset import prepare as _prepare
 from .engine.validate import check_edge_index
 
-__all__ = ["EdgeSet", "as_edge_set", "checked_edges", "edge_tensor", "num_edges", "prepare", "self_looped"]
+__all__ = ["EdgeSet", "all_pairs_per_graph", "as_edge_set", "checked_edges", "edge_tensor", "num_edges", "prepare", "self_looped"]
 
 Edges = Union[Tensor, EdgeSet]
 

@@ -20,6 +20,7 @@ from .engine import edge_terms
 from .engine.edge_terms import EdgeTerm
 from .engine.eager import check_bias, check_edge_tensor, check_qkv, check_sinks, check_softcap, eager_graph_attention
 from .engine.dispatch import all_finite  # noqa: F401  (public: the conv's one-edge-row shortcut checks its inputs)
+from .engine.analysis import on_host  # noqa: F401  (the conv splits its rows on the host only)
 from .engine.edgeset import EdgeSet
 from .engine.gate import beta_mix  # noqa: F401  (public: GraphAttentionConv's beta gate)
 from .engine.softmax import edge_softmax  # noqa: F401  (public: the layer's message path uses it)

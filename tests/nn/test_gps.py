@@ -108,3 +108,21 @@ def test_silent_skip_of_pyg_gpsconv_is_caught():
 def test_errors_name_the_value(call, word):
     with pytest.raises((ValueError, TypeError), match=word):
         call()
+
+
+@pytest.mark.parametrize("batch", [[0, 0, 1, 1, 1, 2], [0] * 5, [0, 1, 1, 3, 3], [0], [0, 1, 2]],
+                         ids=["three", "one_graph", "an_empty_graph", "one_node", "single_nodes"])
+def test_all_pairs_per_graph_is_what_the_analysis_of_full_per_graph_finds(batch):
+    """GPS's default set, made without an analysis (no read back on a GPU), against the analysis of its edges."""
+    from tgattn.edgeset import all_pairs_per_graph
+    from tgattn.engine.analysis import analyse, row_spans
+
+    batch = torch.tensor(batch)
+    n = batch.numel()
+    made = all_pairs_per_graph(batch, torch.bincount(batch).tolist()).structure
+    found = analyse(full_per_graph(batch, n), n, n)
+    for field in ("n_q", "n_k", "num_edges", "perm", "duplicates", "kind", "lengths", "intervals"):
+        assert getattr(made, field) == getattr(found, field), field
+    for field in ("src", "dst", "rowptr"):
+        assert torch.equal(getattr(made, field), getattr(found, field)), field
+    assert made.extras["row_spans"] == row_spans(found)

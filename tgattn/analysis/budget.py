@@ -71,7 +71,7 @@ def estimate_memory(num_tokens: int, num_layers: int, num_heads: int, top_k: int
 
     Example:
         >>> round(estimate_memory(10_000, 2, 2, 10, "causal") / 1e9, 2)  # GB (1.65 measured)
-        1.89
+        1.9
     """
     lo, hi = key_ranges(pattern, num_tokens, window)
     starts = np.arange(0, num_tokens, ROWS)

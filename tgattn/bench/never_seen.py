@@ -103,13 +103,20 @@ def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
         return parts
     s = engine.structure_of(edge_index, n, n)
     sorted_src, sorted_dst = s.src, s.dst
+    spans = analysis._sorted_edges(edge_index, n, n)[5]  # what the extension's sort found besides the order
 
     def fresh():  # a structure as analyse makes it before the classification, and uncached
-        return analysis.Structure(n, n, s.num_edges, s.perm, sorted_src, sorted_dst, s.rowptr, s.duplicates)
+        t = analysis.Structure(n, n, s.num_edges, s.perm, sorted_src, sorted_dst, s.rowptr, s.duplicates)
+        if spans is not None:
+            t.extras["row_spans"] = spans[0]
+        return t
+
+    def classify(t):
+        analysis._classify(t, None if spans is None else spans[1])
 
     def classified():
         t = fresh()
-        analysis._classify(t)
+        classify(t)
         return t
 
     def validate(ei):  # as structure_of does it: the extension's sort checks the node ids where it runs
@@ -124,7 +131,7 @@ def _parts(n: int, edge_index: torch.Tensor, q, k, v, with_parts: bool):
     parts.update({
         "validate": (lambda: edge_index, validate),
         "sort": (lambda: edge_index, lambda ei: analysis._sorted_edges(ei, n, n)),
-        "classify": (fresh, analysis._classify),
+        "classify": (fresh, classify),
         "plan": (classified, dispatch.plan),
         "analysis": (edge_index.clone, lambda ei: engine.structure_of(ei, n, n)),
         "run": (lambda: None, run),

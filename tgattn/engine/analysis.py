@@ -92,18 +92,23 @@ def counting_sort(edge_index: Tensor, n_q: int, n_k: int) -> bool:
 
 
 def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
-    """``(perm or None, src, dst, duplicates, rowptr)`` of the edges in (target, source) order,
-    ``rowptr`` their :func:`row_pointer` (by targets).
+    """``(perm or None, src, dst, duplicates, rowptr, spans)`` of the edges in (target, source) order,
+    ``rowptr`` their :func:`row_pointer` (by targets), ``spans`` ``(row_spans, rows with edges)`` where
+    the extension found them, else None.
 
-    On the CPU one call of the fused extension checks the order and, if needed, sorts by two
-    stable counting sorts (O(E + n)), finds repeated edges and keeps the second sort's row
-    pointer, with no ``[E]`` temporary; elsewhere, and where the nodes outnumber the edges
+    On the CPU one call of the fused extension checks the order and, if needed, sorts (one counting
+    sort by target, then each row by source where it is not in order already: PyG's batches come
+    sorted by source), finds repeated edges, keeps the row pointer and the rows' spans (one pass over
+    the sorted edges); elsewhere, and where the nodes outnumber the edges
     (``COUNTING_SORT_NODES_PER_EDGE``), a comparison pass and a stable argsort on a key ``[E]``.
     """
     src, dst = edge_index[0], edge_index[1]
     if counting_sort(edge_index, n_q, n_k):
-        perm, src, dst, duplicates, rowptr = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
-        return (perm if perm.numel() else None), src, dst, bool(duplicates), rowptr
+        perm, src, dst, _, rowptr, stats = torch.ops.tgattn_fused.sort_edges(src, dst, n_q, n_k)
+        lo, hi, deg, rows, inside, steps, duplicates = stats.tolist()  # one read
+        duplicates = bool(duplicates)
+        spans = ((lo, hi, deg, not duplicates and steps == inside), rows) if src.numel() else None
+        return (perm if perm.numel() else None), src, dst, duplicates, rowptr, spans
     key = dst * max(n_k, 1) + src  # [E]
     if key.numel() < 2 or bool((key[1:] >= key[:-1]).all()):
         # Copies, not views: a view would keep the caller's tensor (the cache key) alive.
@@ -111,7 +116,8 @@ def _sorted_edges(edge_index: Tensor, n_q: int, n_k: int):
     else:
         perm = torch.argsort(key, stable=True)
         src, dst, key = src[perm], dst[perm], key[perm]
-    return perm, src, dst, key.numel() > 1 and bool((key[1:] == key[:-1]).any()), row_pointer(dst, n_q)
+    duplicates = key.numel() > 1 and bool((key[1:] == key[:-1]).any())
+    return perm, src, dst, duplicates, row_pointer(dst, n_q), None
 
 
 def row_pointer(index: Tensor, n: int) -> Tensor:
@@ -210,7 +216,9 @@ def row_spans(s: Structure, ends=None) -> Tuple[int, int, int, bool]:
     return s.extras["row_spans"]
 
 
-def _classify(s: Structure) -> None:
+def _classify(s: Structure, rows: Optional[int] = None) -> None:
+    """``s.kind``, ``s.lengths`` and ``s.intervals``; ``rows``: the number of rows with edges, where the
+    extension's sort counted them (with the row spans, then in ``s.extras``)."""
     n, E = s.n_q, s.num_edges
     if E == 0 or s.duplicates:
         return
@@ -218,14 +226,16 @@ def _classify(s: Structure) -> None:
         s.kind = "full"
         s.intervals = True
         return
-    ends = _row_ends(s)
+    ends = None if rows is not None else _row_ends(s)
     s.intervals = row_spans(s, ends)[3]
-    if not s.intervals or s.n_q != s.n_k or len(ends[0]) < n:  # the dense kinds have no empty row
+    rows = len(ends[0]) if rows is None else rows
+    if not s.intervals or s.n_q != s.n_k or rows < n:  # the dense kinds have no empty row
         return
     # Every query has edges (n <= E): rows is 0 .. n - 1, and per-row work is O(E).
     if E == n * (n + 1) // 2 and bool((s.src <= s.dst).all()):
         s.kind = "causal"
         return
+    ends = _row_ends(s) if ends is None else ends
     kind, lengths = _packed_kind(torch.as_tensor(ends[1]), torch.as_tensor(ends[2]), n)
     if kind is not None:
         s.kind, s.lengths = kind, lengths
@@ -245,9 +255,11 @@ def analyse(edge_index: Tensor, n_q: int, n_k: int) -> Structure:
         'general'
     """
     E = edge_index.shape[1]
-    perm, src, dst, duplicates, rowptr = _sorted_edges(edge_index, n_q, n_k)
+    perm, src, dst, duplicates, rowptr, spans = _sorted_edges(edge_index, n_q, n_k)
     s = Structure(n_q, n_k, E, perm, src, dst, rowptr, duplicates)
-    _classify(s)
+    if spans is not None:
+        s.extras["row_spans"] = spans[0]
+    _classify(s, None if spans is None else spans[1])
     return s
 
 

@@ -293,7 +293,7 @@ def edge_terms_on_fused(
     :func:`plan` sends it to ``fused`` once weights are asked for (the value term needs them on every
     other backend, which keeps it off SDPA and the tiles), and with finite inputs and no NaN sink (as
     :func:`run` checks; the composition then runs on ``csr``)."""
-    if not _fusable(q) or s.num_edges == 0:
+    if not on_host(q) or not _fusable(q) or s.num_edges == 0:  # the kernel runs on the host, and its finite check reads q
         return False
     chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap,
                   sinks=sinks is not None)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Callable, Hashable, Optional, Tuple, Union
+from typing import Callable, Hashable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from . import native
-from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp
+from .analysis import CACHE, Structure, analyse, counting_sort, device_stamp, on_host
+from .device_analysis import analyse_on_device
 from .validate import check_edge_index, check_ranges
 from .bands import Band, BandStructure, band_structure
 
@@ -240,12 +241,16 @@ def _moved(s: Structure, device: torch.device) -> Structure:
 def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
     """The :class:`~tgattn.engine.analysis.Structure` of a never-seen ``edge_index``, validated: the one
     place edges are checked. The extension's counting sort checks every node id in its first pass, so
-    the ranges are checked by a pass of their own only where it does not run.
+    the ranges are checked by a pass of their own only where it does not run; on a device (CUDA) the
+    analysis checks them too, and reads back once (:func:`~tgattn.engine.device_analysis.analyse_on_device`).
 
     Raises:
         TypeError, ValueError: naming the bad type, shape, dtype or node id.
     """
     checked = check_edge_index(edge_index, num_keys, num_queries, ranges=False)
+    if not on_host(checked):  # a GPU: the ids checked within the analysis's one read back
+        with torch.no_grad():
+            return analyse_on_device(checked, num_queries, num_keys)
     by_extension = counting_sort(checked, num_queries, num_keys)
     if not by_extension:
         check_ranges(checked, num_keys, num_queries)
@@ -261,17 +266,21 @@ def analysed(edge_index: Tensor, num_queries: int, num_keys: int) -> Structure:
 def prepare(edge_index: Tensor, num_queries: int, num_keys: int) -> EdgeSet:
     """Validate and analyse ``edge_index`` (``[2, E]``, row 0 = key j, row 1 = query i) once.
 
-    Uncached: the caller keeps the :class:`EdgeSet`, which keeps a copy of the edges (the caller may
-    reuse its tensor). Edges already sorted by (query, key) are not sorted again (``structure.perm``
-    is None).
+    The caller keeps the :class:`EdgeSet`, which keeps a copy of the edges (the caller may reuse its
+    tensor). Edges already sorted by (query, key) are not sorted again (``structure.perm`` is None).
+    The copy is what a compiled graph hands the custom op (:mod:`tgattn.engine.custom_op`, which takes
+    tensors): the engine's cache knows it with this analysis, as long as the set lives, so that a
+    compiled step over a new prepared set analyses it once, not twice.
 
     Example:
-        >>> prepare(torch.tensor([[0, 0, 1], [0, 1, 1]]), 2, 2).kind
-        'causal'
+        >>> es = prepare(torch.tensor([[0, 0, 1], [0, 1, 1]]), 2, 2)
+        >>> es.kind, structure_of(es.edge_index, 2, 2) is es.structure
+        ('causal', True)
     """
     made = EdgeSet(analysed(edge_index, num_queries, num_keys))  # (validated: a tensor [2, E] of integers)
     copy = edge_index.detach().to(torch.long, copy=True)
     made.derived("edge_index", lambda: _stamped(copy))
+    CACHE.put(copy, num_queries, num_keys, made.structure)
     return made
 
 
@@ -343,20 +352,35 @@ def self_looped(edges, num_nodes: int) -> EdgeSet:
     """
     if isinstance(edges, EdgeSet):
         edges.check_sizes(num_nodes, num_nodes)
-        return edges.derived(("self_loops", num_nodes), lambda: _prepared_own(_with_loops(edges.edge_index, num_nodes),
-                                                                                num_nodes))
+        return edges.derived(("self_loops", num_nodes), lambda: _looped(edges.edge_index, num_nodes))
     key = ("self_loops", num_nodes)
     found = CACHE.lookup(edges, key, _holds_input)
     if found is not None:
         return found[1]
-    looped = _with_loops(check_edge_index(edges, num_nodes, num_nodes, ranges=False), num_nodes)
-    made = _prepared_own(looped, num_nodes)
+    made = _looped(check_edge_index(edges, num_nodes, num_nodes, ranges=False), num_nodes)
     # Where the input had no loop of its own, the looped set begins with it: a hit compares the input
     # with that beginning, not with a copy of its own (16 bytes an edge, 1 GB at ogbn-products).
-    appended = looped.shape[1] == edges.shape[1] + num_nodes
+    appended = made.num_edges == edges.shape[1] + num_nodes
     copy = None if appended or device_stamp(edges) is not None else edges.detach().clone()
     CACHE.store(edges, key, (copy, made, edges.shape[1]))
     return made
+
+
+def _looped(edge_index: Tensor, num_nodes: int) -> EdgeSet:
+    """The looped set of a validated ``edge_index`` (:func:`self_looped`), prepared. On a device, the
+    input and the loops are analysed as they are, counting the input's own loops in the analysis's one
+    read; only where it has some (PyG's batches have none) are they removed and the set analysed again."""
+    edge_index = edge_index.long()
+    if not on_host(edge_index):
+        loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
+        looped = torch.cat([edge_index, loops], dim=1)  # [2, E + N]
+        with torch.no_grad():
+            s = analyse_on_device(looped, num_nodes, num_nodes, loops_among=edge_index.shape[1])
+        if not s.extras.pop("loops_among"):
+            made = EdgeSet(s)
+            made.derived("edge_index", lambda: _stamped(looped))
+            return made
+    return _prepared_own(_with_loops(edge_index, num_nodes), num_nodes)
 
 
 def _prepared_own(looped: Tensor, num_nodes: int) -> EdgeSet:
@@ -376,16 +400,55 @@ def _holds_input(edge_index: Tensor, entry: Tuple[Optional[Tensor], EdgeSet, int
 
 def _with_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
     """``[2, E']``: the edges without their self-loops, then ``(i, i)`` for every node. One pass of
-    the extension on the CPU (which checks the node ids; :func:`prepare` names a bad one)."""
+    the extension on the CPU (which checks the node ids; :func:`prepare` names a bad one); on a
+    device one boolean selection, the one read back it costs (the looped set's analysis is another)."""
     edge_index = edge_index.long()
-    if edge_index.device.type == "cpu" and native.available():
+    if on_host(edge_index) and native.available():
         try:
             return torch.ops.tgattn_fused.self_loops(edge_index, num_nodes)
         except RuntimeError:
             check_ranges(edge_index, num_nodes, num_nodes)  # names the bad node id
             raise
-    keep = edge_index[0] != edge_index[1]  # [E]
-    if not bool(keep.all()):
-        edge_index = edge_index[:, keep]
+    edge_index = edge_index[:, edge_index[0] != edge_index[1]]  # [2, E - loops]
     loops = torch.arange(num_nodes, device=edge_index.device).expand(2, -1)  # [2, N]
     return torch.cat([edge_index, loops], dim=1)
+
+
+def all_pairs_per_graph(batch: Tensor, lengths: Sequence[int]) -> EdgeSet:
+    """Every (key, query) pair of nodes within each graph of a batch, prepared without an analysis:
+    the set :func:`prepare` makes of ``builders.full(lengths)``, built where ``batch`` lies from sizes
+    the host knows, so that on a GPU nothing is read back nor copied from the host (GPS's global
+    attention on a new batch each step).
+
+    ``batch [N]``: each node's graph, sorted (graph ``b``'s nodes contiguous, in order); ``lengths``:
+    the node count of every graph, the counts of ``batch`` (not checked against it: the caller read
+    them from it).
+
+    Example:
+        >>> es = all_pairs_per_graph(torch.tensor([0, 0, 1]), [2, 1])
+        >>> es.edge_index.tolist(), es.kind, es.structure.lengths
+        ([[0, 1, 0, 1, 2], [0, 0, 1, 1, 2]], 'packed_full', (2, 1))
+    """
+    n = batch.numel()
+    sizes = tuple(int(length) for length in lengths if length)  # a graph without nodes is no sequence
+    if sum(sizes) != n:
+        raise ValueError(f"the graphs' lengths add up to {sum(sizes)}, but batch has {n} nodes")
+    E = sum(length * length for length in sizes)
+    ones = torch.ones_like(batch)
+    counts = torch.zeros(len(lengths), dtype=torch.long, device=batch.device).scatter_add_(0, batch, ones)  # [B]
+    own = counts[batch]  # [N] the size of each node's graph: its row's degree
+    first = (counts.cumsum(0) - counts)[batch]  # [N] the first node of each node's graph
+    rowptr = torch.zeros(n + 1, dtype=torch.long, device=batch.device)
+    torch.cumsum(own, 0, out=rowptr[1:])  # [N + 1]
+    dst = torch.repeat_interleave(torch.arange(n, device=batch.device), own, output_size=E)  # [E] sorted queries
+    src = first[dst] + torch.arange(E, device=batch.device) - rowptr[dst]  # [E] each row's keys in order
+    s = Structure(n, n, E, None, src, dst, rowptr.to(torch.int32 if E < 2**31 else torch.long), False)
+    longest = max(sizes, default=0)
+    if E:
+        s.intervals = True
+        s.extras["row_spans"] = (1 - longest, longest - 1, longest, True)
+    if len(sizes) == 1:
+        s.kind = "full"
+    elif sizes:
+        s.kind, s.lengths = "packed_full", sizes
+    return EdgeSet(s)

@@ -186,7 +186,8 @@ def register_fake_kernels() -> None:
     @torch.library.register_fake("tgattn_fused::sort_edges")
     def _(src, dst, n_q, n_k):
         rowptr = src.new_empty(n_q + 1, dtype=torch.int32 if src.shape[0] < 2**31 else torch.int64)
-        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst), src.new_empty((), dtype=torch.bool), rowptr]
+        return [torch.empty_like(src), torch.empty_like(src), torch.empty_like(dst), src.new_empty((), dtype=torch.bool), rowptr,
+                src.new_empty(7)]
 
     @torch.library.register_fake("tgattn_fused::gather_rows")
     def _(a, b, ptr, idx):

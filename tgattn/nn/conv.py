@@ -445,9 +445,13 @@ def _attended_rows(edges, num_keys: int, num_queries: int) -> Optional[_Attended
     query gets no gradient; a row without edges outputs 0. In a NeighborLoader batch most rows are
     such (the last hop's nodes: only their self-loop, or nothing): there the queries of the other
     rows alone are projected and only those rows reach the attention kernel, whose per-row work is
-    the rest of the saving.
+    the rest of the saving. On the host only (a GPU would wait for the counts it reads).
     """
     if torch.compiler.is_compiling() or not 0 < num_edges(edges) < _SPLIT_EDGES_PER_ROW * num_queries:
+        return None
+    if not functional.on_host(edges.structure.src if isinstance(edges, EdgeSet) else edges):
+        # On a GPU the split reads its counts back (syncs) once per edge set and the shortcut's finite
+        # check every call (see forward), where the kernels spend little on rows of one edge.
         return None
     es = as_edge_set(edges, num_queries, num_keys)  # a tensor: validated here, on its first call
     return es.derived("conv_rows", lambda: _split_rows(es))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, Optional, Union
 
+import numpy
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -12,7 +13,7 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.inits import reset
 
 from .. import builders
-from ..edgeset import EdgeSet
+from ..edgeset import EdgeSet, all_pairs_per_graph
 from .attention import GraphAttention
 
 
@@ -35,6 +36,19 @@ def full_per_graph(batch: Optional[Tensor], num_nodes: int) -> Tensor:
         raise ValueError("batch must be sorted (the nodes of each graph contiguous, as in a PyG Batch)")
     lengths = torch.bincount(batch) if batch.numel() else batch.new_zeros(0)  # [B]
     return builders.full(lengths, device=batch.device)
+
+
+def _all_pairs(batch: Optional[Tensor], x: Tensor) -> EdgeSet:
+    """:func:`full_per_graph` prepared, made from the graphs' sizes with one read of ``batch`` (a GPU's
+    sync) and no analysis (:func:`tgattn.edgeset.all_pairs_per_graph`)."""
+    if batch is None:
+        return all_pairs_per_graph(torch.zeros(x.size(0), dtype=torch.long, device=x.device), [x.size(0)])
+    if batch.numel() != x.size(0):
+        raise ValueError(f"batch has {batch.numel()} entries, but x has {x.size(0)} nodes")
+    ids = batch.cpu().numpy()  # the one read: the order check and the graphs' sizes on the host
+    if (ids[1:] < ids[:-1]).any():
+        raise ValueError("batch must be sorted (the nodes of each graph contiguous, as in a PyG Batch)")
+    return all_pairs_per_graph(batch, numpy.bincount(ids).tolist() if ids.size else [])
 
 
 class GPSConv(PyGGPSConv):
@@ -158,7 +172,7 @@ class GPSConv(PyGGPSConv):
             h = F.dropout(self.conv(x, edge_index, **kwargs), p=self.dropout, training=self.training)
             hs.append(self._norm(self.norm1, h + x, batch))
         if attn_edge_index is None:
-            attn_edge_index = full_per_graph(batch, x.size(0))
+            attn_edge_index = _all_pairs(batch, x)
         h = self.attn(x, attn_edge_index, attn_bias, backend=self.backend)  # [N, D] global attention, no padding
         h = F.dropout(h, p=self.dropout, training=self.training)
         hs.append(self._norm(self.norm2, h + x, batch))

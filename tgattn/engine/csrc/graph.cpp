@@ -7,6 +7,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "heads.h"
@@ -27,6 +28,11 @@ void counting_sort(const C* c, int64_t E, int64_t n, P* ptr, const Place& place)
   for (int64_t j = 2; j <= n; ++j) ptr[j] += ptr[j - 1];
   for (int64_t e = 0; e < E; ++e) place(e, int64_t(ptr[c[e] + 1]++));
 }
+
+// Edges a row (on average) up to which sort_edges sorts each row by comparisons after one counting
+// sort by target; past it, rows sort in O(E + n) by a second counting sort (a full set of 4,096
+// queries given in random order: 4,096 log 4,096 comparisons a row, against two passes).
+constexpr int64_t kRowSortDegree = 32;
 
 }  // namespace
 
@@ -122,10 +128,29 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
     if (e) sorted &= (tp[e - 1] < tp[e]) | ((tp[e - 1] == tp[e]) & (sp[e - 1] <= sp[e]));
   }
   TORCH_CHECK(ok, "tgattn sort_edges: an index outside [0, n_k) x [0, n_q)");
-  const auto repeats = [&](const int64_t* sp, const int64_t* tp) {
-    bool dup = false;
-    for (int64_t e = 1; e < E; ++e) dup |= (sp[e] == sp[e - 1]) & (tp[e] == tp[e - 1]);
-    return at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool));
+  // One pass over the sorted edges: whether an edge repeats, and the row statistics the analysis
+  // asks for (stats [7] int64: least and largest j - i, largest degree, rows with edges, steps
+  // between consecutive keys inside rows and their sum, whether an edge repeats; the keys of every
+  // row form one range exactly when that sum equals their number, without repeats). All in one
+  // tensor, so that the host reads them at once.
+  const auto summary = [&](const int64_t* sp, const int64_t* tp, bool& dup) {
+    at::Tensor stats = at::empty({7}, s.options());
+    int64_t* st = stats.data_ptr<int64_t>();
+    int64_t lo = sp[0] - tp[0], hi = lo, deg = 1, run = 1, inside = 0, steps = 0;
+    dup = false;
+    for (int64_t e = 1; e < E; ++e) {
+      const int64_t off = sp[e] - tp[e];
+      lo = std::min(lo, off), hi = std::max(hi, off);
+      if (tp[e] == tp[e - 1]) {
+        ++inside, ++run, steps += sp[e] - sp[e - 1];
+        dup |= sp[e] == sp[e - 1];
+      } else {
+        run = 1;
+      }
+      deg = std::max(deg, run);
+    }
+    st[0] = lo, st[1] = hi, st[2] = deg, st[3] = E - inside, st[4] = inside, st[5] = steps, st[6] = dup;
+    return stats;
   };
   const bool narrow = E < (int64_t(1) << 31);
   at::Tensor rowptr = at::empty({n_q + 1}, s.options().dtype(narrow ? at::kInt : at::kLong));
@@ -136,29 +161,55 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
     else
       std::copy(start.begin(), start.begin() + n_q + 1, rowptr.data_ptr<int64_t>());
   };
-  std::vector<int64_t> by_src(sorted ? 0 : E), start(std::max(n_q, n_k) + 1);
+  std::vector<int64_t> start(std::max(n_q, n_k) + 1);
   const auto count_rows = [&] {
     std::fill(start.begin(), start.begin() + n_q + 1, 0);
     for (int64_t e = 0; e < E; ++e) ++start[tp[e] + 1];
     for (int64_t i = 0; i < n_q; ++i) start[i + 1] += start[i];
     pointer(start);
   };
+  bool dup = false;
   if (sorted) {
     count_rows();
-    return {at::empty({0}, s.options()), s.clone(), t.clone(), repeats(sp, tp), rowptr};
+    at::Tensor stats = E ? summary(sp, tp, dup) : at::zeros({7}, s.options());
+    return {at::empty({0}, s.options()), s.clone(), t.clone(), at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool)),
+            rowptr, stats};
   }
-  std::fill(start.begin(), start.begin() + n_k + 1, 0);
-  for (int64_t e = 0; e < E; ++e) ++start[sp[e] + 1];
-  for (int64_t j = 0; j < n_k; ++j) start[j + 1] += start[j];
-  for (int64_t e = 0; e < E; ++e) by_src[start[sp[e]]++] = e;
-  count_rows();
   at::Tensor perm = at::empty({E}, s.options()), ss = at::empty({E}, s.options()), ts = at::empty({E}, s.options());
   int64_t* pp = perm.data_ptr<int64_t>();
-  for (int64_t r = 0; r < E; ++r) pp[start[tp[by_src[r]]]++] = by_src[r];
+  if (E <= kRowSortDegree * n_q) {
+    // Few edges a row (graphs, molecule batches): placed by target in their order, then each row
+    // sorted by source where it is not already (stably: repeated edges keep their order), which
+    // it is where the edges came sorted by source (PyG's coalesced batches). One counting pass.
+    count_rows();
+    for (int64_t e = 0; e < E; ++e) pp[start[tp[e]]++] = e;
+    for (int64_t i = 0, begin = 0; i < n_q; begin = start[i++]) {  // row i: [end of row i - 1, start[i])
+      int64_t *a = pp + begin, *b = pp + start[i];
+      bool in_order = true;
+      for (int64_t* x = a + 1; x < b && in_order; ++x) in_order = sp[x[-1]] <= sp[*x];
+      if (in_order) continue;
+      if (b - a > 16) {
+        std::stable_sort(a, b, [&](int64_t x, int64_t y) { return sp[x] < sp[y]; });
+        continue;
+      }
+      for (int64_t* x = a + 1; x < b; ++x)  // insertion sort, stable: no buffer to allocate for a short row
+        for (int64_t* y = x; y > a && sp[y[-1]] > sp[*y]; --y) std::swap(y[-1], *y);
+    }
+  } else {
+    // Many edges a row: two stable counting sorts, by source then by target, O(E + n) whatever the degrees.
+    std::vector<int64_t> by_src(E);
+    std::fill(start.begin(), start.begin() + n_k + 1, 0);
+    for (int64_t e = 0; e < E; ++e) ++start[sp[e] + 1];
+    for (int64_t j = 0; j < n_k; ++j) start[j + 1] += start[j];
+    for (int64_t e = 0; e < E; ++e) by_src[start[sp[e]]++] = e;
+    count_rows();
+    for (int64_t r = 0; r < E; ++r) pp[start[tp[by_src[r]]]++] = by_src[r];
+  }
   int64_t* ssp = ss.data_ptr<int64_t>();
   int64_t* tsp = ts.data_ptr<int64_t>();
   for (int64_t r = 0; r < E; ++r) ssp[r] = sp[pp[r]], tsp[r] = tp[pp[r]];
-  return {perm, ss, ts, repeats(ssp, tsp), rowptr};
+  at::Tensor stats = summary(ssp, tsp, dup);
+  return {perm, ss, ts, at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool)), rowptr, stats};
 }
 
 // Whether edge_index [2, E] (int64 or int32, any strides) still holds the sorted edges src, dst [E] (int64)
