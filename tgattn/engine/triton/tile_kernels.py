@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import Launch, MAX_REGISTERS, _tanh
+from .kernels import Launch, MAX_REGISTERS
+from .tile_config import tile_config
 
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 # Triton 3.7.1's interpreter multiplies bfloat16 tl.dot operands as their raw bits (numpy has no
@@ -44,6 +45,16 @@ def _dot(a, b, PRECISION: tl.constexpr):
     if _UPCAST_BF16 and a.dtype == tl.bfloat16:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _tanh(x):
+    """``tanh(x) = 1 - 2 / (exp(2x) + 1)``, one exponential and no branch: the gather kernels' tanh
+    (:func:`~.kernels._tanh`) adds an odd polynomial below ``|x| = 0.1`` for float32 / float64 caps of
+    1e10 and more, whose second branch held registers that sm_80's dk-dv kernel spilled (8-16 bytes).
+    Its absolute error, about float32's eps, is ``c * eps`` in a capped score: 4e-6 at ``c = 30``,
+    far under the tiles' half-precision inputs' rounding."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -76,27 +87,26 @@ def _bits(MASKS, tile, rows, cols, WORDS: tl.constexpr, BLOCK_M: tl.constexpr, R
     hi = lo
     if WORDS > 1:
         hi = tl.load(base + 1)
-    if ROWS_FIRST:
-        word = tl.where(cols[None, :] < 32, lo[:, None], hi[:, None])
-        return ((word >> (cols[None, :] % 32)) & 1) != 0
-    word = tl.where(cols[:, None] < 32, lo[None, :], hi[None, :])
-    return ((word >> (cols[:, None] % 32)) & 1) != 0
+    if ROWS_FIRST:  # one return: Triton types every return of a function alike, even under a constexpr if
+        bit = (tl.where(cols[None, :] < 32, lo[:, None], hi[:, None]) >> (cols[None, :] % 32)) & 1
+    else:
+        bit = (tl.where(cols[:, None] < 32, lo[None, :], hi[None, :]) >> (cols[:, None] % 32)) & 1
+    return bit != 0
 
 
 @triton.jit
-def _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m, l, acc,
+def _forward_step(q, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, m, l, acc,
                   s_kn, s_kh, s_vn, s_vh, od, ov, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                   PRECISION: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   WORDS: tl.constexpr):
-    """One tile of the forward's online softmax: the new ``(m, l, acc)``."""
-    kb = tl.load(QKB + t)
+    """One tile (key block ``kb``, mask row ``mrow``) of the forward's online softmax: the new ``(m, l, acc)``."""
     k = _keys(K, kb, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
     s = _dot(q, tl.trans(k), PRECISION) * scale  # [R, BN]
     if SOFTCAP:
         s = cap * _tanh(s / cap)
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        s = tl.where(_bits(MASKS, tl.load(QMASK + t), r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, True), s, float("-inf"))
+        s = tl.where(_bits(MASKS, mrow, r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, True), s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows without a finite score yet
     alpha = tl.exp(m - shift)
@@ -107,10 +117,23 @@ def _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m,
 
 
 @triton.jit
+def _first(IDS, start, end):
+    """``IDS[start]`` (0 for an empty range ``start .. end``): the id of a loop's first tile."""
+    return tl.load(IDS + start, mask=start < end, other=0)
+
+
+@triton.jit
 def _out_offsets(node, head, ov, s_on, s_oh):
     return node[:, None].to(tl.int64) * s_on + head[:, None] * s_oh + ov[None, :]
 
 
+# The tile loops carry the tile's block id and mask row from one step to the next and read the
+# next step's as plain scalars (``_first`` of ``t + 1``), as FlexAttention carries its key /
+# value offsets: the software pipeliner then sees key / value (query / output-gradient) loads
+# whose addresses come from the loop's own arguments, and issues them ``num_stages - 1`` steps
+# ahead. Read inside the step (``tl.load(QKB + t)``), the id was itself made an asynchronous copy
+# that the tiles' loads waited for, and every step waited for all its copies at its top
+# (``async_wait {num = 0}``, data/gpu issue 56).
 @triton.jit
 def tile_forward_kernel(
     Q, K, V, OUT, LSE, OUT0, LSE0, QPTR, QSPLIT, QKB, QMASK, MASKS,
@@ -132,14 +155,20 @@ def tile_forward_kernel(
     l = tl.zeros([BLOCK_M * GROUP], tl.float32)
     acc = tl.zeros([BLOCK_M * GROUP, BLOCK_DV], tl.float32)
     start, split, end = tl.load(QPTR + qb), tl.load(QSPLIT + qb), tl.load(QPTR + qb + 1)
+    kb = _first(QKB, start, split)
     for t in range(start, split):
-        m, l, acc = _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m, l, acc,
+        kb_next = _first(QKB, t + 1, split)
+        m, l, acc = _forward_step(q, K, V, MASKS, kb, 0, hk, n_k, dk, dv, scale, cap, m, l, acc,
                                   s_kn, s_kh, s_vn, s_vh, od, ov, False, SOFTCAP, PRECISION, GROUP,
                                   BLOCK_M, BLOCK_N, WORDS)
+        kb = kb_next
+    kb, mrow = _first(QKB, split, end), _first(QMASK, split, end)
     for t in range(split, end):
-        m, l, acc = _forward_step(q, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, m, l, acc,
+        kb_next, mrow_next = _first(QKB, t + 1, end), _first(QMASK, t + 1, end)
+        m, l, acc = _forward_step(q, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, m, l, acc,
                                   s_kn, s_kh, s_vn, s_vh, od, ov, True, SOFTCAP, PRECISION, GROUP,
                                   BLOCK_M, BLOCK_N, WORDS)
+        kb, mrow = kb_next, mrow_next
     if INIT:  # the remainder as one more chunk: sum 1 (or 0 without a logit) at its log-sum-exp, sum times out0
         # (merged after the tiles, not before: loaded before, sm_80's ptxas spilled 8 bytes at d = 64)
         lse0 = tl.load(LSE0 + head * n_q + node, mask=live, other=float("inf"))
@@ -173,34 +202,34 @@ def _scores_t(a, b, scale, cap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _dq_step(q, do, lse, delta, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, dq,
+def _dq_step(q, do, lse, delta, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, dq,
              s_kn, s_kh, s_vn, s_vh, od, ov, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
              GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    kb = tl.load(QKB + t)
     k = _keys(K, kb, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
     v = _keys(V, kb, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
     s, th = _scores_t(q, k, scale, cap, SOFTCAP, PRECISION)  # [R, BN]
     p = tl.exp(s - lse[:, None])
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        p = tl.where(_bits(MASKS, tl.load(QMASK + t), r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, True), p, 0.0)
+        p = tl.where(_bits(MASKS, mrow, r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, True), p, 0.0)
+    if SOFTCAP:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh^2, taken now so the tanh is not held
+        p = p * (1.0 - th * th)  # through the next product (at d = 128 it spilled 12 bytes on sm_90)
     dp = _dot(do, tl.trans(v), PRECISION)
     ds = p * (dp - delta[:, None])
-    if SOFTCAP:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh^2
-        ds = ds * (1.0 - th * th)
     return dq + _dot(ds.to(k.dtype), k, PRECISION)
 
 
 @triton.jit
 def tile_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, QPTR, QSPLIT, QKB, QMASK, MASKS,
+    Q, K, V, DO, LSE, DELTA, DQ, DQ0, QPTR, QSPLIT, QKB, QMASK, MASKS,
     n_q, n_k, heads, dk, dv, scale: tl.float64, cap: tl.float64,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+    INIT: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
     WORDS: tl.constexpr,
 ):
-    """``DQ [n_q, H, dk]`` (float32, contiguous): the tiles' share of the query gradients."""
+    """``DQ [n_q, H, dk]`` (contiguous, the inputs' dtype): the query gradients, the tiles' share
+    accumulated in float32, plus with ``INIT`` the gathered remainder's ``DQ0`` (laid out like ``DQ``)."""
     qb, hk = tl.program_id(0), tl.program_id(1)
     scale, cap = tl.full([], scale, tl.float32), tl.full([], cap, tl.float32)
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
@@ -211,22 +240,31 @@ def tile_dq_kernel(
     delta = tl.load(DELTA + head * n_q + node, mask=live, other=0.0)
     dq = tl.zeros([BLOCK_M * GROUP, BLOCK_DK], tl.float32)
     start, split, end = tl.load(QPTR + qb), tl.load(QSPLIT + qb), tl.load(QPTR + qb + 1)
+    kb = _first(QKB, start, split)
     for t in range(start, split):
-        dq = _dq_step(q, do, lse, delta, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, dq,
+        kb_next = _first(QKB, t + 1, split)
+        dq = _dq_step(q, do, lse, delta, K, V, MASKS, kb, 0, hk, n_k, dk, dv, scale, cap, dq,
                       s_kn, s_kh, s_vn, s_vh, od, ov, False, SOFTCAP, PRECISION, GROUP, BLOCK_M, BLOCK_N, WORDS)
+        kb = kb_next
+    kb, mrow = _first(QKB, split, end), _first(QMASK, split, end)
     for t in range(split, end):
-        dq = _dq_step(q, do, lse, delta, K, V, MASKS, QKB, QMASK, t, hk, n_k, dk, dv, scale, cap, dq,
+        kb_next, mrow_next = _first(QKB, t + 1, end), _first(QMASK, t + 1, end)
+        dq = _dq_step(q, do, lse, delta, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, dq,
                       s_kn, s_kh, s_vn, s_vh, od, ov, True, SOFTCAP, PRECISION, GROUP, BLOCK_M, BLOCK_N, WORDS)
-    tl.store(DQ + node[:, None].to(tl.int64) * (heads * dk) + head[:, None] * dk + od[None, :], dq * scale,
-             mask=live[:, None] & (od < dk)[None, :])
+        kb, mrow = kb_next, mrow_next
+    offs = node[:, None].to(tl.int64) * (heads * dk) + head[:, None] * dk + od[None, :]
+    out = live[:, None] & (od < dk)[None, :]
+    dq = dq * scale
+    if INIT:
+        dq += tl.load(DQ0 + offs, mask=out, other=0.0).to(tl.float32)
+    tl.store(DQ + offs, dq.to(DQ.dtype.element_ty), mask=out)
 
 
 @triton.jit
-def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, KQB, KMASK, t, hk, n_q, dk, dv, scale, cap, dkey, dval,
+def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale, cap, dkey, dval,
                s_qn, s_qh, s_don, s_doh, od, ov, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                PRECISION: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                WORDS: tl.constexpr):
-    qb = tl.load(KQB + t)
     q, node, head = _tile_rows(Q, qb, hk, n_q, s_qn, s_qh, od, dk, BLOCK_M, GROUP)  # [R, BDK]
     do, _, _ = _tile_rows(DO, qb, hk, n_q, s_don, s_doh, ov, dv, BLOCK_M, GROUP)  # [R, BDV]
     live = node < n_q
@@ -236,26 +274,39 @@ def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, KQB, KMASK, t, hk, n_q, dk, dv, s
     p = tl.exp(s - lse[None, :])
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        p = tl.where(_bits(MASKS, tl.load(KMASK + t), r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, False), p, 0.0)
-    dval += _dot(p.to(do.dtype), do, PRECISION)
+        p = tl.where(_bits(MASKS, mrow, r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, False), p, 0.0)
+    pv = p.to(do.dtype)
+    if SOFTCAP:  # as in _dq_step: the cap's derivative taken before the products, the tanh not held through them
+        p = p * (1.0 - th * th)
+    dval += _dot(pv, do, PRECISION)
     dp = _dot(v, tl.trans(do), PRECISION)  # [BN, R]
     ds = p * (dp - delta[None, :])
-    if SOFTCAP:
-        ds = ds * (1.0 - th * th)
     return dkey + _dot(ds.to(q.dtype), q, PRECISION), dval
 
 
 @triton.jit
+def _grouped_sum(X0, node, hk, heads, d, offs, out, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``sum_g X0[node, hk * GROUP + g, :d]`` in float32 (``X0 [n, H, d]`` contiguous): a remainder's
+    key or value gradients of the ``GROUP`` query heads that share key/value head ``hk``."""
+    total = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for g in tl.static_range(GROUP):
+        total += tl.load(X0 + node[:, None] * (heads * d) + (hk * GROUP + g) * d + offs[None, :], mask=out,
+                         other=0.0).to(tl.float32)
+    return total
+
+
+@triton.jit
 def tile_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, KPTR, KSPLIT, KQB, KMASK, MASKS,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DK0, DV0, KPTR, KSPLIT, KQB, KMASK, MASKS,
     n_q, n_k, heads, kv_heads, dk, dv, scale: tl.float64, cap: tl.float64,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+    INIT: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
     WORDS: tl.constexpr,
 ):
-    """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (float32, contiguous): the tiles' share of the
-    key and value gradients, summed over the ``GROUP`` query heads of each key/value head."""
+    """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous, the inputs' dtype): the key and
+    value gradients, summed over the ``GROUP`` query heads of each key/value head in float32; with
+    ``INIT`` plus the gathered remainder's ``DK0 [n_k, H, dk]`` / ``DV0 [n_k, H, dv]`` (per query head)."""
     kb, hk = tl.program_id(0), tl.program_id(1)
     scale, cap = tl.full([], scale, tl.float32), tl.full([], cap, tl.float32)
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
@@ -264,27 +315,52 @@ def tile_dkdv_kernel(
     dkey = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dval = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     start, split, end = tl.load(KPTR + kb), tl.load(KSPLIT + kb), tl.load(KPTR + kb + 1)
+    qb = _first(KQB, start, split)
     for t in range(start, split):
-        dkey, dval = _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, KQB, KMASK, t, hk, n_q, dk, dv, scale, cap, dkey,
+        qb_next = _first(KQB, t + 1, split)
+        dkey, dval = _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, 0, hk, n_q, dk, dv, scale, cap, dkey,
                                 dval, s_qn, s_qh, s_don, s_doh, od, ov, False, SOFTCAP, PRECISION, GROUP, BLOCK_M,
                                 BLOCK_N, WORDS)
+        qb = qb_next
+    qb, mrow = _first(KQB, split, end), _first(KMASK, split, end)
     for t in range(split, end):
-        dkey, dval = _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, KQB, KMASK, t, hk, n_q, dk, dv, scale, cap, dkey,
+        qb_next, mrow_next = _first(KQB, t + 1, end), _first(KMASK, t + 1, end)
+        dkey, dval = _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale, cap, dkey,
                                 dval, s_qn, s_qh, s_don, s_doh, od, ov, True, SOFTCAP, PRECISION, GROUP, BLOCK_M,
                                 BLOCK_N, WORDS)
+        qb, mrow = qb_next, mrow_next
     node = (kb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     live = (node < n_k)[:, None]
-    tl.store(DK + node[:, None] * (kv_heads * dk) + hk * dk + od[None, :], dkey * scale, mask=live & (od < dk)[None, :])
-    tl.store(DV + node[:, None] * (kv_heads * dv) + hk * dv + ov[None, :], dval, mask=live & (ov < dv)[None, :])
+    dkey = dkey * scale
+    if INIT:
+        dkey += _grouped_sum(DK0, node, hk, heads, dk, od, live & (od < dk)[None, :], GROUP, BLOCK_N, BLOCK_DK)
+        dval += _grouped_sum(DV0, node, hk, heads, dv, ov, live & (ov < dv)[None, :], GROUP, BLOCK_N, BLOCK_DV)
+    tl.store(DK + node[:, None] * (kv_heads * dk) + hk * dk + od[None, :], dkey.to(DK.dtype.element_ty),
+             mask=live & (od < dk)[None, :])
+    tl.store(DV + node[:, None] * (kv_heads * dv) + hk * dv + ov[None, :], dval.to(DV.dtype.element_ty),
+             mask=live & (ov < dv)[None, :])
 
 
-# Warps a program. Compiled for sm_80 at 64 x 64 tiles in bfloat16 with a softcap, four warps
-# spilled 20 bytes a thread in the forward at d = 64 (255 registers); eight spill nothing at
-# d = 16-128 on sm_80 or sm_90 (data/gpu/compiled.md) and keep 8 warps resident per SM.
-TILE_WARPS = 8
+@triton.jit
+def tile_delta_kernel(DO, OUT, DELTA, n_q, heads, dv, s_don, s_doh, s_on, s_oh,
+                      BLOCK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``DELTA [H, n_q]`` (float32) ``= <dO_i, O_i>`` per row and head, in one pass over ``dO`` and ``O``
+    in their own dtype (products summed in float32): rows ``program_id(0) * BLOCK ..`` of head ``program_id(1)``."""
+    h = tl.program_id(1)
+    node = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ov = tl.arange(0, BLOCK_DV)
+    live = node < n_q
+    mask = live[:, None] & (ov < dv)[None, :]
+    do = tl.load(DO + node[:, None].to(tl.int64) * s_don + h * s_doh + ov[None, :], mask=mask, other=0.0)
+    o = tl.load(OUT + node[:, None].to(tl.int64) * s_on + h * s_oh + ov[None, :], mask=mask, other=0.0)
+    tl.store(DELTA + h * n_q + node, tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1), mask=live)
 
 
-def _meta(q, v, plan, group: int) -> dict:
+DELTA_ROWS = 64  # rows of one head per tile_delta_kernel program
+
+
+def _meta(q, v, plan, group: int, options) -> dict:
+    """The constants and launch options of a tile kernel: ``options = (num_warps, num_stages)``."""
     if plan.words > 2:
         raise ValueError(f"the tile kernels take tiles of up to 64 keys (got block_n = {plan.block_n})")
     block_dk = max(16, triton.next_power_of_2(q.shape[2]))  # tl.dot needs a K dim of 16 or more
@@ -292,8 +368,13 @@ def _meta(q, v, plan, group: int) -> dict:
     return dict(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored by 16-bit inputs
         GROUP=group, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_DK=block_dk, BLOCK_DV=block_dv,
-        WORDS=plan.words, maxnreg=MAX_REGISTERS, num_warps=TILE_WARPS,
+        WORDS=plan.words, maxnreg=MAX_REGISTERS, num_warps=options[0], num_stages=options[1],
     )
+
+
+def _config(q, v, plan, group: int):
+    """The launch options of the tile kernels for these inputs and plan (:func:`~.tile_config.tile_config`)."""
+    return tile_config(q.dtype, max(q.shape[2], v.shape[2]), plan.block_m * group, plan.block_n)
 
 
 def _masks(plan):
@@ -308,6 +389,7 @@ def forward_launch(q, k, v, plan, scale, softcap=None, init=None) -> Tuple[Launc
     """
     n_q, heads, dk = q.shape
     kv_heads = k.shape[1]
+    group = heads // kv_heads
     out = q.new_empty(n_q, heads, v.shape[2]) if init is None else torch.empty_like(init[0])
     lse = torch.empty(heads, n_q, dtype=torch.float32, device=q.device)
     out0, lse0 = (out, lse) if init is None else init
@@ -315,29 +397,45 @@ def forward_launch(q, k, v, plan, scale, softcap=None, init=None) -> Tuple[Launc
         q, k, v, out, lse, out0, lse0, plan.q_ptr, plan.q_split, plan.q_tile_kb, plan.q_tile_mask, _masks(plan),
         n_q, k.shape[0], heads, dk, v.shape[2], scale, 1.0 if softcap is None else softcap,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-    ), dict(INIT=init is not None, SOFTCAP=softcap is not None, **_meta(q, v, plan, heads // kv_heads)))
+    ), dict(INIT=init is not None, SOFTCAP=softcap is not None,
+            **_meta(q, v, plan, group, _config(q, v, plan, group).forward)))
     return launch, (out, lse)
 
 
-def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None) -> Tuple[Tuple[Launch, Launch], tuple]:
+def delta_launch(grad_out, out) -> Tuple[Launch, torch.Tensor]:
+    """The :func:`tile_delta_kernel` launch and its output ``delta [H, n_q]`` (float32, ``<dO_i, O_i>``)."""
+    n_q, heads, dv = out.shape
+    delta = torch.empty(heads, n_q, dtype=torch.float32, device=out.device)
+    return Launch(tile_delta_kernel, (triton.cdiv(n_q, DELTA_ROWS), heads), (
+        grad_out, out, delta, n_q, heads, dv, grad_out.stride(0), grad_out.stride(1), out.stride(0), out.stride(1),
+    ), dict(BLOCK=DELTA_ROWS, BLOCK_DV=triton.next_power_of_2(dv))), delta
+
+
+def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, init=None
+                      ) -> Tuple[Tuple[Launch, Launch], tuple]:
     """The :func:`tile_dq_kernel` and :func:`tile_dkdv_kernel` launches and their outputs ``(dq, dk, dv)``
-    (float32): the tiles' share of the gradients. ``lse`` and ``delta`` are the call's ``[H, n_q]`` (float32)."""
+    in the inputs' dtype. ``lse`` and ``delta`` are the call's ``[H, n_q]`` (float32); ``init = (dq0,
+    dk0, dv0)``: the gathered remainder's gradients (contiguous; ``dk0`` / ``dv0`` ``[n_k, H, d]``, one
+    per query head), added in float32 before the one rounding, or ``None``."""
     n_q, heads, dk = q.shape
     n_k, kv_heads, dv = k.shape[0], k.shape[1], v.shape[2]
+    group = heads // kv_heads
+    config = _config(q, v, plan, group)
     common = (n_q, n_k, heads)
     tail = (dk, dv, scale, 1.0 if softcap is None else softcap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
-    meta = dict(SOFTCAP=softcap is not None, **_meta(q, v, plan, heads // kv_heads))
-    f32 = dict(dtype=torch.float32, device=q.device)
-    dq = torch.empty(n_q, heads, dk, **f32)
-    dkey, dval = torch.empty(n_k, kv_heads, dk, **f32), torch.empty(n_k, kv_heads, dv, **f32)
+    flags = dict(INIT=init is not None, SOFTCAP=softcap is not None)
+    dq = torch.empty(n_q, heads, dk, dtype=q.dtype, device=q.device)
+    dkey = torch.empty(n_k, kv_heads, dk, dtype=k.dtype, device=k.device)
+    dval = torch.empty(n_k, kv_heads, dv, dtype=v.dtype, device=v.device)
+    dq0, dk0, dv0 = (dq, dkey, dval) if init is None else init
     masks = _masks(plan)
     launches = (
         Launch(tile_dq_kernel, (plan.q_ptr.numel() - 1, kv_heads), (
-            q, k, v, grad_out, lse, delta, dq, plan.q_ptr, plan.q_split, plan.q_tile_kb, plan.q_tile_mask, masks,
-            *common, *tail), meta),
+            q, k, v, grad_out, lse, delta, dq, dq0, plan.q_ptr, plan.q_split, plan.q_tile_kb, plan.q_tile_mask, masks,
+            *common, *tail), dict(**flags, **_meta(q, v, plan, group, config.dq))),
         Launch(tile_dkdv_kernel, (plan.k_ptr.numel() - 1, kv_heads), (
-            q, k, v, grad_out, lse, delta, dkey, dval, plan.k_ptr, plan.k_split, plan.k_tile_qb, plan.k_tile_mask,
-            masks, *common, kv_heads, *tail), meta),
+            q, k, v, grad_out, lse, delta, dkey, dval, dk0, dv0, plan.k_ptr, plan.k_split, plan.k_tile_qb,
+            plan.k_tile_mask, masks, *common, kv_heads, *tail), dict(**flags, **_meta(q, v, plan, group, config.dkdv))),
     )
     return launches, (dq, dkey, dval)
