@@ -5,16 +5,21 @@
 table :data:`TABLE` (written by ``python -m tgattn.bench.gpu --tune`` on a GPU, the card named
 in each row) for the card this process runs on, else :data:`DEFAULT`.
 
-Why the defaults: a Hopper warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a
-64-row tile hold each score once (8 warps held the whole tile in both warpgroups: twice the
-exponentials and 1.5-1.67x the products, issue 56); 3 stages keep two tiles' copies in flight
-while the third is multiplied (the loops carry the next tile's id, :mod:`.tile_kernels`).
-Every option the table may hold is compiled for sm_80 and sm_90 by :mod:`.aot`.
+Why the defaults (:func:`default_config`, compiled by :mod:`.aot` without spills): a Hopper
+warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a 64-row tile hold each score
+once (8 warps held the whole tile in both warpgroups: twice the exponentials and 1.5-1.67x the
+products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
+(the loops carry the next tile's id, :mod:`.tile_kernels`). Where 4 warps run out of registers
+the kernel takes 8 (sm_90's dk-dv at d = 128: dk and dv accumulate 128 float32 registers a
+thread; its 64 x 64 score products then run in both warpgroups) or fewer stages (sm_80's dk-dv
+with a softcap). sm_80's ``mma.sync`` tiles warps over both dims: 8 warps repeat nothing there.
 
 Example:
     >>> import torch
-    >>> tile_config(torch.bfloat16, 64, 64, 64, card="none")
+    >>> tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="none")
     TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3))
+    >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dkdv
+    (8, 3)
 """
 from __future__ import annotations
 
@@ -35,14 +40,22 @@ STAGES = (2, 3, 4, 5)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """``(num_warps, num_stages)`` of each tile kernel."""
+    """``(num_warps, num_stages)`` of each tile kernel (the fields' defaults: sm_90's at d <= 64)."""
 
     forward: Tuple[int, int] = (4, 3)
     dq: Tuple[int, int] = (4, 3)
     dkdv: Tuple[int, int] = (4, 3)
 
 
-DEFAULT = TileConfig()
+
+
+def default_config(arch: int, head_dim: int, softcap: bool = False) -> TileConfig:
+    """The options without a tuned row, for compute capability ``arch`` (80, 90) and ``head_dim``."""
+    if arch >= 90:
+        return TileConfig(dkdv=(8, 3) if head_dim > 64 else (4, 3))
+    if softcap:  # sm_80's dk-dv with a cap: 8-20 bytes spilled at 3 stages, 4 or 8 warps
+        return TileConfig(dkdv=(8, 1) if head_dim > 64 else (4, 2))
+    return TileConfig(dkdv=(8, 3))
 
 
 def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, int, int, int]:
@@ -56,7 +69,7 @@ def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, 
 def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, TileConfig]]:
     """``{card: {(dtype, head_dim, rows, keys): TileConfig}}`` from a tuning table (``{}`` without one).
 
-    Rows name a kernel each; a key missing a kernel takes :data:`DEFAULT`'s options for it."""
+    Rows name a kernel each; a key must name all three."""
     if not Path(path).exists():
         return {}
     found: Dict[str, Dict[tuple, dict]] = {}
@@ -68,16 +81,28 @@ def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, TileConfig]]:
                                  f"(allowed: {KERNELS}, warps {WARPS}, stages {STAGES})")
             key = (row["dtype"], int(row["head_dim"]), int(row["block_m"]), int(row["block_n"]))
             found.setdefault(row["card"], {}).setdefault(key, {})[row["kernel"]] = (warps, stages)
+    for card, rows in found.items():
+        for key, kernels in rows.items():
+            if set(kernels) != set(KERNELS):
+                raise ValueError(f"{path}: {card} {key} names kernels {sorted(kernels)}, not all of {KERNELS}")
     return {card: {key: TileConfig(**kernels) for key, kernels in rows.items()} for card, rows in found.items()}
 
 
-def current_card() -> Optional[str]:
-    """The name of this process's CUDA device (``torch.cuda.get_device_name``), ``None`` without one."""
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+def current_device() -> Tuple[Optional[str], int]:
+    """``(name, arch)`` of this process's CUDA device (``(None, 90)`` without one: the interpreter
+    ignores launch options)."""
+    if not torch.cuda.is_available():
+        return None, 90
+    major, minor = torch.cuda.get_device_capability()
+    return torch.cuda.get_device_name(), major * 10 + minor
 
 
-def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, card: Optional[str] = None) -> TileConfig:
+def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, softcap: bool = False,
+                arch: Optional[int] = None, card: Optional[str] = None) -> TileConfig:
     """The launch options for inputs of ``dtype`` and ``head_dim`` on tiles of ``rows x keys``, on
-    ``card`` (default: this process's device): its row of :data:`TABLE`, else :data:`DEFAULT`."""
-    card = current_card() if card is None else card
-    return read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys), DEFAULT)
+    ``card`` of compute capability ``arch`` (default: this process's device): its row of
+    :data:`TABLE`, else :func:`default_config`."""
+    name, device_arch = current_device()
+    card, arch = name if card is None else card, device_arch if arch is None else arch
+    tuned = read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys))
+    return tuned or default_config(arch, head_dim, softcap)

@@ -372,20 +372,22 @@ def _meta(q, v, plan, group: int, options) -> dict:
     )
 
 
-def _config(q, v, plan, group: int):
+def _config(q, v, plan, group: int, softcap, arch):
     """The launch options of the tile kernels for these inputs and plan (:func:`~.tile_config.tile_config`)."""
-    return tile_config(q.dtype, max(q.shape[2], v.shape[2]), plan.block_m * group, plan.block_n)
+    return tile_config(q.dtype, max(q.shape[2], v.shape[2]), plan.block_m * group, plan.block_n,
+                       softcap=softcap is not None, arch=arch)
 
 
 def _masks(plan):
     return plan.masks if plan.masks.numel() else plan.q_tile_mask  # a valid pointer when no tile is partial
 
 
-def forward_launch(q, k, v, plan, scale, softcap=None, init=None) -> Tuple[Launch, tuple]:
+def forward_launch(q, k, v, plan, scale, softcap=None, init=None, arch=None) -> Tuple[Launch, tuple]:
     """The :func:`tile_forward_kernel` launch and its outputs ``(out [n_q, H, dv], lse [H, n_q] float32)``.
 
     ``q [n_q, H, d]``, ``k`` / ``v`` ``[n_k, H / G, d]`` (unit stride in the last dim); ``init =
-    (out0, lse0)``: the gathered remainder's output (strides of ``out``) and log-sum-exp, or ``None``.
+    (out0, lse0)``: the gathered remainder's output (strides of ``out``) and log-sum-exp, or ``None``;
+    ``arch``: the compute capability to take launch options for (default: this process's device).
     """
     n_q, heads, dk = q.shape
     kv_heads = k.shape[1]
@@ -398,7 +400,7 @@ def forward_launch(q, k, v, plan, scale, softcap=None, init=None) -> Tuple[Launc
         n_q, k.shape[0], heads, dk, v.shape[2], scale, 1.0 if softcap is None else softcap,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
     ), dict(INIT=init is not None, SOFTCAP=softcap is not None,
-            **_meta(q, v, plan, group, _config(q, v, plan, group).forward)))
+            **_meta(q, v, plan, group, _config(q, v, plan, group, softcap, arch).forward)))
     return launch, (out, lse)
 
 
@@ -411,16 +413,16 @@ def delta_launch(grad_out, out) -> Tuple[Launch, torch.Tensor]:
     ), dict(BLOCK=DELTA_ROWS, BLOCK_DV=triton.next_power_of_2(dv))), delta
 
 
-def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, init=None
+def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, init=None, arch=None
                       ) -> Tuple[Tuple[Launch, Launch], tuple]:
     """The :func:`tile_dq_kernel` and :func:`tile_dkdv_kernel` launches and their outputs ``(dq, dk, dv)``
     in the inputs' dtype. ``lse`` and ``delta`` are the call's ``[H, n_q]`` (float32); ``init = (dq0,
     dk0, dv0)``: the gathered remainder's gradients (contiguous; ``dk0`` / ``dv0`` ``[n_k, H, d]``, one
-    per query head), added in float32 before the one rounding, or ``None``."""
+    per query head), added in float32 before the one rounding, or ``None``; ``arch`` as in :func:`forward_launch`."""
     n_q, heads, dk = q.shape
     n_k, kv_heads, dv = k.shape[0], k.shape[1], v.shape[2]
     group = heads // kv_heads
-    config = _config(q, v, plan, group)
+    config = _config(q, v, plan, group, softcap, arch)
     common = (n_q, n_k, heads)
     tail = (dk, dv, scale, 1.0 if softcap is None else softcap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
