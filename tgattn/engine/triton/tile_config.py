@@ -9,10 +9,11 @@ Why the defaults (:func:`default_config`, compiled by :mod:`.aot` without spills
 warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a 64-row tile hold each score
 once (8 warps held the whole tile in both warpgroups: twice the exponentials and 1.5-1.67x the
 products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
-(the loops carry the next tile's id, :mod:`.tile_kernels`). Where 4 warps run out of registers
-the kernel takes 8 (sm_90's dk-dv at d = 128: dk and dv accumulate 128 float32 registers a
-thread; its 64 x 64 score products then run in both warpgroups) or fewer stages (sm_80's dk-dv
-with a softcap). sm_80's ``mma.sync`` tiles warps over both dims: 8 warps repeat nothing there.
+(the loops carry the next tile's id, :mod:`.tile_kernels`). The dk-dv kernel at d = 128 runs out
+of registers at 4 warps and takes 8: on sm_90 its 64 x 64 score products then run in both
+warpgroups (the one kernel that repeats them), on sm_80 its loop runs unpipelined (1 stage; 2-3
+spilled 8 bytes). sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
+there: its dq kernel takes 8.
 
 Example:
     >>> import torch
@@ -20,6 +21,8 @@ Example:
     TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3))
     >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dkdv
     (8, 3)
+    >>> tile_config(torch.bfloat16, 64, 64, 64, arch=80, card="none")
+    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(4, 3))
 """
 from __future__ import annotations
 
@@ -49,13 +52,13 @@ class TileConfig:
 
 
 
-def default_config(arch: int, head_dim: int, softcap: bool = False) -> TileConfig:
+def default_config(arch: int, head_dim: int) -> TileConfig:
     """The options without a tuned row, for compute capability ``arch`` (80, 90) and ``head_dim``."""
-    if arch >= 90:
+    if arch >= 90:  # d = 128: dk and dv accumulate 128 float32 registers a thread (4 warps spilled 236-704 bytes)
         return TileConfig(dkdv=(8, 3) if head_dim > 64 else (4, 3))
-    if softcap:  # sm_80's dk-dv with a cap: 8-20 bytes spilled at 3 stages, 4 or 8 warps
-        return TileConfig(dkdv=(8, 1) if head_dim > 64 else (4, 2))
-    return TileConfig(dkdv=(8, 3))
+    # sm_80: 8 warps repeat nothing; dq on 4 spilled 12-16 bytes with the remainder's merge (d = 64),
+    # dk-dv at d = 128 on 8 spilled 8 bytes at 2-3 stages
+    return TileConfig(dq=(8, 3), dkdv=(8, 1) if head_dim > 64 else (4, 3))
 
 
 def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, int, int, int]:
@@ -97,12 +100,12 @@ def current_device() -> Tuple[Optional[str], int]:
     return torch.cuda.get_device_name(), major * 10 + minor
 
 
-def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, softcap: bool = False,
-                arch: Optional[int] = None, card: Optional[str] = None) -> TileConfig:
+def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, arch: Optional[int] = None,
+                card: Optional[str] = None) -> TileConfig:
     """The launch options for inputs of ``dtype`` and ``head_dim`` on tiles of ``rows x keys``, on
     ``card`` of compute capability ``arch`` (default: this process's device): its row of
     :data:`TABLE`, else :func:`default_config`."""
     name, device_arch = current_device()
     card, arch = name if card is None else card, device_arch if arch is None else arch
     tuned = read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys))
-    return tuned or default_config(arch, head_dim, softcap)
+    return tuned or default_config(arch, head_dim)

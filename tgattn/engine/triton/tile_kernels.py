@@ -220,6 +220,11 @@ def _dq_step(q, do, lse, delta, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, c
 
 
 @triton.jit
+def _dq_offsets(node, head, heads, dk, od):
+    return node[:, None].to(tl.int64) * (heads * dk) + head[:, None] * dk + od[None, :]
+
+
+@triton.jit
 def tile_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DQ0, QPTR, QSPLIT, QKB, QMASK, MASKS,
     n_q, n_k, heads, dk, dv, scale: tl.float64, cap: tl.float64,
@@ -239,6 +244,9 @@ def tile_dq_kernel(
     lse = tl.load(LSE + head * n_q + node, mask=live, other=float("inf"))
     delta = tl.load(DELTA + head * n_q + node, mask=live, other=0.0)
     dq = tl.zeros([BLOCK_M * GROUP, BLOCK_DK], tl.float32)
+    if INIT:  # the remainder's share starts the accumulator (in units of dS K: times scale at the end)
+        dq = tl.load(DQ0 + _dq_offsets(node, head, heads, dk, od), mask=live[:, None] & (od < dk)[None, :],
+                     other=0.0).to(tl.float32) / scale
     start, split, end = tl.load(QPTR + qb), tl.load(QSPLIT + qb), tl.load(QPTR + qb + 1)
     kb = _first(QKB, start, split)
     for t in range(start, split):
@@ -252,12 +260,9 @@ def tile_dq_kernel(
         dq = _dq_step(q, do, lse, delta, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, dq,
                       s_kn, s_kh, s_vn, s_vh, od, ov, True, SOFTCAP, PRECISION, GROUP, BLOCK_M, BLOCK_N, WORDS)
         kb, mrow = kb_next, mrow_next
-    offs = node[:, None].to(tl.int64) * (heads * dk) + head[:, None] * dk + od[None, :]
-    out = live[:, None] & (od < dk)[None, :]
-    dq = dq * scale
-    if INIT:
-        dq += tl.load(DQ0 + offs, mask=out, other=0.0).to(tl.float32)
-    tl.store(DQ + offs, dq.to(DQ.dtype.element_ty), mask=out)
+    # offsets formed again, not kept from the INIT load: 64-bit, held through the loops they spilled on sm_80
+    tl.store(DQ + _dq_offsets(node, head, heads, dk, od), (dq * scale).to(DQ.dtype.element_ty),
+             mask=live[:, None] & (od < dk)[None, :])
 
 
 @triton.jit
@@ -312,8 +317,13 @@ def tile_dkdv_kernel(
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     k = _keys(K, kb, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
     v = _keys(V, kb, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
+    node = (kb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    live = (node < n_k)[:, None]
     dkey = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dval = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    if INIT:  # the remainder's share starts the accumulators, as in tile_dq_kernel
+        dkey = _grouped_sum(DK0, node, hk, heads, dk, od, live & (od < dk)[None, :], GROUP, BLOCK_N, BLOCK_DK) / scale
+        dval = _grouped_sum(DV0, node, hk, heads, dv, ov, live & (ov < dv)[None, :], GROUP, BLOCK_N, BLOCK_DV)
     start, split, end = tl.load(KPTR + kb), tl.load(KSPLIT + kb), tl.load(KPTR + kb + 1)
     qb = _first(KQB, start, split)
     for t in range(start, split):
@@ -329,13 +339,7 @@ def tile_dkdv_kernel(
                                 dval, s_qn, s_qh, s_don, s_doh, od, ov, True, SOFTCAP, PRECISION, GROUP, BLOCK_M,
                                 BLOCK_N, WORDS)
         qb, mrow = qb_next, mrow_next
-    node = (kb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    live = (node < n_k)[:, None]
-    dkey = dkey * scale
-    if INIT:
-        dkey += _grouped_sum(DK0, node, hk, heads, dk, od, live & (od < dk)[None, :], GROUP, BLOCK_N, BLOCK_DK)
-        dval += _grouped_sum(DV0, node, hk, heads, dv, ov, live & (ov < dv)[None, :], GROUP, BLOCK_N, BLOCK_DV)
-    tl.store(DK + node[:, None] * (kv_heads * dk) + hk * dk + od[None, :], dkey.to(DK.dtype.element_ty),
+    tl.store(DK + node[:, None] * (kv_heads * dk) + hk * dk + od[None, :], (dkey * scale).to(DK.dtype.element_ty),
              mask=live & (od < dk)[None, :])
     tl.store(DV + node[:, None] * (kv_heads * dv) + hk * dv + ov[None, :], dval.to(DV.dtype.element_ty),
              mask=live & (ov < dv)[None, :])
@@ -372,10 +376,9 @@ def _meta(q, v, plan, group: int, options) -> dict:
     )
 
 
-def _config(q, v, plan, group: int, softcap, arch):
+def _config(q, v, plan, group: int, arch):
     """The launch options of the tile kernels for these inputs and plan (:func:`~.tile_config.tile_config`)."""
-    return tile_config(q.dtype, max(q.shape[2], v.shape[2]), plan.block_m * group, plan.block_n,
-                       softcap=softcap is not None, arch=arch)
+    return tile_config(q.dtype, max(q.shape[2], v.shape[2]), plan.block_m * group, plan.block_n, arch=arch)
 
 
 def _masks(plan):
@@ -400,7 +403,7 @@ def forward_launch(q, k, v, plan, scale, softcap=None, init=None, arch=None) -> 
         n_q, k.shape[0], heads, dk, v.shape[2], scale, 1.0 if softcap is None else softcap,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
     ), dict(INIT=init is not None, SOFTCAP=softcap is not None,
-            **_meta(q, v, plan, group, _config(q, v, plan, group, softcap, arch).forward)))
+            **_meta(q, v, plan, group, _config(q, v, plan, group, arch).forward)))
     return launch, (out, lse)
 
 
@@ -422,7 +425,7 @@ def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, 
     n_q, heads, dk = q.shape
     n_k, kv_heads, dv = k.shape[0], k.shape[1], v.shape[2]
     group = heads // kv_heads
-    config = _config(q, v, plan, group, softcap, arch)
+    config = _config(q, v, plan, group, arch)
     common = (n_q, n_k, heads)
     tail = (dk, dv, scale, 1.0 if softcap is None else softcap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
