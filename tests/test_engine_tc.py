@@ -223,7 +223,8 @@ def test_every_launch_of_a_tc_call_is_among_the_compiled_configurations(monkeypa
         out, _ = tc_attention(q, k, v, s, None, 0.25, min_fill=0.0, **options)
         out.sum().backward()
     compiled = {_meta_key(aot.launch_of(c)) for c in aot.configurations() if c.dtype == dtype and c.head_dim == d}
-    assert len(set(seen)) == 9  # forward bare / with remainder and cap; dq, dk dv with / without cap; 3 grouped
+    # forward bare / with remainder and cap; dq, dk dv with / without cap; 3 grouped; the delta kernel
+    assert len(set(seen)) == 10
     assert set(seen) <= compiled, set(seen) - compiled
 
 

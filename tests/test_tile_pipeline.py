@@ -4,7 +4,7 @@ A child process (this one runs Triton's interpreter) compiles the ``tc`` backend
 through :mod:`tgattn.engine.triton.aot` at their launch options for each target and reports what
 the software pipeliner and the tensor-core lowering made of them:
 
-* **a pipeline in every tile loop**: each loop waits at its top for all but the newest copies
+* **a pipeline in every tile loop** (but sm_80's dk-dv, unpipelined to fit its registers): each loop waits at its top for all but the newest copies
   (``ttg.async_wait {num = N}``, ``cp.async.wait_group N`` with N > 0), over operand buffers
   at least 3 deep on sm_90 (2 on sm_80, whose ``mma.sync`` reads registers); no tile id is
   itself an asynchronous copy (a ``1 x 1`` buffer), which cost the key / value loads their
@@ -56,6 +56,8 @@ for target in aot.TARGETS:
 """
 PRODUCTS = {"tile_forward_kernel": 2, "tile_dq_kernel": 3, "tile_dkdv_kernel": 4}  # products of a tile
 LOOPS = 2  # full tiles, then partial ones
+# The one loop left unpipelined (tile_config.default_config): with a softcap it spilled at 2-3 stages
+UNPIPELINED = ("sm_80", "tile_dkdv_kernel")
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,9 @@ def test_every_tile_loop_keeps_the_next_tiles_in_flight_without_spills(compiled)
     assert len(compiled) == 10
     for r in compiled:
         assert r["spills"] == 0, r
+        if (r["target"], r["kernel"]) == UNPIPELINED:
+            assert r["warps"] == 8 and not r["loop_waits"] and not r["buffers"], r
+            continue
         assert len(r["loop_waits"]) == LOOPS and min(r["loop_waits"]) > 0, r  # the top of each loop
         assert sum(n > 0 for n in r["ptx_waits"]) >= LOOPS, r
         assert r["scalar_copies"] == 0, r  # no tile id made an asynchronous copy

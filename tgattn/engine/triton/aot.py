@@ -134,14 +134,15 @@ def configurations() -> Iterator[Config]:
     code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
 
     The tile kernels of ``tc`` (``TILE_DTYPES``: float16, bfloat16) come with and without a softcap
-    and a gathered remainder, and once grouped (``GROUPED`` query heads per key / value head) with
-    every option; the backward's ``delta`` kernel once per dtype and head dim. Their launch options
+    and a gathered remainder, and grouped (``GROUPED`` query heads per key / value head) with a
+    softcap, with a remainder (the forward: a remainder or sinks) and the backward also without;
+    the backward's ``delta`` kernel once per dtype and head dim. Their launch options
     are the target's (:func:`launch_of`).
 
     Example:
         >>> configs = list(configurations())
         >>> len(configs), sum(c.every_option for c in configs)
-        (1113, 89)
+        (1137, 81)
     """
     for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
         for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
@@ -162,7 +163,8 @@ def configurations() -> Iterator[Config]:
         for kernel in TILE_KERNELS[:3]:
             for softcap, remainder in itertools.product((False, True), (False, True)):
                 yield Config(kernel, dtype, d, softcap=softcap, remainder=remainder)
-            yield Config(kernel, dtype, d, softcap=True, remainder=True, group=GROUPED)
+            for remainder in (True, False) if kernel != "tile_forward_kernel" else (True,):
+                yield Config(kernel, dtype, d, softcap=True, remainder=remainder, group=GROUPED)
         yield Config("tile_delta_kernel", dtype, d)
     yield Config("keep_kernel", torch.int8, 0)
 
@@ -208,8 +210,7 @@ def _tile_launch(config: Config, arch: int):
     if config.kernel == "tile_forward_kernel":
         init = (torch.zeros_like(q), lse) if config.remainder else None
         return tk.forward_launch(q, k, v, plan, 0.125, softcap, init, arch)[0]
-    init = (torch.zeros_like(q), torch.zeros(ROWS, HEADS, d, dtype=config.dtype),
-            torch.zeros(ROWS, HEADS, d, dtype=config.dtype)) if config.remainder else None
+    init = torch.zeros_like(q) if config.remainder else None
     launches, _ = tk.backward_launches(q, k, v, torch.zeros_like(q), lse, delta, plan, 0.125, softcap, init, arch)
     return launches[0] if config.kernel == "tile_dq_kernel" else launches[1]
 

@@ -5,8 +5,9 @@
 the scattered remainder through the gather forward (:mod:`.kernels`) and then the tiles
 (:mod:`.tile_kernels`), whose online softmax takes in the remainder's output and log-sum-exp:
 one exact softmax over all of a row's edges. The backward runs both with the call's
-log-sum-exp and ``delta`` (one pass over ``dO`` and ``O``); the tile kernels add the remainder's
-gradients in float32 and write ``dq``, ``dk``, ``dv`` in the inputs' dtype.
+log-sum-exp and ``delta`` (one pass over ``dO`` and ``O``); the tile kernels write ``dq``, ``dk``,
+``dv`` in the inputs' dtype, ``dq`` with the remainder's added in float32; where a remainder
+exists, ``dk`` and ``dv`` come in float32 and take its share in one pass each.
 
 The tiles take float16 and bfloat16, a scale, soft-capping, sinks (in the remainder's softmax:
 it runs for every row when there are sinks) and rows without edges; grouped-query heads (``k``
@@ -116,8 +117,7 @@ def _gather_forward(q, k, v, rest, scale, softcap, sinks, group):
 
 def _gather_backward(q, k, v, grad_out, lse, delta, rest, scale, softcap, group):
     """The remainder's ``(dq [n_q, H, dk], dk [n_k, H, dk], dv [n_k, H, dv])`` in the inputs' dtype,
-    ``dk`` / ``dv`` per query head (the tile kernels sum each group's in float32), one gather
-    launch per head of a group."""
+    ``dk`` / ``dv`` per query head (heads ``hk * G + g``), one gather launch per head of a group."""
     kern = kernels_module()
     blocks = blocks_for(q.shape[2], v.shape[2], q.dtype, softcap is not None)
     rows, cols = walks(rest)
@@ -162,13 +162,15 @@ class TileAttention(torch.autograd.Function):
         tk = tile_kernels_module()
         launch, delta = tk.delta_launch(grad_out, out)  # [H, n_q]: <dO_i, O_i>, one pass in the inputs' dtype
         launch()
-        init = None
+        rest = None
         if ctx.rest.num_edges:
-            init = _gather_backward(q, k, v, grad_out, lse, delta, ctx.rest, ctx.scale, ctx.softcap, group)
+            rest = _gather_backward(q, k, v, grad_out, lse, delta, ctx.rest, ctx.scale, ctx.softcap, group)
         launches, (dq, dk, dv) = tk.backward_launches(q, k, v, grad_out, lse, delta, ctx.plan, ctx.scale, ctx.softcap,
-                                                      init)
+                                                      None if rest is None else rest[0])
         for launch in launches:
             launch()
+        if rest is not None:  # the tiles' dk, dv in float32 plus the remainder's, rounded once
+            dk, dv = ((g + r.float().unflatten(1, (-1, group)).sum(2)).to(t.dtype) for g, r, t in zip((dk, dv), rest[1:], (k, v)))
         grad_sinks = None
         if sinks is not None and ctx.needs_input_grad[3]:  # as in TritonAttention.backward
             grad_sinks = -(torch.exp(sinks.float()[:, None] - lse) * delta).sum(1).to(sinks.dtype)

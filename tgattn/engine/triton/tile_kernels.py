@@ -290,28 +290,18 @@ def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale,
 
 
 @triton.jit
-def _grouped_sum(X0, node, hk, heads, d, offs, out, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``sum_g X0[node, hk * GROUP + g, :d]`` in float32 (``X0 [n, H, d]`` contiguous): a remainder's
-    key or value gradients of the ``GROUP`` query heads that share key/value head ``hk``."""
-    total = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for g in tl.static_range(GROUP):
-        total += tl.load(X0 + node[:, None] * (heads * d) + (hk * GROUP + g) * d + offs[None, :], mask=out,
-                         other=0.0).to(tl.float32)
-    return total
-
-
-@triton.jit
 def tile_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DK0, DV0, KPTR, KSPLIT, KQB, KMASK, MASKS,
+    Q, K, V, DO, LSE, DELTA, DK, DV, KPTR, KSPLIT, KQB, KMASK, MASKS,
     n_q, n_k, heads, kv_heads, dk, dv, scale: tl.float64, cap: tl.float64,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh,
-    INIT: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
     WORDS: tl.constexpr,
 ):
-    """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous, the inputs' dtype): the key and
-    value gradients, summed over the ``GROUP`` query heads of each key/value head in float32; with
-    ``INIT`` plus the gathered remainder's ``DK0 [n_k, H, dk]`` / ``DV0 [n_k, H, dv]`` (per query head)."""
+    """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous; the inputs' dtype, or float32 for
+    a caller that adds a gathered remainder's share): the tiles' key and value gradients, summed
+    over the ``GROUP`` query heads of each key/value head in float32. (Merged in here, as dq's is,
+    the remainder's share cost sm_90 4-16 bytes of spills at d = 128 and sm_80 24 at d = 64.)"""
     kb, hk = tl.program_id(0), tl.program_id(1)
     scale, cap = tl.full([], scale, tl.float32), tl.full([], cap, tl.float32)
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
@@ -321,9 +311,6 @@ def tile_dkdv_kernel(
     live = (node < n_k)[:, None]
     dkey = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dval = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    if INIT:  # the remainder's share starts the accumulators, as in tile_dq_kernel
-        dkey = _grouped_sum(DK0, node, hk, heads, dk, od, live & (od < dk)[None, :], GROUP, BLOCK_N, BLOCK_DK) / scale
-        dval = _grouped_sum(DV0, node, hk, heads, dv, ov, live & (ov < dv)[None, :], GROUP, BLOCK_N, BLOCK_DV)
     start, split, end = tl.load(KPTR + kb), tl.load(KSPLIT + kb), tl.load(KPTR + kb + 1)
     qb = _first(KQB, start, split)
     for t in range(start, split):
@@ -419,9 +406,10 @@ def delta_launch(grad_out, out) -> Tuple[Launch, torch.Tensor]:
 def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, init=None, arch=None
                       ) -> Tuple[Tuple[Launch, Launch], tuple]:
     """The :func:`tile_dq_kernel` and :func:`tile_dkdv_kernel` launches and their outputs ``(dq, dk, dv)``
-    in the inputs' dtype. ``lse`` and ``delta`` are the call's ``[H, n_q]`` (float32); ``init = (dq0,
-    dk0, dv0)``: the gathered remainder's gradients (contiguous; ``dk0`` / ``dv0`` ``[n_k, H, d]``, one
-    per query head), added in float32 before the one rounding, or ``None``; ``arch`` as in :func:`forward_launch`."""
+    in the inputs' dtype. ``lse`` and ``delta`` are the call's ``[H, n_q]`` (float32); ``init``: the
+    gathered remainder's ``dq`` (contiguous), added in float32 before the one rounding, or ``None``;
+    with it ``dk`` and ``dv`` come in float32, for the caller to add the remainder's. ``arch`` as in
+    :func:`forward_launch`."""
     n_q, heads, dk = q.shape
     n_k, kv_heads, dv = k.shape[0], k.shape[1], v.shape[2]
     group = heads // kv_heads
@@ -429,18 +417,18 @@ def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, 
     common = (n_q, n_k, heads)
     tail = (dk, dv, scale, 1.0 if softcap is None else softcap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
-    flags = dict(INIT=init is not None, SOFTCAP=softcap is not None)
     dq = torch.empty(n_q, heads, dk, dtype=q.dtype, device=q.device)
-    dkey = torch.empty(n_k, kv_heads, dk, dtype=k.dtype, device=k.device)
-    dval = torch.empty(n_k, kv_heads, dv, dtype=v.dtype, device=v.device)
-    dq0, dk0, dv0 = (dq, dkey, dval) if init is None else init
+    kv_dtype = k.dtype if init is None else torch.float32
+    dkey = torch.empty(n_k, kv_heads, dk, dtype=kv_dtype, device=k.device)
+    dval = torch.empty(n_k, kv_heads, dv, dtype=kv_dtype, device=v.device)
     masks = _masks(plan)
     launches = (
         Launch(tile_dq_kernel, (plan.q_ptr.numel() - 1, kv_heads), (
-            q, k, v, grad_out, lse, delta, dq, dq0, plan.q_ptr, plan.q_split, plan.q_tile_kb, plan.q_tile_mask, masks,
-            *common, *tail), dict(**flags, **_meta(q, v, plan, group, config.dq))),
+            q, k, v, grad_out, lse, delta, dq, dq if init is None else init, plan.q_ptr, plan.q_split, plan.q_tile_kb,
+            plan.q_tile_mask, masks, *common, *tail),
+            dict(INIT=init is not None, SOFTCAP=softcap is not None, **_meta(q, v, plan, group, config.dq))),
         Launch(tile_dkdv_kernel, (plan.k_ptr.numel() - 1, kv_heads), (
-            q, k, v, grad_out, lse, delta, dkey, dval, dk0, dv0, plan.k_ptr, plan.k_split, plan.k_tile_qb,
-            plan.k_tile_mask, masks, *common, kv_heads, *tail), dict(**flags, **_meta(q, v, plan, group, config.dkdv))),
+            q, k, v, grad_out, lse, delta, dkey, dval, plan.k_ptr, plan.k_split, plan.k_tile_qb, plan.k_tile_mask,
+            masks, *common, kv_heads, *tail), dict(SOFTCAP=softcap is not None, **_meta(q, v, plan, group, config.dkdv))),
     )
     return launches, (dq, dkey, dval)
