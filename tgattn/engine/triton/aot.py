@@ -107,7 +107,7 @@ class Config:
         if self.kernel == "tile_delta_kernel":
             return True
         if self.kernel in TILE_KERNELS:  # the grouped ones differ in index arithmetic only
-            return self.softcap and self.group == 1 and self.remainder
+            return self.softcap and self.group == 1 and (self.remainder or self.kernel == "tile_dkdv_kernel")
         return (self.bias == "per-head" and self.dropout and self.weights and self.softcap
                 and (self.bias_grad or self.kernel != "dq_kernel") and (self.sinks or self.kernel != "forward_kernel"))
 
@@ -134,15 +134,15 @@ def configurations() -> Iterator[Config]:
     code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
 
     The tile kernels of ``tc`` (``TILE_DTYPES``: float16, bfloat16) come with and without a softcap
-    and a gathered remainder, and grouped (``GROUPED`` query heads per key / value head) with a
-    softcap, with a remainder (the forward: a remainder or sinks) and the backward also without;
-    the backward's ``delta`` kernel once per dtype and head dim. Their launch options
+    and a gathered remainder's merge (forward, dq), and grouped (``GROUPED`` query heads per key /
+    value head) with a softcap and the merge (dq also without); the backward's ``delta`` kernel once
+    per dtype and head dim. Their launch options
     are the target's (:func:`launch_of`).
 
     Example:
         >>> configs = list(configurations())
         >>> len(configs), sum(c.every_option for c in configs)
-        (1137, 81)
+        (1113, 81)
     """
     for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
         for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
@@ -161,9 +161,10 @@ def configurations() -> Iterator[Config]:
         yield Config("dkdv_kernel", dtype, d, **every)
     for dtype, d in itertools.product(TILE_DTYPES, HEAD_DIMS):
         for kernel in TILE_KERNELS[:3]:
-            for softcap, remainder in itertools.product((False, True), (False, True)):
+            merges = (False, True) if kernel != "tile_dkdv_kernel" else (False,)  # dk-dv: the caller adds the remainder
+            for softcap, remainder in itertools.product((False, True), merges):
                 yield Config(kernel, dtype, d, softcap=softcap, remainder=remainder)
-            for remainder in (True, False) if kernel != "tile_forward_kernel" else (True,):
+            for remainder in {"tile_forward_kernel": (True,), "tile_dq_kernel": (True, False)}.get(kernel, (False,)):
                 yield Config(kernel, dtype, d, softcap=True, remainder=remainder, group=GROUPED)
         yield Config("tile_delta_kernel", dtype, d)
     yield Config("keep_kernel", torch.int8, 0)
@@ -210,7 +211,7 @@ def _tile_launch(config: Config, arch: int):
     if config.kernel == "tile_forward_kernel":
         init = (torch.zeros_like(q), lse) if config.remainder else None
         return tk.forward_launch(q, k, v, plan, 0.125, softcap, init, arch)[0]
-    init = torch.zeros_like(q) if config.remainder else None
+    init = torch.zeros_like(q) if config.remainder else None  # the remainder's dq
     launches, _ = tk.backward_launches(q, k, v, torch.zeros_like(q), lse, delta, plan, 0.125, softcap, init, arch)
     return launches[0] if config.kernel == "tile_dq_kernel" else launches[1]
 

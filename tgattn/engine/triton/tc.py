@@ -7,7 +7,7 @@ the scattered remainder through the gather forward (:mod:`.kernels`) and then th
 one exact softmax over all of a row's edges. The backward runs both with the call's
 log-sum-exp and ``delta`` (one pass over ``dO`` and ``O``); the tile kernels write ``dq``, ``dk``,
 ``dv`` in the inputs' dtype, ``dq`` with the remainder's added in float32; where a remainder
-exists, ``dk`` and ``dv`` come in float32 and take its share in one pass each.
+exists, ``dk`` and ``dv`` take its share in one pass each, in their dtype.
 
 The tiles take float16 and bfloat16, a scale, soft-capping, sinks (in the remainder's softmax:
 it runs for every row when there are sinks) and rows without edges; grouped-query heads (``k``
@@ -169,8 +169,8 @@ class TileAttention(torch.autograd.Function):
                                                       None if rest is None else rest[0])
         for launch in launches:
             launch()
-        if rest is not None:  # the tiles' dk, dv in float32 plus the remainder's, rounded once
-            dk, dv = ((g + r.float().unflatten(1, (-1, group)).sum(2)).to(t.dtype) for g, r, t in zip((dk, dv), rest[1:], (k, v)))
+        if rest is not None:  # plus the remainder's share (per query head: summed over each group), in their dtype
+            dk, dv = (g + r.unflatten(1, (-1, group)).sum(2) for g, r in zip((dk, dv), rest[1:]))
         grad_sinks = None
         if sinks is not None and ctx.needs_input_grad[3]:  # as in TritonAttention.backward
             grad_sinks = -(torch.exp(sinks.float()[:, None] - lse) * delta).sum(1).to(sinks.dtype)

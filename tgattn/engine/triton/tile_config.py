@@ -11,9 +11,9 @@ once (8 warps held the whole tile in both warpgroups: twice the exponentials and
 products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
 (the loops carry the next tile's id, :mod:`.tile_kernels`). The dk-dv kernel at d = 128 runs out
 of registers at 4 warps and takes 8: on sm_90 its 64 x 64 score products then run in both
-warpgroups (the one kernel that repeats them). sm_80's dk-dv runs unpipelined (1 stage, 8 warps:
-at 2-3 stages it spilled 8-28 bytes with a softcap); its loop waits for each tile's copies. sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
-there: its dq kernel takes 8.
+warpgroups (the one kernel that repeats them). sm_80's dk-dv runs unpipelined (2 stages on 4
+warps, 1 on 8 at d = 128: more spilled 8-28 bytes with a softcap): it waits for each tile's copies. sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
+there at d = 128 or in dq: its dq kernel takes 8.
 
 Example:
     >>> import torch
@@ -22,7 +22,7 @@ Example:
     >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dkdv
     (8, 3)
     >>> tile_config(torch.bfloat16, 64, 64, 64, arch=80, card="none")
-    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(8, 1))
+    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(4, 2))
 """
 from __future__ import annotations
 
@@ -56,9 +56,10 @@ def default_config(arch: int, head_dim: int) -> TileConfig:
     """The options without a tuned row, for compute capability ``arch`` (80, 90) and ``head_dim``."""
     if arch >= 90:  # d = 128: dk and dv accumulate 128 float32 registers a thread (4 warps spilled 236-704 bytes)
         return TileConfig(dkdv=(8, 3) if head_dim > 64 else (4, 3))
-    # sm_80: 8 warps repeat nothing; dq on 4 spilled 12-16 bytes with the remainder's merge (d = 64);
-    # dk-dv spilled 8-28 bytes at 2-3 stages on 4 or 8 warps with a softcap (d = 32-128)
-    return TileConfig(dq=(8, 3), dkdv=(8, 1))
+    # sm_80: dq on 4 warps spilled 12-16 bytes with the remainder's merge (d = 64), not on 8 (its
+    # layout splits the tile, repeating nothing); dk-dv spilled 8-28 bytes at 3 stages with a softcap
+    # (2 at d = 128, on 8 warps; 8 warps on d <= 64 tiles hold each score twice on sm_80 too)
+    return TileConfig(dq=(8, 3), dkdv=(8, 1) if head_dim > 64 else (4, 2))
 
 
 def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, int, int, int]:

@@ -298,10 +298,10 @@ def tile_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
     WORDS: tl.constexpr,
 ):
-    """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous; the inputs' dtype, or float32 for
-    a caller that adds a gathered remainder's share): the tiles' key and value gradients, summed
-    over the ``GROUP`` query heads of each key/value head in float32. (Merged in here, as dq's is,
-    the remainder's share cost sm_90 4-16 bytes of spills at d = 128 and sm_80 24 at d = 64.)"""
+    """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous, the inputs' dtype): the tiles' key
+    and value gradients, summed over the ``GROUP`` query heads of each key/value head in float32.
+    (A gathered remainder's share is the caller's to add: merged in here as dq's is, or written in
+    float32, it cost 4-24 bytes of spills on sm_90 at d = 128 and on sm_80 at d = 64.)"""
     kb, hk = tl.program_id(0), tl.program_id(1)
     scale, cap = tl.full([], scale, tl.float32), tl.full([], cap, tl.float32)
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
@@ -407,9 +407,8 @@ def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, 
                       ) -> Tuple[Tuple[Launch, Launch], tuple]:
     """The :func:`tile_dq_kernel` and :func:`tile_dkdv_kernel` launches and their outputs ``(dq, dk, dv)``
     in the inputs' dtype. ``lse`` and ``delta`` are the call's ``[H, n_q]`` (float32); ``init``: the
-    gathered remainder's ``dq`` (contiguous), added in float32 before the one rounding, or ``None``;
-    with it ``dk`` and ``dv`` come in float32, for the caller to add the remainder's. ``arch`` as in
-    :func:`forward_launch`."""
+    gathered remainder's ``dq`` (contiguous), added in float32 before the one rounding, or ``None``
+    (the caller adds the remainder's ``dk`` and ``dv``). ``arch`` as in :func:`forward_launch`."""
     n_q, heads, dk = q.shape
     n_k, kv_heads, dv = k.shape[0], k.shape[1], v.shape[2]
     group = heads // kv_heads
@@ -418,9 +417,7 @@ def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, 
     tail = (dk, dv, scale, 1.0 if softcap is None else softcap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
     dq = torch.empty(n_q, heads, dk, dtype=q.dtype, device=q.device)
-    kv_dtype = k.dtype if init is None else torch.float32
-    dkey = torch.empty(n_k, kv_heads, dk, dtype=kv_dtype, device=k.device)
-    dval = torch.empty(n_k, kv_heads, dv, dtype=kv_dtype, device=v.device)
+    dkey, dval = torch.empty_like(k), torch.empty(n_k, kv_heads, dv, dtype=v.dtype, device=v.device)
     masks = _masks(plan)
     launches = (
         Launch(tile_dq_kernel, (plan.q_ptr.numel() - 1, kv_heads), (
