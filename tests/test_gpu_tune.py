@@ -30,7 +30,7 @@ def test_tc_takes_its_card_s_row_of_the_table_and_the_defaults_elsewhere(tmp_pat
     _write(path, _rows("NVIDIA H200", forward=(4, 4), dq=(8, 3), dkdv=(4, 5)))
     monkeypatch.setattr(tile_config, "read_table", lambda: read_table(str(path)))
     tuned = tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="NVIDIA H200")
-    assert tuned == TileConfig(forward=(4, 4), dq=(8, 3), dkdv=(4, 5))
+    assert tuned == TileConfig(forward=(4, 4), dq=(8, 3), dkdv=(4, 5))  # dkdv_split: the target's
     assert tile_config.tile_config(torch.bfloat16, 48, 64, 64, arch=90, card="NVIDIA H200") == tuned  # pads to 64
     assert tile_config.tile_config(torch.float16, 64, 64, 64, arch=90, card="NVIDIA H200") == default_config(90, 64)
     assert tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=80, card="NVIDIA A100") == default_config(80, 64)

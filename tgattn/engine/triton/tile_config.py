@@ -9,26 +9,26 @@ Why the defaults (:func:`default_config`, compiled by :mod:`.aot` without spills
 warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a 64-row tile hold each score
 once (8 warps held the whole tile in both warpgroups: twice the exponentials and 1.5-1.67x the
 products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
-(the loops carry the next tile's id, :mod:`.tile_kernels`). The dk-dv kernel at d = 128 runs out
-of registers at 4 warps and takes 8: on sm_90 its 64 x 64 score products then run in both
-warpgroups (the one kernel that repeats them). sm_80's dk-dv runs unpipelined (2 stages on 4
-warps, 1 on 8 at d = 128: more spilled 8-28 bytes with a softcap): it waits for each tile's copies. sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
+(the loops carry the next tile's id, :mod:`.tile_kernels`). The backward kernels at d = 128 run
+out of registers at 4 warps and take 8: on sm_90 their 64 x 64 score products then run in both
+warpgroups (the only kernels that repeat them). sm_80's dk-dv programs take 32 keys each (two
+per key block): at 64 every option tried spilled 8-48 bytes. sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
 there at d = 128 or in dq: its dq kernel takes 8.
 
 Example:
     >>> import torch
     >>> tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="none")
-    TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3))
-    >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dkdv
+    TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3), dkdv_split=1)
+    >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dq
     (8, 3)
     >>> tile_config(torch.bfloat16, 64, 64, 64, arch=80, card="none")
-    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(4, 2))
+    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(4, 3), dkdv_split=2)
 """
 from __future__ import annotations
 
 import csv
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -48,18 +48,20 @@ class TileConfig:
     forward: Tuple[int, int] = (4, 3)
     dq: Tuple[int, int] = (4, 3)
     dkdv: Tuple[int, int] = (4, 3)
+    dkdv_split: int = 1  # programs per key block of the dk-dv kernel (keys / split each): the target's, not tuned
 
 
 
 
 def default_config(arch: int, head_dim: int) -> TileConfig:
     """The options without a tuned row, for compute capability ``arch`` (80, 90) and ``head_dim``."""
-    if arch >= 90:  # d = 128: dk and dv accumulate 128 float32 registers a thread (4 warps spilled 236-704 bytes)
-        return TileConfig(dkdv=(8, 3) if head_dim > 64 else (4, 3))
+    wide = head_dim > 64
+    if arch >= 90:  # d = 128 backward: 4 warps spilled 12-704 bytes (dq's and dk / dv's float32 accumulators)
+        return TileConfig(dq=(8, 3) if wide else (4, 3), dkdv=(8, 3) if wide else (4, 3))
     # sm_80: dq on 4 warps spilled 12-16 bytes with the remainder's merge (d = 64), not on 8 (its
-    # layout splits the tile, repeating nothing); dk-dv spilled 8-28 bytes at 3 stages with a softcap
-    # (2 at d = 128, on 8 warps; 8 warps on d <= 64 tiles hold each score twice on sm_80 too)
-    return TileConfig(dq=(8, 3), dkdv=(8, 1) if head_dim > 64 else (4, 2))
+    # layout splits the tile, repeating nothing); dk-dv on 64-key programs spilled 8-48 bytes at every
+    # option tried (4 / 8 warps, 1-3 stages): two programs of 32 keys share each key block
+    return TileConfig(dq=(8, 3), dkdv=(8, 3) if wide else (4, 3), dkdv_split=2)
 
 
 def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, int, int, int]:
@@ -70,8 +72,9 @@ def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, 
 
 
 @functools.lru_cache(maxsize=None)
-def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, TileConfig]]:
-    """``{card: {(dtype, head_dim, rows, keys): TileConfig}}`` from a tuning table (``{}`` without one).
+def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, Dict[str, Tuple[int, int]]]]:
+    """``{card: {(dtype, head_dim, rows, keys): {kernel: (warps, stages)}}}`` from a tuning table (``{}``
+    without one).
 
     Rows name a kernel each; a key must name all three."""
     if not Path(path).exists():
@@ -89,7 +92,7 @@ def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, TileConfig]]:
         for key, kernels in rows.items():
             if set(kernels) != set(KERNELS):
                 raise ValueError(f"{path}: {card} {key} names kernels {sorted(kernels)}, not all of {KERNELS}")
-    return {card: {key: TileConfig(**kernels) for key, kernels in rows.items()} for card, rows in found.items()}
+    return {card: {key: kernels for key, kernels in rows.items()} for card, rows in found.items()}
 
 
 def current_device() -> Tuple[Optional[str], int]:
@@ -108,5 +111,5 @@ def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, arch
     :data:`TABLE`, else :func:`default_config`."""
     name, device_arch = current_device()
     card, arch = name if card is None else card, device_arch if arch is None else arch
-    tuned = read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys))
-    return tuned or default_config(arch, head_dim)
+    tuned = read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys), {})
+    return replace(default_config(arch, head_dim), **tuned)

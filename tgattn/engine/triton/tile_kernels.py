@@ -69,9 +69,9 @@ def _tile_rows(X, block, hk, n, s_n, s_h, offs, d, BLOCK: tl.constexpr, GROUP: t
 
 
 @triton.jit
-def _keys(X, kb, hk, n, s_n, s_h, offs, d, BLOCK_N: tl.constexpr):
-    """``X[kb * BLOCK_N + c, hk, :d]``: ``[BLOCK_N, D]`` (zeros past ``d`` and past ``n``)."""
-    node = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+def _keys(X, first, hk, n, s_n, s_h, offs, d, COUNT: tl.constexpr):
+    """``X[first + c, hk, :d]``: ``[COUNT, D]`` (zeros past ``d`` and past ``n``)."""
+    node = first + tl.arange(0, COUNT)
     ptr = X + node[:, None].to(tl.int64) * s_n + hk * s_h + offs[None, :]
     return tl.load(ptr, mask=(node < n)[:, None] & (offs < d)[None, :], other=0.0)
 
@@ -100,7 +100,7 @@ def _forward_step(q, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, m, l, a
                   PRECISION: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   WORDS: tl.constexpr):
     """One tile (key block ``kb``, mask row ``mrow``) of the forward's online softmax: the new ``(m, l, acc)``."""
-    k = _keys(K, kb, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
+    k = _keys(K, kb * BLOCK_N, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
     s = _dot(q, tl.trans(k), PRECISION) * scale  # [R, BN]
     if SOFTCAP:
         s = cap * _tanh(s / cap)
@@ -111,7 +111,7 @@ def _forward_step(q, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, m, l, a
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows without a finite score yet
     alpha = tl.exp(m - shift)
     p = tl.exp(s - shift[:, None])
-    v = _keys(V, kb, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
+    v = _keys(V, kb * BLOCK_N, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
     return m_new, l * alpha + tl.sum(p, axis=1), acc
 
@@ -205,8 +205,8 @@ def _scores_t(a, b, scale, cap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
 def _dq_step(q, do, lse, delta, K, V, MASKS, kb, mrow, hk, n_k, dk, dv, scale, cap, dq,
              s_kn, s_kh, s_vn, s_vh, od, ov, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
              GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    k = _keys(K, kb, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
-    v = _keys(V, kb, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
+    k = _keys(K, kb * BLOCK_N, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
+    v = _keys(V, kb * BLOCK_N, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
     s, th = _scores_t(q, k, scale, cap, SOFTCAP, PRECISION)  # [R, BN]
     p = tl.exp(s - lse[:, None])
     if MASKED:
@@ -266,7 +266,7 @@ def tile_dq_kernel(
 
 
 @triton.jit
-def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale, cap, dkey, dval,
+def _dkdv_step(k, v, cols, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale, cap, dkey, dval,
                s_qn, s_qh, s_don, s_doh, od, ov, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                PRECISION: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                WORDS: tl.constexpr):
@@ -275,16 +275,16 @@ def _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale,
     live = node < n_q
     lse = tl.load(LSE + head * n_q + node, mask=live, other=float("inf"))
     delta = tl.load(DELTA + head * n_q + node, mask=live, other=0.0)
-    s, th = _scores_t(k, q, scale, cap, SOFTCAP, PRECISION)  # [BN, R]: keys x (query, head) rows
+    s, th = _scores_t(k, q, scale, cap, SOFTCAP, PRECISION)  # [KEYS, R]: keys x (query, head) rows
     p = tl.exp(s - lse[None, :])
     if MASKED:
         r = tl.arange(0, BLOCK_M * GROUP) // GROUP
-        p = tl.where(_bits(MASKS, mrow, r, tl.arange(0, BLOCK_N), WORDS, BLOCK_M, False), p, 0.0)
+        p = tl.where(_bits(MASKS, mrow, r, cols, WORDS, BLOCK_M, False), p, 0.0)
     pv = p.to(do.dtype)
     if SOFTCAP:  # as in _dq_step: the cap's derivative taken before the products, the tanh not held through them
         p = p * (1.0 - th * th)
     dval += _dot(pv, do, PRECISION)
-    dp = _dot(v, tl.trans(do), PRECISION)  # [BN, R]
+    dp = _dot(v, tl.trans(do), PRECISION)  # [KEYS, R]
     ds = p * (dp - delta[None, :])
     return dkey + _dot(ds.to(q.dtype), q, PRECISION), dval
 
@@ -296,33 +296,37 @@ def tile_dkdv_kernel(
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    WORDS: tl.constexpr,
+    WORDS: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous, the inputs' dtype): the tiles' key
     and value gradients, summed over the ``GROUP`` query heads of each key/value head in float32.
+    ``SPLIT`` programs share a key block, ``BLOCK_N / SPLIT`` keys each, over the same tile list:
+    sm_80 takes 2 (its 64-key programs spilled 8-48 bytes; each query tile is then read twice).
     (A gathered remainder's share is the caller's to add: merged in here as dq's is, or written in
     float32, it cost 4-24 bytes of spills on sm_90 at d = 128 and on sm_80 at d = 64.)"""
-    kb, hk = tl.program_id(0), tl.program_id(1)
+    KEYS: tl.constexpr = BLOCK_N // SPLIT
+    kb, part, hk = tl.program_id(0) // SPLIT, tl.program_id(0) % SPLIT, tl.program_id(1)
     scale, cap = tl.full([], scale, tl.float32), tl.full([], cap, tl.float32)
     od, ov = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
-    k = _keys(K, kb, hk, n_k, s_kn, s_kh, od, dk, BLOCK_N)  # [BN, BDK]
-    v = _keys(V, kb, hk, n_k, s_vn, s_vh, ov, dv, BLOCK_N)  # [BN, BDV]
-    node = (kb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    cols = part * KEYS + tl.arange(0, KEYS)  # this program's keys, as columns of the block's tiles
+    k = _keys(K, kb * BLOCK_N + part * KEYS, hk, n_k, s_kn, s_kh, od, dk, KEYS)  # [KEYS, BDK]
+    v = _keys(V, kb * BLOCK_N + part * KEYS, hk, n_k, s_vn, s_vh, ov, dv, KEYS)  # [KEYS, BDV]
+    node = (kb * BLOCK_N + cols).to(tl.int64)
     live = (node < n_k)[:, None]
-    dkey = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
-    dval = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    dkey = tl.zeros([KEYS, BLOCK_DK], tl.float32)
+    dval = tl.zeros([KEYS, BLOCK_DV], tl.float32)
     start, split, end = tl.load(KPTR + kb), tl.load(KSPLIT + kb), tl.load(KPTR + kb + 1)
     qb = _first(KQB, start, split)
     for t in range(start, split):
         qb_next = _first(KQB, t + 1, split)
-        dkey, dval = _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, 0, hk, n_q, dk, dv, scale, cap, dkey,
+        dkey, dval = _dkdv_step(k, v, cols, Q, DO, LSE, DELTA, MASKS, qb, 0, hk, n_q, dk, dv, scale, cap, dkey,
                                 dval, s_qn, s_qh, s_don, s_doh, od, ov, False, SOFTCAP, PRECISION, GROUP, BLOCK_M,
                                 BLOCK_N, WORDS)
         qb = qb_next
     qb, mrow = _first(KQB, split, end), _first(KMASK, split, end)
     for t in range(split, end):
         qb_next, mrow_next = _first(KQB, t + 1, end), _first(KMASK, t + 1, end)
-        dkey, dval = _dkdv_step(k, v, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale, cap, dkey,
+        dkey, dval = _dkdv_step(k, v, cols, Q, DO, LSE, DELTA, MASKS, qb, mrow, hk, n_q, dk, dv, scale, cap, dkey,
                                 dval, s_qn, s_qh, s_don, s_doh, od, ov, True, SOFTCAP, PRECISION, GROUP, BLOCK_M,
                                 BLOCK_N, WORDS)
         qb, mrow = qb_next, mrow_next
@@ -424,8 +428,9 @@ def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, 
             q, k, v, grad_out, lse, delta, dq, dq if init is None else init, plan.q_ptr, plan.q_split, plan.q_tile_kb,
             plan.q_tile_mask, masks, *common, *tail),
             dict(INIT=init is not None, SOFTCAP=softcap is not None, **_meta(q, v, plan, group, config.dq))),
-        Launch(tile_dkdv_kernel, (plan.k_ptr.numel() - 1, kv_heads), (
+        Launch(tile_dkdv_kernel, ((plan.k_ptr.numel() - 1) * config.dkdv_split, kv_heads), (
             q, k, v, grad_out, lse, delta, dkey, dval, plan.k_ptr, plan.k_split, plan.k_tile_qb, plan.k_tile_mask,
-            masks, *common, kv_heads, *tail), dict(SOFTCAP=softcap is not None, **_meta(q, v, plan, group, config.dkdv))),
+            masks, *common, kv_heads, *tail),
+            dict(SOFTCAP=softcap is not None, SPLIT=config.dkdv_split, **_meta(q, v, plan, group, config.dkdv))),
     )
     return launches, (dq, dkey, dval)
