@@ -6,7 +6,7 @@ the software pipeliner and the tensor-core lowering made of them:
 
 * **a pipeline in every tile loop**: each loop waits at its top for all but the newest copies
   (``ttg.async_wait {num = N}``, ``cp.async.wait_group N`` with N > 0), over operand buffers
-  at least 3 deep on sm_90 (2 on sm_80, whose ``mma.sync`` reads registers); no tile id is
+  at least 3 deep where the products are ``wgmma`` (sm_90; 2 for ``mma.sync``, which reads registers); no tile id is
   itself an asynchronous copy (a ``1 x 1`` buffer), which cost the key / value loads their
   distance before;
 * **one copy of each score**: the products' multiply-adds (``wgmma`` / ``mma.sync`` shapes times
@@ -51,7 +51,7 @@ for target in aot.TARGETS:
             target=target.name, kernel=kernel, d=d, warps=res.num_warps, spills=res.spill_stores + res.spill_loads,
             loop_waits=waits, ptx_waits=[int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)],
             buffers=buffers, scalar_copies=len(re.findall(r"memdesc<\d+x1xi(?:32|64)", ttgir)),
-            macs=macs, ex2=len(re.findall(r"ex2\.approx", ptx)),
+            macs=macs, ex2=len(re.findall(r"ex2\.approx", ptx)), wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
             rows=launch.meta["BLOCK_M"] * launch.meta["GROUP"], keys=launch.meta["BLOCK_N"] // launch.meta.get("SPLIT", 1))))
 """
 PRODUCTS = {"tile_forward_kernel": 2, "tile_dq_kernel": 3, "tile_dkdv_kernel": 4}  # products of a tile
@@ -78,7 +78,7 @@ def test_every_tile_loop_keeps_the_next_tiles_in_flight_without_spills(compiled)
         assert len(r["loop_waits"]) == LOOPS and min(r["loop_waits"]) > 0, r  # the top of each loop
         assert sum(n > 0 for n in r["ptx_waits"]) >= LOOPS, r
         assert r["scalar_copies"] == 0, r  # no tile id made an asynchronous copy
-        assert min(r["buffers"]) >= (3 if r["target"] == "sm_90" else 2), r
+        assert min(r["buffers"]) >= (3 if r["wgmma"] else 2), r  # wgmma reads shared memory: one more buffer
 
 
 @pytest.mark.slow

@@ -9,20 +9,19 @@ Why the defaults (:func:`default_config`, compiled by :mod:`.aot` without spills
 warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a 64-row tile hold each score
 once (8 warps held the whole tile in both warpgroups: twice the exponentials and 1.5-1.67x the
 products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
-(the loops carry the next tile's id, :mod:`.tile_kernels`). The backward kernels at d = 128 run
-out of registers at 4 warps and take 8: on sm_90 their 64 x 64 score products then run in both
-warpgroups (the only kernels that repeat them). sm_80's dk-dv programs take 32 keys each (two
-per key block): at 64 every option tried spilled 8-48 bytes. sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
+(the loops carry the next tile's id, :mod:`.tile_kernels`). The dk-dv programs take 32 keys each
+(two per key block; at 64 they spilled); sm_90's dq at d = 128 runs out of registers at 4 warps
+and takes 8, whose warpgroups then both compute its 64 x 64 scores (the one repeat left). sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
 there at d = 128 or in dq: its dq kernel takes 8.
 
 Example:
     >>> import torch
     >>> tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="none")
-    TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3), dkdv_split=1)
+    TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3), dkdv_split=2)
     >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dq
     (8, 3)
-    >>> tile_config(torch.bfloat16, 64, 64, 64, arch=80, card="none")
-    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(4, 3), dkdv_split=2)
+    >>> tile_config(torch.bfloat16, 128, 64, 64, arch=80, card="none")
+    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(8, 3), dkdv_split=2)
 """
 from __future__ import annotations
 
@@ -56,12 +55,16 @@ class TileConfig:
 def default_config(arch: int, head_dim: int) -> TileConfig:
     """The options without a tuned row, for compute capability ``arch`` (80, 90) and ``head_dim``."""
     wide = head_dim > 64
-    if arch >= 90:  # d = 128 backward: 4 warps spilled 12-704 bytes (dq's and dk / dv's float32 accumulators)
-        return TileConfig(dq=(8, 3) if wide else (4, 3), dkdv=(8, 3) if wide else (4, 3))
+    # dk-dv: two programs of 32 keys per key block, 8 warps at d = 128. Programs of 64 keys spilled
+    # 8-48 bytes on sm_80 at every option tried (4 / 8 warps, 1-3 stages), and on sm_90 under triton
+    # 3.9 48-144 bytes on 4 warps; 8 warps ran their 64 x 64 scores in both warpgroups. On sm_90 the
+    # 32-key products are mma.sync, not wgmma (which takes 64 rows a warpgroup).
+    dkdv = dict(dkdv=(8, 3) if wide else (4, 3), dkdv_split=2)
+    if arch >= 90:  # dq at d = 128: 4 warps spilled 12-20 bytes (its float32 accumulator and scores)
+        return TileConfig(dq=(8, 3) if wide else (4, 3), **dkdv)
     # sm_80: dq on 4 warps spilled 12-16 bytes with the remainder's merge (d = 64), not on 8 (its
-    # layout splits the tile, repeating nothing); dk-dv on 64-key programs spilled 8-48 bytes at every
-    # option tried (4 / 8 warps, 1-3 stages): two programs of 32 keys share each key block
-    return TileConfig(dq=(8, 3), dkdv=(8, 3) if wide else (4, 3), dkdv_split=2)
+    # mma.sync layout splits the tile, repeating nothing)
+    return TileConfig(dq=(8, 3), **dkdv)
 
 
 def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, int, int, int]:

@@ -300,8 +300,9 @@ def tile_dkdv_kernel(
 ):
     """``DK [n_k, H_kv, dk]`` and ``DV [n_k, H_kv, dv]`` (contiguous, the inputs' dtype): the tiles' key
     and value gradients, summed over the ``GROUP`` query heads of each key/value head in float32.
-    ``SPLIT`` programs share a key block, ``BLOCK_N / SPLIT`` keys each, over the same tile list:
-    sm_80 takes 2 (its 64-key programs spilled 8-48 bytes; each query tile is then read twice).
+    ``SPLIT`` programs share a key block, ``BLOCK_N / SPLIT`` keys each, over the same tile list
+    (:func:`~.tile_config.default_config` takes 2: 64-key programs spilled; each query tile is then
+    read twice).
     (A gathered remainder's share is the caller's to add: merged in here as dq's is, or written in
     float32, it cost 4-24 bytes of spills on sm_90 at d = 128 and on sm_80 at d = 64.)"""
     KEYS: tl.constexpr = BLOCK_N // SPLIT
