@@ -10,9 +10,9 @@ warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a 64-row tile ho
 once (8 warps held the whole tile in both warpgroups: twice the exponentials and 1.5-1.67x the
 products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
 (the loops carry the next tile's id, :mod:`.tile_kernels`). The dk-dv programs take 32 keys each
-(two per key block; at 64 they spilled); sm_90's dq at d = 128 runs out of registers at 4 warps
-and takes 8, whose warpgroups then both compute its 64 x 64 scores (the one repeat left). sm_80's ``mma.sync`` tiles warps over both dims, so 8 warps repeat nothing
-there at d = 128 or in dq: its dq kernel takes 8.
+(two per key block; at 64 they spilled). dq runs out of registers at 4 warps on sm_80 and at
+d = 128 on sm_90 and takes 8, which then compute its products twice (sm_90 at d = 128, sm_80 at
+d = 64: the repeats left).
 
 Example:
     >>> import torch
@@ -61,9 +61,10 @@ def default_config(arch: int, head_dim: int) -> TileConfig:
     # 32-key products are mma.sync, not wgmma (which takes 64 rows a warpgroup).
     dkdv = dict(dkdv=(8, 3) if wide else (4, 3), dkdv_split=2)
     if arch >= 90:  # dq at d = 128: 4 warps spilled 12-20 bytes (its float32 accumulator and scores)
-        return TileConfig(dq=(8, 3) if wide else (4, 3), **dkdv)
-    # sm_80: dq on 4 warps spilled 12-16 bytes with the remainder's merge (d = 64), not on 8 (its
-    # mma.sync layout splits the tile, repeating nothing)
+        # (d <= 32: 64-key dk-dv programs fit, and 32-key ones spilled 28 bytes under triton 3.9)
+        return TileConfig(dq=(8, 3) if wide else (4, 3), **{**dkdv, "dkdv_split": 2 if head_dim > 32 else 1})
+    # sm_80: dq on 4 warps spilled 12-16 bytes with the remainder's merge (d = 64); on 8 its mma.sync
+    # layout puts 16 rows a warp over the 64 at d = 64, so its products run twice there
     return TileConfig(dq=(8, 3), **dkdv)
 
 
