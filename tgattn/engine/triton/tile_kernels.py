@@ -405,7 +405,7 @@ def delta_launch(grad_out, out) -> Tuple[Launch, torch.Tensor]:
     delta = torch.empty(heads, n_q, dtype=torch.float32, device=out.device)
     return Launch(tile_delta_kernel, (triton.cdiv(n_q, DELTA_ROWS), heads), (
         grad_out, out, delta, n_q, heads, dv, grad_out.stride(0), grad_out.stride(1), out.stride(0), out.stride(1),
-    ), dict(BLOCK=DELTA_ROWS, BLOCK_DV=triton.next_power_of_2(dv))), delta
+    ), dict(BLOCK=DELTA_ROWS, BLOCK_DV=triton.next_power_of_2(dv), num_warps=4)), delta
 
 
 def backward_launches(q, k, v, grad_out, lse, delta, plan, scale, softcap=None, init=None, arch=None
