@@ -28,7 +28,7 @@ Example::
 The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issues 50 and 56's
 targets and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes
 on an H100 or H200 with the start). First the tile kernels' launch-option sweep
-(``tgattn.bench.gpu_tune`` where the checkout has it, within 100 s, its table then taken by ``tc``
+(``tgattn.bench.gpu_tune``, within 100 s, its table then taken by ``tc``
 for the rest of the run; ``--no-tune`` and a dry run skip it), then
 every case of :mod:`tgattn.bench.gpu_cases` (sliding windows 64 and 256, packed documents,
 block-local, BigBird at 16k-128k tokens; causal at 16k-64k, without an edge list past 16k;
