@@ -223,7 +223,8 @@ def test_every_launch_of_a_tc_call_is_among_the_compiled_configurations(monkeypa
         out, _ = tc_attention(q, k, v, s, None, 0.25, min_fill=0.0, **options)
         out.sum().backward()
     compiled = {_meta_key(aot.launch_of(c)) for c in aot.configurations() if c.dtype == dtype and c.head_dim == d}
-    assert len(set(seen)) == 9  # forward bare / with remainder and cap; dq, dk dv with / without cap; 3 grouped
+    # forward bare / with remainder and cap; dq, dk dv with / without cap; 3 grouped; the delta kernel
+    assert len(set(seen)) == 10
     assert set(seen) <= compiled, set(seen) - compiled
 
 
@@ -285,3 +286,22 @@ def test_auto_plans_grouped_calls_with_the_tiles_they_run_on():
     assert tiles_pay(q, q[:, :2], s, None, 0.0, False)
     assert [key[1] for key in s.extras if isinstance(key, tuple) and key[0] == "tc"] == [(64 // 4, 64)]
     assert not tiles_pay(q[:, :6], q[:, :2], s, None, 0.0, False, named=True)
+
+
+def test_sm80_launch_options_split_the_key_blocks_and_keep_the_gradients(monkeypatch):
+    # sm_80's defaults run two dk-dv programs of half a key block each (tile_config.default_config);
+    # under the interpreter the launch options are sm_90's unless set so.
+    from tgattn.engine.triton.tile_config import default_config
+
+    tk = tile_kernels_module()
+    monkeypatch.setattr(tk, "tile_config", lambda dtype, head_dim, *shape, **where: default_config(80, head_dim))
+    s, ei, n_q, n_k, min_fill = _structure("causal_mixed")
+    q, k, v, grad_out = inputs(n_q, n_k, heads=2, dk=16)
+    exact = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
+    mine = _dev(*(t.float() for t in (q, k, v)))
+    plan, rest = plan_for(s, (32, 32), min_fill)  # 16 keys a program: tl.dot's least
+    out = TileAttention.apply(*mine, None, plan, rest, 0.3, None)
+    ref = oracle(*exact, ei, scale=0.3)
+    assert tk.backward_launches(*mine, grad_out.float(), *[torch.zeros(2, n_q)] * 2, plan, 0.3)[0][1].grid[0] == 2 * 2
+    for a, b in zip(_grads(out, mine, grad_out.float()), torch.autograd.grad(ref, exact, grad_out)):
+        assert max_err(a.double(), b) <= 1e-5 * max(1.0, b.abs().max().item())

@@ -4,12 +4,12 @@ The interpreter tests (``test_engine_triton.py``) check what the kernels compute
 semantics; they cannot see what a GPU compiler refuses or what the kernels cost on a GPU.
 Here Triton's compiler and the ptxas of its wheel build the kernels for both targets, in a
 child process (this one runs Triton's interpreter: ``tests/conftest.py`` sets
-``TRITON_INTERPRET=1`` before triton is imported). Compiling all 1,081 configurations (993 of
-the gather kernels, 88 of the ``tc`` backend's tile kernels) for both targets takes ~30 minutes of CPU (``python -m tgattn.bench.gpu_compiled --out data/gpu``, run and
-committed: 2,162 compiles, 1,768 s of CPU); the test compiles each kernel's configuration with
-every option on (bias per head, dropout, returned weights or their gradient, bias gradient, softcap, sinks) at
-every dtype and head dim, for both targets (146 compiles: 73 configurations), and checks the committed table
-of all of them against the code.
+``TRITON_INTERPRET=1`` before triton is imported). Compiling all 1,113 configurations (993 of
+the gather kernels, 120 of the ``tc`` backend's tile kernels) for both targets takes ~30 minutes of CPU
+(``python -m tgattn.bench.gpu_compiled --out data/gpu``, run and committed); the test compiles each
+kernel's configuration with every option on (bias per head, dropout, returned weights or their
+gradient, bias gradient, softcap, sinks, the remainder's merge) at every dtype and head dim, for both
+targets (162 compiles: 81 configurations), and checks the committed table of all of them against the code.
 """
 import csv
 import os
@@ -25,7 +25,6 @@ pytest.importorskip("triton")
 from tgattn.bench.gpu_compiled import failures  # noqa: E402
 from tgattn.engine.triton import aot  # noqa: E402
 from tgattn.engine.triton.attention import DTYPES, kernels_module, triton_attention  # noqa: E402
-from tgattn.engine.triton.tc import tile_kernels_module  # noqa: E402
 
 COMMITTED = REPO / "data" / "gpu" / "compiled.csv"
 
@@ -63,16 +62,20 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_within_shared_me
 def test_the_committed_table_covers_every_configuration_at_the_blocks_the_backend_picks():
     rows = _read(COMMITTED)
     expected = {(t.name, c.kernel, c.dtype_name, c.head_dim, c.options) for t in aot.TARGETS for c in aot.configurations()}
-    assert len(rows) == len(expected) == 2 * 1081
+    assert len(rows) == len(expected) == 2 * 1113
     assert {_key(r) for r in rows} == expected
     assert failures(rows) == []
     configs = {(c.kernel, c.dtype_name, c.head_dim, c.options): c for c in aot.configurations()}
+    targets = {t.name: t for t in aot.TARGETS}
     for r in rows:
         d = int(r["head_dim"])
         if d:
-            assert (int(r["block_m"]), int(r["block_n"])) == aot.blocks_of(configs[_key(r)[1:]]), r
-            tiles = r["kernel"] in aot.TILE_KERNELS
-            warps = tile_kernels_module().TILE_WARPS if tiles else kernels_module().num_warps(d)
+            config = configs[_key(r)[1:]]
+            assert (int(r["block_m"]), int(r["block_n"])) == aot.blocks_of(config), r
+            if r["kernel"] in aot.TILE_KERNELS:  # the target's launch options (tile_config)
+                warps = aot.launch_of(config, targets[r["target"]]).meta["num_warps"]
+            else:
+                warps = kernels_module().num_warps(d)
             assert int(r["num_warps"]) == warps, r
 
 
@@ -173,10 +176,11 @@ def test_configurations_cover_every_dtype_head_dim_and_option():
     dq = [c for c in configs if c.kernel == "dq_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
     assert len(dq) == 2 * 2 + 2 * 2 * 2 * 2 + 3 + 1  # a bias gradient only with a bias; softcap with each bias
     tiles = [c for c in configs if c.kernel in aot.TILE_KERNELS and c.dtype == torch.bfloat16 and c.head_dim == 64]
-    # forward: softcap x remainder; dq, dk dv: softcap; each once grouped with every option
-    assert sorted(c.kernel for c in tiles) == sorted(["tile_forward_kernel"] * 5 + ["tile_dq_kernel"] * 3
-                                                     + ["tile_dkdv_kernel"] * 3)
-    assert len({(c.kernel, c.dtype, c.head_dim, c.options) for c in configs}) == len(configs) == 1081
+    # forward, dq: softcap x remainder, grouped with both (dq also without a remainder); dk dv: softcap,
+    # grouped with it (the caller adds a remainder's share); the delta kernel once
+    assert sorted(c.kernel for c in tiles) == sorted(["tile_forward_kernel"] * 5 + ["tile_dq_kernel"] * 6
+                                                     + ["tile_dkdv_kernel"] * 3 + ["tile_delta_kernel"])
+    assert len({(c.kernel, c.dtype, c.head_dim, c.options) for c in configs}) == len(configs) == 1113
 
 
 def test_failures_name_spills_shared_memory_over_the_limit_and_occupancy_under_the_floor():

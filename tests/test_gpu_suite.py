@@ -303,65 +303,48 @@ def test_a_band_past_the_list_size_runs_without_an_edge_list(monkeypatch):
     assert [r["edges"] for r in per_case] == [64 * 65 // 2] * 2 and per_case[0]["tc_share"] == 1.0
 
 
-def test_the_suite_runs_the_launch_option_sweep_first_where_its_module_exists(monkeypatch, tmp_path):
-    """Through stand-ins with the sweep's and the table's names (branch tc-kernels): the sweep runs
-    within the budget left, and tc then reads the sweep's table."""
-    import importlib.machinery
-    import sys
-    import types
+def test_the_suite_runs_the_launch_option_sweep_first_and_tc_then_reads_its_table(monkeypatch, tmp_path):
+    """Through a stand-in sweep: it runs within the budget left, and tc then reads the sweep's table
+    (the real table reader, on the table the stand-in wrote)."""
+    from tgattn.engine.triton import tile_config
 
     seen = {}
 
     def tune(out, *, dry_run, budget_s):
         seen.update(out=out, dry_run=dry_run, budget_s=budget_s)
-        (out / "tile_configs.csv").write_text("card,kernel\nNVIDIA H200,forward\n")
-        return [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)], [dict(kernel="forward")]
+        rows = [dict(card="NVIDIA H200", dtype="bfloat16", head_dim=64, block_m=64, block_n=64, kernel=kernel,
+                     num_warps=8, num_stages=4) for kernel in tile_config.KERNELS]
+        with open(out / "tile_configs.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, tile_config.TABLE_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        return [dict(kernel="forward", num_warps=8, num_stages=4, ms=1.0)], rows
 
-    def fake(name, **attrs):
-        module = types.ModuleType(name)
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-        module.__dict__.update(attrs)
-        monkeypatch.setitem(sys.modules, name, module)
-        return module
-
-    fake(gpu_launch.TUNE_MODULE, tune=tune)
-    table = fake(gpu_launch.LAUNCH_MODULE, read_table=lambda path="committed": f"read {path}")
+    monkeypatch.setattr(gpu_launch.tune, "tune", tune)
+    monkeypatch.setattr(tile_config, "read_table", tile_config.read_table)  # use_table's change undone after the test
     assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
         "skipped: dry run")
     rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False, reserve=20.0)
-    assert rows == [dict(kernel="forward", num_warps=4, num_stages=3, ms=1.0)] and note.startswith("ran within")
+    assert rows == [dict(kernel="forward", num_warps=8, num_stages=4, ms=1.0)] and note.startswith("ran within")
     assert not seen["dry_run"] and seen["out"] == tmp_path and 25.0 < seen["budget_s"] <= 30.0  # the budget less the reserve
-    assert table.read_table() == f"read {tmp_path / 'tile_configs.csv'}"  # tc's table from here on: the sweep's
+    tuned = tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="NVIDIA H200")  # tc's table from here on
+    assert (tuned.forward, tuned.dq, tuned.dkdv) == ((8, 4),) * 3
+    assert tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="none").forward == (4, 3)
     assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(10.0), tmp_path, dry_run=False,
                                  reserve=20.0) == ([], "skipped: time budget (10 s left of 10 s)")
-    sys.modules[gpu_launch.TUNE_MODULE].tune = lambda out, **kwargs: 1 / 0
+    monkeypatch.setattr(gpu_launch.tune, "tune", lambda out, **kwargs: 1 / 0)
     assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False) == (
         [], "failed: ZeroDivisionError: division by zero")
-    monkeypatch.delitem(sys.modules, gpu_launch.TUNE_MODULE)
-    monkeypatch.setattr(gpu_launch, "TUNE_MODULE", "tgattn.bench.no_such_sweep")
-    assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
-        "not run: no tgattn.bench.no_such_sweep")
 
 
 def test_case_rows_name_the_launch_options_the_tile_kernels_ran_with(monkeypatch):
-    import dataclasses
-    import importlib.machinery
-    import sys
-    import types
+    from tgattn.engine.triton import tile_config
 
-    @dataclasses.dataclass(frozen=True)
-    class Config:
-        forward: tuple = (4, 3)
-        dq: tuple = (8, 2)
-
-    fake = types.ModuleType(gpu_launch.LAUNCH_MODULE)
-    fake.__spec__ = importlib.machinery.ModuleSpec(gpu_launch.LAUNCH_MODULE, None)
-    fake.tile_config = lambda dtype, head_dim, rows, keys: Config() if (rows, keys) == (64, 64) else None
-    monkeypatch.setitem(sys.modules, gpu_launch.LAUNCH_MODULE, fake)
-    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == "forward 4w 3s, dq 8w 2s"
-    monkeypatch.delitem(sys.modules, gpu_launch.LAUNCH_MODULE)
-    monkeypatch.setattr(gpu_launch, "LAUNCH_MODULE", "tgattn.engine.triton.no_such_table")
-    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == ""
+    tuned = tile_config.TileConfig(forward=(8, 4), dq=(4, 2), dkdv=(8, 5), dkdv_split=2)
+    monkeypatch.setattr(tile_config, "tile_config",
+                        lambda dtype, head_dim, rows, keys: tuned if (rows, keys) == (64, 64) else None)
+    assert gpu_launch.launch_options(torch.bfloat16, 64, 64, 64) == (
+        "forward 8w 4s, dq 4w 2s, dkdv 8w 5s (2 programs a key block)")
 
 
 def test_a_flash_peer_that_fails_says_so_on_one_line_and_is_not_retried(monkeypatch):

@@ -7,7 +7,7 @@ command line and imports no other benchmark. A benchmark in one file is a module
 command, whose ``__main__`` runs ``command.main`` and whose parts only that benchmark imports:
 
 * :mod:`~tgattn.bench.gpu`: ``python -m tgattn.bench.gpu`` and its ``--suite`` (the cases,
-  peers, suite, steps, summary, packed sets, launch options);
+  peers, suite, steps, summary, packed sets, launch options and their sweep);
 * :mod:`~tgattn.bench.graph_transformers`: the networks, training runs, scaling and tables;
 * :mod:`~tgattn.bench.engine_scaling`: the memory probes and the timed sections;
 * :mod:`~tgattn.bench.gnn`: the PyG workloads.

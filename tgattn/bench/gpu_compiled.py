@@ -49,7 +49,7 @@ def compile_all(targets, every_option_only: bool = False, progress=None) -> List
             for config in aot.configurations():
                 if every_option_only and not config.every_option:
                     continue
-                launch = aot.launch_of(config)
+                launch = aot.launch_of(config, target)
                 start = time.perf_counter()
                 res, _ = aot.compile_launch(launch, target, cache)
                 block_m, block_n = aot.blocks_of(config)
@@ -67,7 +67,7 @@ def compile_all(targets, every_option_only: bool = False, progress=None) -> List
 
 def failures(rows: Sequence[dict]) -> List[str]:
     """What breaks the issue's bar: spills, shared memory over the target's limit, occupancy under the floor."""
-    from tgattn.engine.triton.aot import OCCUPANCY_FLOOR_WARPS, TARGETS
+    from tgattn.engine.triton.aot import OCCUPANCY_FLOOR_WARPS, TARGETS, TILE_FLOOR_WARPS, TILE_KERNELS
 
     limits = {t.name: t.smem_per_block for t in TARGETS}
     bad = []
@@ -77,8 +77,9 @@ def failures(rows: Sequence[dict]) -> List[str]:
             bad.append(f"{where}: spills {r['spill_stores']} / {r['spill_loads']} bytes")
         if int(r["shared"]) > limits[r["target"]]:
             bad.append(f"{where}: {r['shared']} bytes of shared memory (limit {limits[r['target']]})")
-        if int(r["resident_warps"]) < OCCUPANCY_FLOOR_WARPS:
-            bad.append(f"{where}: {r['resident_warps']} resident warps (floor {OCCUPANCY_FLOOR_WARPS})")
+        floor = TILE_FLOOR_WARPS if r["kernel"] in TILE_KERNELS else OCCUPANCY_FLOOR_WARPS
+        if int(r["resident_warps"]) < floor:
+            bad.append(f"{where}: {r['resident_warps']} resident warps (floor {floor})")
     return bad
 
 
@@ -157,7 +158,7 @@ def roofline_table() -> str:
 def markdown(rows: Sequence[dict], command: str) -> str:
     import triton
 
-    from tgattn.engine.triton.aot import HEAD_DIMS, OCCUPANCY_FLOOR_WARPS, TARGETS
+    from tgattn.engine.triton.aot import HEAD_DIMS, OCCUPANCY_FLOOR_WARPS, TARGETS, TILE_FLOOR_WARPS
     from tgattn.engine.triton.attention import DTYPES
 
     bad = failures(rows)
@@ -167,7 +168,7 @@ def markdown(rows: Sequence[dict], command: str) -> str:
     low, high = min(intensity), max(intensity)
     ridge32, ridge64 = (H100_FLOPS[t] / H100_BANDWIDTH for t in (torch.float32, torch.float64))
     verdict = (f"none spills, none asks for more shared memory than its target has, and each keeps at least "
-               f"{OCCUPANCY_FLOOR_WARPS} warps resident per SM" if not bad
+               f"{OCCUPANCY_FLOOR_WARPS} warps resident per SM ({TILE_FLOOR_WARPS} for the tile kernels)" if not bad
                else f"{len(bad)} configurations break the bar: " + "; ".join(bad[:5]))
     limits = "; ".join(f"{t.name} ({t.gpu}): {t.regs_per_sm} registers, {t.smem_per_sm // 1024} KB shared memory "
                        f"({t.smem_per_block // 1024} KB a block), {t.max_warps} warps per SM" for t in TARGETS)
@@ -182,10 +183,12 @@ Each line is the worst over the option sets of one kernel, dtype and head dim ("
 many): registers per thread (least-most), spilled bytes (stores + loads), shared memory per
 block, resident warps per SM (the CUDA occupancy rule: registers in units of 256 per warp,
 1 KB of shared memory reserved per block). Warps a block: 2 from head dim 64 up, 4 below
-(`tgattn.engine.triton.kernels.num_warps`); 8 for the `tc` backend's tile kernels (`tile_*`, 64 x 64
-tiles of float16 / bfloat16 on tensor cores: `tgattn.engine.triton.tile_kernels.TILE_WARPS`). The limits:
+(`tgattn.engine.triton.kernels.num_warps`); the `tc` backend's tile kernels (`tile_*`, 64 x 64
+tiles of float16 / bfloat16 on tensor cores) take the warps and pipeline stages of each target
+(`tgattn.engine.triton.tile_config.default_config`). The limits:
 {limits}.
-The floor of {OCCUPANCY_FLOOR_WARPS} warps per SM, and why: `tgattn/engine/triton/aot.py`.
+The floor of {OCCUPANCY_FLOOR_WARPS} warps per SM ({TILE_FLOOR_WARPS} for the tile kernels, which keep their own copies in
+flight), and why: `tgattn/engine/triton/aot.py`.
 
 {resource_table(rows)}
 

@@ -118,7 +118,7 @@ class EdgeSet:
             "an EdgeSet's edge_index was written to in place: the set keeps the edges it was prepared with (prepare the new edges to attend along them)"
         """
         edges, version = self.derived("edge_index", lambda: _stamped(self._given_order()))
-        if edges._version == version:
+        if torch.compiler.is_compiling() or edges._version == version:  # a compiled graph cannot branch on it
             return edges
         with self._structure.lock:
             edges, version = self._structure.extras["edge_index"]

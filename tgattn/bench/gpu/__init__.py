@@ -6,5 +6,6 @@ each case runs; :mod:`~tgattn.bench.gpu.suite`: the attention measurements withi
 :mod:`~tgattn.bench.gpu.steps`: the training steps (issue 49's case);
 :mod:`~tgattn.bench.gpu.summary`: the suite's tables and targets;
 :mod:`~tgattn.bench.gpu.packed`: packed sequences and the varlen peer;
-:mod:`~tgattn.bench.gpu.launch`: the tile kernels' launch options.
+:mod:`~tgattn.bench.gpu.launch`: the tile kernels' launch options in the suite;
+:mod:`~tgattn.bench.gpu.tune`: their launch-option sweep (``--tune``).
 """

@@ -28,7 +28,7 @@ Example::
 The GPU suite, ``--suite``: the first thing to run whenever a GPU is at hand (issues 50 and 56's
 targets and issue 49's GPU case, in bfloat16, within ``--budget-s``, 450 s by default: 8 minutes
 on an H100 or H200 with the start). First the tile kernels' launch-option sweep
-(``tgattn.bench.gpu.tune`` where the checkout has it, within 100 s, its table then taken by ``tc``
+(``tgattn.bench.gpu.tune``, within 100 s, its table then taken by ``tc``
 for the rest of the run; ``--no-tune`` and a dry run skip it), then
 every case of :mod:`tgattn.bench.gpu.cases` (sliding windows 64 and 256, packed documents,
 block-local, BigBird at 16k-128k tokens; causal at 16k-64k, without an edge list past 16k;
@@ -195,6 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS), metavar="PATTERN",
                         help=f"patterns to run, among {', '.join(PATTERNS)} (default: all)")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
+    parser.add_argument("--tune", action="store_true",
+                        help="sweep the tc tile kernels' warps and stages on this card instead (tgattn.bench.gpu.tune)")
     suite = parser.add_argument_group("the GPU suite (--suite)")
     suite.add_argument("--suite", action="store_true", help="run the suite instead of the sweep (see the recipe above)")
     suite.add_argument("--cases", nargs="+", choices=SUITE_CASES, default=list(SUITE_CASES), metavar="CASE",
@@ -206,7 +208,7 @@ def main(argv=None) -> int:
     suite.add_argument("--no-tune", action="store_true",
                        help="skip the tile kernels' launch-option sweep (tgattn.bench.gpu.tune, where it exists)")
     args = parser.parse_args(argv)
-    if args.suite and args.dry_run and "triton" not in sys.modules:
+    if (args.suite or args.tune) and args.dry_run and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # tgattn's Triton paths run on the CPU through the interpreter
     try:
         device = check_device("cpu" if args.dry_run else "cuda")
@@ -219,7 +221,15 @@ def main(argv=None) -> int:
     except OSError as err:
         parser.error(f"--out: cannot create the folder {str(args.out)!r} ({err.strerror or err})")
     args.start = start
-    return run(parser, lambda args: (_suite if args.suite else _bench)(args, device), args)
+    return run(parser, lambda args: (_tune if args.tune else _suite if args.suite else _bench)(args, device), args)
+
+
+def _tune(args, device) -> int:
+    from .tune import tune
+
+    sweep, table = tune(args.out, dry_run=args.dry_run, budget_s=min(args.budget_s, 240.0))
+    print(f"{len(sweep)} timings, {len(table)} table rows: {args.out / 'tile_sweep.csv'}, {args.out / 'tile_configs.csv'}")
+    return 0
 
 
 def _bench(args: argparse.Namespace, device: torch.device) -> int:

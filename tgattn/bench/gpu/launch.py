@@ -1,37 +1,31 @@
-"""The tile kernels' launch options in the GPU suite: the launch-option sweep, run before the
-attention cases where the checkout has it (:func:`tune_sweep`), and the options each case's
-``tc`` rows ran with (:func:`launch_options`). Both modules come from branch tc-kernels
-(``tgattn.bench.gpu.tune``, ``tgattn.engine.triton.tile_config``); a checkout without them runs
-the suite on the kernels' default options and says so.
+"""The tile kernels' launch options in the GPU suite: the launch-option sweep
+(:func:`tgattn.bench.gpu.tune.tune`), run before the attention cases (:func:`tune_sweep`), and
+the options each case's ``tc`` rows ran with (:func:`launch_options`).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from dataclasses import fields
 from pathlib import Path
 from typing import List, Tuple
 
 import torch
 
-LAUNCH_MODULE = "tgattn.engine.triton.tile_config"  # the tile kernels' launch options per card (branch tc-kernels)
+from ...engine.triton import tile_config
+from . import tune
 
 
 def launch_options(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> str:
-    """The tile kernels' launch options on this card for such tiles (``"forward 4w 3s, ..."``:
-    warps and pipeline stages per kernel, tuned or default), ``""`` where the checkout has no table.
+    """The tile kernels' launch options on this card for such tiles: warps and pipeline stages per
+    kernel (tuned, or the target's defaults) and the dk-dv programs per key block.
 
     Example:
-        >>> isinstance(launch_options(torch.bfloat16, 64, 64, 64), str)
-        True
+        >>> launch_options(torch.bfloat16, 64, 64, 64)  # no GPU here: sm_90's defaults
+        'forward 4w 3s, dq 4w 3s, dkdv 4w 3s (2 programs a key block)'
     """
-    if importlib.util.find_spec(LAUNCH_MODULE) is None:
-        return ""
-    config = importlib.import_module(LAUNCH_MODULE).tile_config(dtype, head_dim, rows, keys)
-    return ", ".join(f"{f.name} {getattr(config, f.name)[0]}w {getattr(config, f.name)[1]}s" for f in fields(config))
+    config = tile_config.tile_config(dtype, head_dim, rows, keys)
+    kernels = ", ".join(f"{k} {getattr(config, k)[0]}w {getattr(config, k)[1]}s" for k in tile_config.KERNELS)
+    return f"{kernels} ({config.dkdv_split} programs a key block)"
 
 
-TUNE_MODULE = "tgattn.bench.gpu.tune"  # the launch-option sweep (branch tc-kernels), run first where it exists
 TUNE_S = 100.0  # of the suite's budget, the most the sweep may take on a GPU (its own --tune may take 4 minutes)
 ATTENTION_MIN_S = 200.0  # of the budget, kept for the attention cases whatever the sweep asks
 TUNED_TABLE = "tile_configs.csv"  # the sweep's table under --out (the committed one: data/gpu/tile_configs.csv)
@@ -48,21 +42,17 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
     ``--tune --dry-run``, takes minutes under Triton's interpreter).
 
     Example:
-        >>> import importlib.util
         >>> from tgattn.bench.gpu.suite import Clock
-        >>> rows, note = tune_sweep(torch.device("cpu"), Clock(0.0), Path("."), dry_run=True)
-        >>> rows, note.startswith("skipped") or importlib.util.find_spec(TUNE_MODULE) is None
-        ([], True)
+        >>> tune_sweep(torch.device("cpu"), Clock(0.0), Path("."), dry_run=True)[1].startswith("skipped: dry run")
+        True
     """
-    if importlib.util.find_spec(TUNE_MODULE) is None:
-        return [], f"not run: no {TUNE_MODULE} in this checkout (the tile kernels' default launch options)"
     if dry_run:  # twelve tile launches under the interpreter: minutes of a dry run that CI keeps quick
         return [], "skipped: dry run (python -m tgattn.bench.gpu --tune --dry-run runs the sweep on the CPU)"
     budget = min(TUNE_S, clock.left(reserve + ATTENTION_MIN_S)) if device.type == "cuda" else clock.left(reserve)
     if budget <= 0:
         return [], f"skipped: time budget ({max(clock.left(), 0):.0f} s left of {clock.budget_s:.0f} s)"
     try:
-        sweep, table = importlib.import_module(TUNE_MODULE).tune(Path(out), dry_run=dry_run, budget_s=budget)
+        sweep, table = tune.tune(Path(out), dry_run=dry_run, budget_s=budget)
         use_table(Path(out) / TUNED_TABLE)
     except Exception as err:  # the sweep failing must not cost the suite its cases
         if device.type == "cuda":
@@ -75,6 +65,5 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
 def use_table(path: Path) -> None:
     """This process's ``tc`` backend takes its launch options from the table at ``path`` (checked
     as the committed one is, by ``tile_config.read_table``) instead of the committed table."""
-    tile_config = importlib.import_module(LAUNCH_MODULE)
     tuned = tile_config.read_table(str(path))
     tile_config.read_table = lambda: tuned

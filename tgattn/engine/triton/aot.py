@@ -41,7 +41,7 @@ BIASES = ("none", "shared", "per-head")  # [E, 1] (a runtime stride 0) and [E, H
 # A representative call: 8 heads, and 37 rows, so that no row count is a multiple of 16 (Triton
 # specialises integers divisible by 16; the general kernel is the one most calls get).
 HEADS, ROWS = 8, 37
-TILE_KERNELS = ("tile_forward_kernel", "tile_dq_kernel", "tile_dkdv_kernel")
+TILE_KERNELS = ("tile_forward_kernel", "tile_dq_kernel", "tile_dkdv_kernel", "tile_delta_kernel")
 GROUPED = 4  # query heads per key/value head in the grouped-query configurations of the tiles
 RESERVED_SMEM = 1024  # shared memory the CUDA runtime keeps per block on sm_80 and sm_90
 REG_UNIT = 256  # registers are allocated per warp in units of 256
@@ -51,6 +51,10 @@ REG_UNIT = 256  # registers are allocated per warp in units of 256
 # while one chunk gathers two tiles of 16 elements a thread (128 bytes of float32), issued
 # together. Below two 4-warp blocks, the SM would also idle while its one block waits at a barrier.
 OCCUPANCY_FLOOR_WARPS = 8
+# The tile kernels' floor: one warpgroup. A tile program keeps its own copies in flight (the next
+# two tiles' keys and values, 3 stages); at d = 128 those buffers (112-134 KB) leave room for one
+# program per SM, as FlashAttention-3's and FlexAttention's d = 128 Hopper kernels run.
+TILE_FLOOR_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Config:
     bias_grad: bool = False
     softcap: bool = False
     sinks: bool = False  # forward only: the backward kernels need nothing of the sinks
-    remainder: bool = False  # tile forward: merges in the gathered remainder's output and log-sum-exp
+    remainder: bool = False  # tiles: merge in the gathered remainder's output and log-sum-exp (or gradients)
     group: int = 1  # tiles: query heads per key / value head, packed into the tile's rows
 
     @property
@@ -100,8 +104,10 @@ class Config:
         """Whether every option this kernel has is on (its heaviest code)."""
         if self.kernel == "keep_kernel":
             return True
+        if self.kernel == "tile_delta_kernel":
+            return True
         if self.kernel in TILE_KERNELS:  # the grouped ones differ in index arithmetic only
-            return self.softcap and self.group == 1 and (self.remainder or self.kernel != "tile_forward_kernel")
+            return self.softcap and self.group == 1 and (self.remainder or self.kernel == "tile_dkdv_kernel")
         return (self.bias == "per-head" and self.dropout and self.weights and self.softcap
                 and (self.bias_grad or self.kernel != "dq_kernel") and (self.sinks or self.kernel != "forward_kernel"))
 
@@ -127,14 +133,16 @@ def configurations() -> Iterator[Config]:
     models (no dropout, no returned weights) and once with every other option on (the heaviest
     code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
 
-    The tile kernels of ``tc`` (``TILE_DTYPES``: float16, bfloat16) come with and without a softcap, the
-    forward with and without a gathered remainder, and once grouped (``GROUPED`` query heads per
-    key / value head) with every option.
+    The tile kernels of ``tc`` (``TILE_DTYPES``: float16, bfloat16) come with and without a softcap
+    and a gathered remainder's merge (forward, dq), and grouped (``GROUPED`` query heads per key /
+    value head) with a softcap and the merge (dq also without); the backward's ``delta`` kernel once
+    per dtype and head dim. Their launch options
+    are the target's (:func:`launch_of`).
 
     Example:
         >>> configs = list(configurations())
         >>> len(configs), sum(c.every_option for c in configs)
-        (1081, 73)
+        (1113, 81)
     """
     for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
         for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
@@ -152,20 +160,21 @@ def configurations() -> Iterator[Config]:
         yield Config("dq_kernel", dtype, d, **every, bias_grad=True)
         yield Config("dkdv_kernel", dtype, d, **every)
     for dtype, d in itertools.product(TILE_DTYPES, HEAD_DIMS):
-        for softcap in (False, True):
-            for remainder in (False, True):
-                yield Config("tile_forward_kernel", dtype, d, softcap=softcap, remainder=remainder)
-            yield Config("tile_dq_kernel", dtype, d, softcap=softcap)
-            yield Config("tile_dkdv_kernel", dtype, d, softcap=softcap)
-        yield Config("tile_forward_kernel", dtype, d, softcap=True, remainder=True, group=GROUPED)
-        yield Config("tile_dq_kernel", dtype, d, softcap=True, group=GROUPED)
-        yield Config("tile_dkdv_kernel", dtype, d, softcap=True, group=GROUPED)
+        for kernel in TILE_KERNELS[:3]:
+            merges = (False, True) if kernel != "tile_dkdv_kernel" else (False,)  # dk-dv: the caller adds the remainder
+            for softcap, remainder in itertools.product((False, True), merges):
+                yield Config(kernel, dtype, d, softcap=softcap, remainder=remainder)
+            for remainder in {"tile_forward_kernel": (True,), "tile_dq_kernel": (True, False)}.get(kernel, (False,)):
+                yield Config(kernel, dtype, d, softcap=True, remainder=remainder, group=GROUPED)
+        yield Config("tile_delta_kernel", dtype, d)
     yield Config("keep_kernel", torch.int8, 0)
 
 
 def blocks_of(config: Config) -> Tuple[int, int]:
     """The blocks the backend launches ``config`` with: ``(BLOCK_M, BLOCK_N)`` of the gather kernels,
     ``(tile rows, keys)`` of the tiles; ``(0, 0)`` for the dropout mask's kernel."""
+    if config.kernel == "tile_delta_kernel":
+        return 0, 0
     if config.kernel in TILE_KERNELS:
         return choose_blocks(config.dtype, config.head_dim)
     if not config.head_dim:
@@ -187,8 +196,9 @@ def _pattern():
     return walks(_structure())
 
 
-def _tile_launch(config: Config):
-    """The tile kernels' launch for ``config``: the plan of :func:`_structure` at the backend's blocks."""
+def _tile_launch(config: Config, arch: int):
+    """The tile kernels' launch for ``config`` on compute capability ``arch``: the plan of
+    :func:`_structure` at the backend's blocks."""
     tk, s, d = tile_kernels_module(), _structure(), config.head_dim
     block_m, block_n = choose_blocks(config.dtype, d)
     plan = plan_tiles(s.rowptr, s.src, ROWS, ROWS, block_m=block_m // config.group, block_n=block_n, min_fill=0)
@@ -196,16 +206,21 @@ def _tile_launch(config: Config):
     k, v = (torch.zeros(ROWS, HEADS // config.group, d, dtype=config.dtype) for _ in range(2))
     lse, delta = torch.zeros(HEADS, ROWS), torch.zeros(HEADS, ROWS)
     softcap = 2.0 if config.softcap else None
+    if config.kernel == "tile_delta_kernel":
+        return tk.delta_launch(q, torch.zeros_like(q))[0]
     if config.kernel == "tile_forward_kernel":
-        return tk.forward_launch(q, k, v, plan, 0.125, softcap, (torch.zeros_like(q), lse) if config.remainder else None)[0]
-    launches, _ = tk.backward_launches(q, k, v, torch.zeros_like(q), lse, delta, plan, 0.125, softcap)
+        init = (torch.zeros_like(q), lse) if config.remainder else None
+        return tk.forward_launch(q, k, v, plan, 0.125, softcap, init, arch)[0]
+    init = torch.zeros_like(q) if config.remainder else None  # the remainder's dq
+    launches, _ = tk.backward_launches(q, k, v, torch.zeros_like(q), lse, delta, plan, 0.125, softcap, init, arch)
     return launches[0] if config.kernel == "tile_dq_kernel" else launches[1]
 
 
-def launch_of(config: Config):
-    """The :class:`~.kernels.Launch` the backend makes for ``config`` (CPU tensors of a small call)."""
+def launch_of(config: Config, target: Optional[Target] = None):
+    """The :class:`~.kernels.Launch` the backend makes for ``config`` (CPU tensors of a small call) on
+    ``target`` (the tile kernels' launch options are per target; default sm_90)."""
     if config.kernel in TILE_KERNELS:
-        return _tile_launch(config)
+        return _tile_launch(config, 90 if target is None else target.arch)
     kern = kernels_module()
     rows, cols = _pattern()
     edges, seed, p = rows[1].numel(), 12345, 0.1 if config.dropout else 0.0

@@ -6,7 +6,9 @@ from the edges; cached on the :class:`~tgattn.engine.analysis.Structure`), runs
 the scattered remainder through the gather forward (:mod:`.kernels`) and then the tiles
 (:mod:`.tile_kernels`), whose online softmax takes in the remainder's output and log-sum-exp:
 one exact softmax over all of a row's edges. The backward runs both with the call's
-log-sum-exp and ``delta`` and adds their gradients.
+log-sum-exp and ``delta`` (one pass over ``dO`` and ``O``); the tile kernels write ``dq``, ``dk``,
+``dv`` in the inputs' dtype, ``dq`` with the remainder's added in float32; where a remainder
+exists, ``dk`` and ``dv`` take its share in one pass each, in their dtype.
 
 The tiles take float16 and bfloat16, a scale, soft-capping, sinks (in the remainder's softmax:
 it runs for every row when there are sinks) and rows without edges; grouped-query heads (``k``
@@ -115,20 +117,19 @@ def _gather_forward(q, k, v, rest, scale, softcap, sinks, group):
     return torch.stack(outs, 2).flatten(1, 2), torch.stack(lses, 1).flatten(0, 1)
 
 
-def _gather_backward(q, k, v, grad_out, lse, delta, rest, scale, softcap, group, grads):
-    """Adds the remainder's gradients into ``grads = (dq, dk, dv)`` (float32)."""
+def _gather_backward(q, k, v, grad_out, lse, delta, rest, scale, softcap, group):
+    """The remainder's ``(dq [n_q, H, dk], dk [n_k, H, dk], dv [n_k, H, dv])`` in the inputs' dtype,
+    ``dk`` / ``dv`` per query head (heads ``hk * G + g``), one gather launch per head of a group."""
     kern = kernels_module()
     blocks = blocks_for(q.shape[2], v.shape[2], q.dtype, softcap is not None)
     rows, cols = walks(rest)
-    dq, dk, dv = grads
     parts = zip(_groups(q, group), _groups(grad_out, group), lse.unflatten(0, (-1, group)).unbind(1),
-                delta.unflatten(0, (-1, group)).unbind(1), _groups(dq, group))
-    for qg, dog, lg, deltag, dqg in parts:
-        dq_r, dk_r, dv_r, _ = kern.backward(qg, k, v, None, dog, lg.contiguous(), deltag.contiguous(), None, rows, cols,
-                                            scale, 0.0, 0, False, blocks, softcap)
-        dqg += dq_r
-        dk += dk_r
-        dv += dv_r
+                delta.unflatten(0, (-1, group)).unbind(1))
+    grads = [kern.backward(qg, k, v, None, dog, lg.contiguous(), deltag.contiguous(), None, rows, cols, scale, 0.0, 0,
+                           False, blocks, softcap)[:3] for qg, dog, lg, deltag in parts]
+    if group == 1:
+        return grads[0]
+    return tuple(torch.stack(g, 2).flatten(1, 2) for g in zip(*grads))  # head hk * G + g, as in q
 
 
 class TileAttention(torch.autograd.Function):
@@ -160,14 +161,18 @@ class TileAttention(torch.autograd.Function):
             return None, None, None, None, None, None, None, None
         grad_out = _unit_stride(grad_out)
         group = q.shape[1] // k.shape[1]
-        delta = (grad_out.float() * out.float()).sum(-1).T.contiguous()  # [H, n_q]: <dO_i, O_i>
-        launches, grads = tile_kernels_module().backward_launches(q, k, v, grad_out, lse, delta, ctx.plan, ctx.scale,
-                                                                  ctx.softcap)
+        tk = tile_kernels_module()
+        launch, delta = tk.delta_launch(grad_out, out)  # [H, n_q]: <dO_i, O_i>, one pass in the inputs' dtype
+        launch()
+        rest = None
+        if ctx.rest.num_edges:
+            rest = _gather_backward(q, k, v, grad_out, lse, delta, ctx.rest, ctx.scale, ctx.softcap, group)
+        launches, (dq, dk, dv) = tk.backward_launches(q, k, v, grad_out, lse, delta, ctx.plan, ctx.scale, ctx.softcap,
+                                                      None if rest is None else rest[0])
         for launch in launches:
             launch()
-        if ctx.rest.num_edges:
-            _gather_backward(q, k, v, grad_out, lse, delta, ctx.rest, ctx.scale, ctx.softcap, group, grads)
-        dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+        if rest is not None:  # plus the remainder's share (per query head: summed over each group), in their dtype
+            dk, dv = (g + r.unflatten(1, (-1, group)).sum(2) for g, r in zip((dk, dv), rest[1:]))
         grad_sinks = None
         if sinks is not None and ctx.needs_input_grad[3]:  # as in TritonAttention.backward
             grad_sinks = -(torch.exp(sinks.float()[:, None] - lse) * delta).sum(1).to(sinks.dtype)

@@ -50,6 +50,13 @@ CARDS = {
 # FlashAttention-2 reports 50-73 % on dense A100 blocks; these kernels walk per-block tile lists.
 FORWARD_EFFICIENCY = 0.12
 BACKWARD_EFFICIENCY = 0.09
+# Predicted, not measured: what the pipelined kernels (issue 56) are expected to reach. Those
+# measured above ran 8 warps on 64-row tiles (each score computed twice on sm_90: 1.5-1.67x the
+# tensor work, 2x the exponentials) and waited for every copy at the top of each tile; one copy
+# of each score alone gives about 0.18 / 0.14, the next two tiles' copies in flight during the
+# products the rest. The planner keeps the measured ones (MIN_FILL) until a GPU run says more.
+PIPELINED_FORWARD_EFFICIENCY = 0.25
+PIPELINED_BACKWARD_EFFICIENCY = 0.20
 INDEX_BYTES = 8  # one int64 key id per gathered edge
 
 
@@ -64,17 +71,23 @@ def _peak(dtype: torch.dtype, card: Card) -> float:
 
 
 def tile_seconds(block_m: int, block_n: int, head_dim: int, dtype: torch.dtype, card: str = "h100", *,
-                 backward: bool = False, partial: bool = False) -> float:
-    """Predicted seconds of one tile and one head: its FLOP, and its mask's bytes if ``partial``.
+                 backward: bool = False, partial: bool = False, pipelined: bool = False) -> float:
+    """Predicted seconds of one tile and one head: its FLOP, and its mask's bytes if ``partial``; at the
+    measured efficiencies, or with ``pipelined`` at those predicted for the pipelined kernels.
 
     Example:
         >>> round(tile_seconds(64, 64, 64, torch.bfloat16) * 1e9, 2)  # ns: 1 MFLOP at 12 % of 989 TFLOP/s
         8.84
+        >>> round(tile_seconds(64, 64, 64, torch.bfloat16, pipelined=True) * 1e9, 2)  # at 25 %
+        4.24
     """
     c = _card(card)
     flop = (10 if backward else 4) * head_dim * block_m * block_n
     mask = block_m * -(-block_n // WORD_BITS) * 4 if partial else 0
-    efficiency = BACKWARD_EFFICIENCY if backward else FORWARD_EFFICIENCY
+    if pipelined:
+        efficiency = PIPELINED_BACKWARD_EFFICIENCY if backward else PIPELINED_FORWARD_EFFICIENCY
+    else:
+        efficiency = BACKWARD_EFFICIENCY if backward else FORWARD_EFFICIENCY
     return flop / (_peak(dtype, c) * efficiency) + mask / c.bandwidth
 
 
@@ -102,9 +115,10 @@ def break_even_fill(block_m: int, block_n: int, head_dim: int, dtype: torch.dtyp
 
 
 def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False,
-            card: str = "h100") -> dict:
+            card: str = "h100", pipelined: bool = False) -> dict:
     """Predicted seconds of ``plan`` (forward, or backward alone): ``tiles_s``, ``gather_s``,
     ``total_s`` and ``roofline_s`` (see the module's docstring); a prediction, not a measurement.
+    ``pipelined``: tiles at :data:`PIPELINED_FORWARD_EFFICIENCY` / :data:`PIPELINED_BACKWARD_EFFICIENCY`.
 
     Example:
         >>> from tgattn.engine.triton.tile_plan import plan_tiles
@@ -112,14 +126,19 @@ def predict(plan: TilePlan, *, heads: int, head_dim: int, dtype: torch.dtype, ba
         >>> p = predict(plan_tiles(ptr, col, n, n, block_m=64, block_n=64), heads=8, head_dim=64, dtype=torch.bfloat16)
         >>> p["gather_s"], round(p["total_s"] / p["roofline_s"], 2)  # the roofline at the peak, tiles at 12 %
         (0.0, 8.33)
+        >>> p = predict(plan_tiles(ptr, col, n, n, block_m=64, block_n=64), heads=8, head_dim=64, dtype=torch.bfloat16,
+        ...             pipelined=True)
+        >>> round(p["total_s"] / p["roofline_s"], 2)  # predicted for the pipelined kernels
+        4.0
     """
     size = torch.finfo(dtype).bits // 8
     c = _card(card)
     on_tiles = dtype in TILE_DTYPES
     tiles = on_tiles * heads * (
-        plan.n_full * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward)
+        plan.n_full * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward,
+                                   pipelined=pipelined)
         + plan.n_partial * tile_seconds(plan.block_m, plan.block_n, head_dim, dtype, card, backward=backward,
-                                        partial=True))
+                                        partial=True, pipelined=pipelined))
     gathered = plan.num_edges - plan.tc_edges * on_tiles
     gather = heads * gathered * edge_seconds(head_dim, dtype, card, backward=backward)
     passes = 3 if backward else 2  # rows read and written once: q, k, v, out (and their gradients)

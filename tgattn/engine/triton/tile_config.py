@@ -1,0 +1,119 @@
+"""The launch options of the ``tc`` backend's tile kernels: warps and pipeline stages per kernel.
+
+:func:`tile_config` gives, for inputs of a dtype and head dim on tiles of ``rows x keys``, the
+``(num_warps, num_stages)`` of the forward, dq and dk-dv kernels: the row of the committed
+table :data:`TABLE` (written by ``python -m tgattn.bench.gpu --tune`` on a GPU, the card named
+in each row) for the card this process runs on, else :data:`DEFAULT`.
+
+Why the defaults (:func:`default_config`, compiled by :mod:`.aot` without spills): a Hopper
+warpgroup (4 warps) multiplies 64 rows at a time, so 4 warps on a 64-row tile hold each score
+once (8 warps held the whole tile in both warpgroups: twice the exponentials and 1.5-1.67x the
+products, issue 56); 3 stages keep two tiles' copies in flight while the third is multiplied
+(the loops carry the next tile's id, :mod:`.tile_kernels`). The dk-dv programs take 32 keys each
+(two per key block; at 64 they spilled). dq runs out of registers at 4 warps on sm_80 and at
+d = 128 on sm_90 and takes 8, which then compute its products twice (sm_90 at d = 128, sm_80 at
+d = 64: the repeats left).
+
+Example:
+    >>> import torch
+    >>> tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="none")
+    TileConfig(forward=(4, 3), dq=(4, 3), dkdv=(4, 3), dkdv_split=2)
+    >>> tile_config(torch.bfloat16, 128, 64, 64, arch=90, card="none").dq
+    (8, 3)
+    >>> tile_config(torch.bfloat16, 128, 64, 64, arch=80, card="none")
+    TileConfig(forward=(4, 3), dq=(8, 3), dkdv=(8, 3), dkdv_split=2)
+"""
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+
+TABLE = Path(__file__).resolve().parents[3] / "data" / "gpu" / "tile_configs.csv"
+TABLE_FIELDS = ("card", "dtype", "head_dim", "block_m", "block_n", "kernel", "num_warps", "num_stages")
+KERNELS = ("forward", "dq", "dkdv")
+WARPS = (4, 8)  # the options a tuned row may hold (checked on reading; compiled by aot)
+STAGES = (2, 3, 4, 5)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """``(num_warps, num_stages)`` of each tile kernel (the fields' defaults: sm_90's at d <= 64)."""
+
+    forward: Tuple[int, int] = (4, 3)
+    dq: Tuple[int, int] = (4, 3)
+    dkdv: Tuple[int, int] = (4, 3)
+    dkdv_split: int = 1  # programs per key block of the dk-dv kernel (keys / split each): the target's, not tuned
+
+
+
+
+def default_config(arch: int, head_dim: int) -> TileConfig:
+    """The options without a tuned row, for compute capability ``arch`` (80, 90) and ``head_dim``."""
+    wide = head_dim > 64
+    # dk-dv: two programs of 32 keys per key block, 8 warps at d = 128. Programs of 64 keys spilled
+    # 8-48 bytes on sm_80 at every option tried (4 / 8 warps, 1-3 stages), and on sm_90 under triton
+    # 3.9 48-144 bytes on 4 warps; 8 warps ran their 64 x 64 scores in both warpgroups. On sm_90 the
+    # 32-key products are mma.sync, not wgmma (which takes 64 rows a warpgroup).
+    dkdv = dict(dkdv=(8, 3) if wide else (4, 3), dkdv_split=2)
+    if arch >= 90:  # dq at d = 128: 4 warps spilled 12-20 bytes (its float32 accumulator and scores)
+        # (d <= 32: 64-key dk-dv programs fit, and 32-key ones spilled 28 bytes under triton 3.9)
+        return TileConfig(dq=(8, 3) if wide else (4, 3), **{**dkdv, "dkdv_split": 2 if head_dim > 32 else 1})
+    # sm_80: dq on 4 warps spilled 12-16 bytes with the remainder's merge (d = 64); on 8 its mma.sync
+    # layout puts 16 rows a warp over the 64 at d = 64, so its products run twice there
+    return TileConfig(dq=(8, 3), **dkdv)
+
+
+def _key(dtype: torch.dtype, head_dim: int, rows: int, keys: int) -> Tuple[str, int, int, int]:
+    d = 16
+    while d < head_dim:  # the kernels' padded head dim (next power of two, at least 16)
+        d *= 2
+    return str(dtype).replace("torch.", ""), d, rows, keys
+
+
+@functools.lru_cache(maxsize=None)
+def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, Dict[str, Tuple[int, int]]]]:
+    """``{card: {(dtype, head_dim, rows, keys): {kernel: (warps, stages)}}}`` from a tuning table (``{}``
+    without one).
+
+    Rows name a kernel each; a key must name all three."""
+    if not Path(path).exists():
+        return {}
+    found: Dict[str, Dict[tuple, dict]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            warps, stages = int(row["num_warps"]), int(row["num_stages"])
+            if row["kernel"] not in KERNELS or warps not in WARPS or stages not in STAGES:
+                raise ValueError(f"{path}: a row holds kernel {row['kernel']!r}, {warps} warps, {stages} stages "
+                                 f"(allowed: {KERNELS}, warps {WARPS}, stages {STAGES})")
+            key = (row["dtype"], int(row["head_dim"]), int(row["block_m"]), int(row["block_n"]))
+            found.setdefault(row["card"], {}).setdefault(key, {})[row["kernel"]] = (warps, stages)
+    for card, rows in found.items():
+        for key, kernels in rows.items():
+            if set(kernels) != set(KERNELS):
+                raise ValueError(f"{path}: {card} {key} names kernels {sorted(kernels)}, not all of {KERNELS}")
+    return {card: {key: kernels for key, kernels in rows.items()} for card, rows in found.items()}
+
+
+def current_device() -> Tuple[Optional[str], int]:
+    """``(name, arch)`` of this process's CUDA device (``(None, 90)`` without one: the interpreter
+    ignores launch options)."""
+    if not torch.cuda.is_available():
+        return None, 90
+    major, minor = torch.cuda.get_device_capability()
+    return torch.cuda.get_device_name(), major * 10 + minor
+
+
+def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, arch: Optional[int] = None,
+                card: Optional[str] = None) -> TileConfig:
+    """The launch options for inputs of ``dtype`` and ``head_dim`` on tiles of ``rows x keys``, on
+    ``card`` of compute capability ``arch`` (default: this process's device): its row of
+    :data:`TABLE`, else :func:`default_config`."""
+    name, device_arch = current_device()
+    card, arch = name if card is None else card, device_arch if arch is None else arch
+    tuned = read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys), {})
+    return replace(default_config(arch, head_dim), **tuned)
