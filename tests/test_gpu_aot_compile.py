@@ -55,7 +55,9 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_within_shared_me
     for r in rows:
         assert (int(r["spill_stores"]), int(r["spill_loads"])) == (0, 0), r
         assert 0 < int(r["registers"]) <= 255 and int(r["shared"]) <= limits[r["target"]], r
-        assert int(r["resident_warps"]) >= aot.OCCUPANCY_FLOOR_WARPS, r
+        # one warpgroup for the tile kernels (their copies in flight are their own: aot.TILE_FLOOR_WARPS)
+        floor = aot.TILE_FLOOR_WARPS if r["kernel"] in aot.TILE_KERNELS else aot.OCCUPANCY_FLOOR_WARPS
+        assert int(r["resident_warps"]) >= floor, r
     assert "## Roofline on an H100 SXM" in (tmp_path / "compiled.md").read_text()
 
 
