@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     suite.add_argument("--flex-static", action="store_true",
                        help="compile FlexAttention for each size (default: once per mask_mod, dynamic shapes)")
     suite.add_argument("--no-tune", action="store_true",
-                       help="skip the tile kernels' launch-option sweep (tgattn.bench.gpu.tune, where it exists)")
+                       help="skip the tile kernels' launch-option sweep (tgattn.bench.gpu.tune; the suite runs it first)")
     args = parser.parse_args(argv)
     if (args.suite or args.tune) and args.dry_run and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # tgattn's Triton paths run on the CPU through the interpreter
