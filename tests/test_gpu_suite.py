@@ -321,7 +321,7 @@ def test_the_suite_runs_the_launch_option_sweep_first_and_tc_then_reads_its_tabl
         return [dict(kernel="forward", num_warps=8, num_stages=4, ms=1.0)], rows
 
     monkeypatch.setattr(gpu_launch.tune, "tune", tune)
-    monkeypatch.setattr(tile_config, "read_table", tile_config.read_table)  # use_table's change undone after the test
+    monkeypatch.setitem(tile_config.TABLE_IN_FORCE, "path", tile_config.TABLE_IN_FORCE["path"])  # undone after the test
     assert gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=True)[1].startswith(
         "skipped: dry run")
     rows, note = gpu_launch.tune_sweep(torch.device("cpu"), gpu_suite.Clock(50.0), tmp_path, dry_run=False, reserve=20.0)

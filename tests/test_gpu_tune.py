@@ -28,7 +28,7 @@ def _rows(card, **options):
 def test_tc_takes_its_card_s_row_of_the_table_and_the_defaults_elsewhere(tmp_path, monkeypatch):
     path = tmp_path / "tile_configs.csv"
     _write(path, _rows("NVIDIA H200", forward=(4, 4), dq=(8, 3), dkdv=(4, 5)))
-    monkeypatch.setattr(tile_config, "read_table", lambda: read_table(str(path)))
+    monkeypatch.setitem(tile_config.TABLE_IN_FORCE, "path", str(path))
     tuned = tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="NVIDIA H200")
     assert (tuned.forward, tuned.dq, tuned.dkdv) == ((4, 4), (8, 3), (4, 5))
     assert tuned.dkdv_split == default_config(90, 64).dkdv_split  # the target's, not tuned

@@ -36,8 +36,8 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
     ``tile_sweep.csv`` and ``tile_configs.csv`` under ``out``), run before the attention cases
     within :data:`TUNE_S` of the budget (less when the budget left, less ``reserve`` and
     :data:`ATTENTION_MIN_S`, is shorter); then this process's ``tc`` backend takes its launch
-    options from the sweep's table (:func:`use_table`), so that the ``tc`` rows measure the tuned
-    kernels. ``rows`` (the sweep's timings) empty and ``note`` saying why where it did not run or
+    options from the sweep's table (:func:`~tgattn.engine.triton.tile_config.use_table`), so that
+    the ``tc`` rows measure the tuned kernels. ``rows`` (the sweep's timings) empty and ``note`` saying why where it did not run or
     failed (the suite goes on, on the launch options it had). A dry run skips it (its own dry run,
     ``--tune --dry-run``, takes minutes under Triton's interpreter).
 
@@ -53,17 +53,10 @@ def tune_sweep(device: torch.device, clock, out: Path, *, dry_run: bool, reserve
         return [], f"skipped: time budget ({max(clock.left(), 0):.0f} s left of {clock.budget_s:.0f} s)"
     try:
         sweep, table = tune.tune(Path(out), dry_run=dry_run, budget_s=budget)
-        use_table(Path(out) / TUNED_TABLE)
+        tile_config.use_table(str(Path(out) / TUNED_TABLE))
     except Exception as err:  # the sweep failing must not cost the suite its cases
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return [], f"failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
     return list(sweep), (f"ran within {budget:.0f} s: {len(sweep)} timings, {len(table)} table rows "
                          f"({Path(out) / TUNED_TABLE}), which tc takes from here on")
-
-
-def use_table(path: Path) -> None:
-    """This process's ``tc`` backend takes its launch options from the table at ``path`` (checked
-    as the committed one is, by ``tile_config.read_table``) instead of the committed table."""
-    tuned = tile_config.read_table(str(path))
-    tile_config.read_table = lambda: tuned

@@ -99,6 +99,17 @@ def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, Dict[str, Tuple[
     return {card: {key: kernels for key, kernels in rows.items()} for card, rows in found.items()}
 
 
+TABLE_IN_FORCE = {"path": str(TABLE)}  # the table tile_config reads: the committed one, or a sweep's (use_table)
+
+
+def use_table(path: str) -> None:
+    """This process's tile kernels take their launch options from the table at ``path`` instead of
+    :data:`TABLE` (the GPU suite, after its sweep); a table outside the compiled options is refused
+    before it is in force."""
+    read_table(str(path))
+    TABLE_IN_FORCE["path"] = str(path)
+
+
 def current_device() -> Tuple[Optional[str], int]:
     """``(name, arch)`` of this process's CUDA device (``(None, 90)`` without one: the interpreter
     ignores launch options)."""
@@ -115,5 +126,5 @@ def tile_config(dtype: torch.dtype, head_dim: int, rows: int, keys: int, *, arch
     :data:`TABLE`, else :func:`default_config`."""
     name, device_arch = current_device()
     card, arch = name if card is None else card, device_arch if arch is None else arch
-    tuned = read_table().get(card or "", {}).get(_key(dtype, head_dim, rows, keys), {})
+    tuned = read_table(TABLE_IN_FORCE["path"]).get(card or "", {}).get(_key(dtype, head_dim, rows, keys), {})
     return replace(default_config(arch, head_dim), **tuned)
