@@ -116,20 +116,27 @@ def walks(s: Structure):
 
     The orders list query rows (key columns) by decreasing degree, so that the rows of one
     program have about as many edges each. The pointers are int64 here (the analysis's may be
-    int32): the kernels form edge offsets from them, ``e * H`` among them.
+    int32): the kernels form edge offsets from them, ``e * H`` among them. With as many queries
+    as keys, both pointers are one tensor and both orders come from one sort (on a new edge set,
+    3 kernels where they would take 5).
     """
     cached = s.extras.get("triton")
     if cached is None:
         colptr, row_t, perm_t = transpose_pattern(s)
-        rowptr, colptr = s.rowptr.long(), colptr.long()
-        rows = (rowptr, s.src, _by_degree(rowptr))
-        cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, _by_degree(colptr)))
+        if s.n_q == s.n_k:
+            rowptr, colptr = ptrs = torch.stack([s.rowptr, colptr]).long()  # [2, n + 1]
+            row_order, col_order = _by_degree(ptrs)
+        else:
+            rowptr, colptr = s.rowptr.long(), colptr.long()
+            row_order, col_order = _by_degree(rowptr), _by_degree(colptr)
+        rows = (rowptr, s.src, row_order)
+        cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, col_order))
     return cached
 
 
 def _by_degree(ptr: Tensor) -> Tensor:
-    """Row ids by decreasing degree (stable: rows of equal degree keep their order)."""
-    return torch.argsort(ptr[:-1] - ptr[1:], stable=True)
+    """Row ids by decreasing degree (stable: rows of equal degree keep their order), per pointer ``[..., n + 1]``."""
+    return torch.argsort(ptr[..., :-1] - ptr[..., 1:], dim=-1, stable=True)
 
 
 def draw_seed() -> int:
