@@ -188,13 +188,13 @@ class TritonAttention(torch.autograd.Function):
         q, k, v, bias, sinks, out, lse, w = ctx.saved_tensors
         s = ctx.s
         grad_out = torch.zeros_like(out) if grad_out is None else _unit_stride(grad_out)
-        delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # [n_q, H]: <dO_i, O_i>
+        delta = lse.new_empty(lse.shape)  # [H, n_q] as the kernels read it, summed into in place (no transposed copy)
+        torch.sum(grad_out.to(lse.dtype) * out.to(lse.dtype), -1, out=delta.T)  # <dO_i, O_i>
         if grad_w is not None:  # the returned weights' gradient joins each row's softmax backward
             grad_w = grad_w.contiguous()
-            delta = delta.index_add(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
+            delta.T.index_add_(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
         rows, cols = walks(s)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
-        delta = delta.T.contiguous()  # [H, n_q]
         dq, dk, dv, d_scores = kernels_module().backward(
             q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols,
             ctx.scale, ctx.p, ctx.seed, bias_grad, ctx.blocks, ctx.softcap,
