@@ -34,6 +34,7 @@ if __name__ == "__main__":
                 layers._step(layer, x, ei, edge_attr, prepared, options)
             print(f"{name:34s} {new.kernels + new.launches:5d} {steady.kernels + steady.launches:9d}"
                   f"   ({len(new.syncs)} / {len(steady.syncs)})")
-        for dim in (None, 4):
-            count = layers._transformer_kernels(x, ei, edge_attr, dim)
-            print(f"{f'TransformerConv(edge_dim={dim})':34s} {count:5d} {count:9d}")
+        for path, options in layers.CONVS.items():
+            if path != "self_loops":  # (TransformerConv has no self-loop option)
+                count = layers._transformer_kernels(x, ei, edge_attr, options)
+                print(f"{f'TransformerConv, as conv_{path}':34s} {count:5d} {count:9d}")
