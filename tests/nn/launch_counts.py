@@ -22,7 +22,7 @@ if __name__ == "__main__":
         fixture = cpu_as_cuda.__wrapped__(patch)
         next(fixture)
         x, ei, edge_attr, batch = layers._batch()
-        print(f"{'path':34s} {'new':>5s} {'prepared':>9s}   (aten ops + Triton launches; syncs new / prepared)")
+        print(f"{'path':40s} {'new':>5s} {'prepared':>9s}   (aten ops + Triton launches; syncs new / prepared)")
         for name, (layer, options) in layers._layers(ei, batch).items():
             edges = layers._attended(ei, options)
             layers._step(layer, x, ei, edge_attr, edges.clone(), options)
@@ -32,9 +32,9 @@ if __name__ == "__main__":
             layers._step(layer, x, ei, edge_attr, prepared, options)
             with recording() as steady:
                 layers._step(layer, x, ei, edge_attr, prepared, options)
-            print(f"{name:34s} {new.kernels + new.launches:5d} {steady.kernels + steady.launches:9d}"
+            print(f"{name:40s} {new.kernels + new.launches:5d} {steady.kernels + steady.launches:9d}"
                   f"   ({len(new.syncs)} / {len(steady.syncs)})")
         for path, options in layers.CONVS.items():
             if path != "self_loops":  # (TransformerConv has no self-loop option)
                 count = layers._transformer_kernels(x, ei, edge_attr, options)
-                print(f"{f'TransformerConv, as conv_{path}':34s} {count:5d} {count:9d}")
+                print(f"{f'TransformerConv, as conv_{path}':40s} {count:5d} {count:9d}")
