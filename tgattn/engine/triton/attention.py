@@ -170,7 +170,7 @@ class TritonAttention(torch.autograd.Function):
         sinks = None if sinks is None else sinks.contiguous()
         rows, cols = walks(s)
         seed = draw_seed() if p > 0 else 0
-        out, lse, w = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks, softcap, sinks)
+        out, lse, w, _ = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks, softcap, sinks)
         if not weights:
             ctx.mark_non_differentiable(w)
         ctx.set_materialize_grads(False)
@@ -188,25 +188,38 @@ class TritonAttention(torch.autograd.Function):
         q, k, v, bias, sinks, out, lse, w = ctx.saved_tensors
         s = ctx.s
         grad_out = torch.zeros_like(out) if grad_out is None else _unit_stride(grad_out)
-        delta = lse.new_empty(lse.shape)  # [H, n_q] as the kernels read it, summed into in place (no transposed copy)
-        torch.sum(grad_out.to(lse.dtype) * out.to(lse.dtype), -1, out=delta.T)  # <dO_i, O_i>
-        if grad_w is not None:  # the returned weights' gradient joins each row's softmax backward
-            grad_w = grad_w.contiguous()
-            delta.T.index_add_(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
+        delta, grad_w = softmax_delta(grad_out, out, lse, w, grad_w, s)
         rows, cols = walks(s)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, d_scores = kernels_module().backward(
+        dq, dk, dv, d_scores, *_ = kernels_module().backward(
             q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols,
             ctx.scale, ctx.p, ctx.seed, bias_grad, ctx.blocks, ctx.softcap,
         )
-        grad_bias = grad_sinks = None
-        if bias_grad:
-            grad_bias = (d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)).to(bias.dtype)
-        if sinks is not None and ctx.needs_input_grad[4]:
-            # The sink's weight in row i is exp(sink - lse_i); as a score without a value its
-            # gradient is that weight times (0 - delta_i). Rows without a logit have lse = +inf.
-            grad_sinks = -(torch.exp(sinks.to(lse.dtype)[:, None] - lse) * delta).sum(1).to(sinks.dtype)
+        grad_bias, grad_sinks = bias_and_sink_grads(bias, sinks, d_scores, lse, delta, bias_grad, ctx.needs_input_grad[4])
         return dq, dk, dv, grad_bias, grad_sinks, None, None, None, None, None, None
+
+
+def softmax_delta(grad_out: Tensor, out: Tensor, lse: Tensor, w: Tensor, grad_w: Optional[Tensor], s: Structure):
+    """``(delta [H, n_q], grad_w contiguous or None)``: ``delta_i = <dO_i, O_i>`` (plus the returned weights'
+    share ``sum_j a_ij dW_ij``), in the layout the backward kernels read."""
+    delta = lse.new_empty(lse.shape)  # [H, n_q] as the kernels read it, summed into in place (no transposed copy)
+    torch.sum(grad_out.to(lse.dtype) * out.to(lse.dtype), -1, out=delta.T)  # <dO_i, O_i>
+    if grad_w is not None:  # the returned weights' gradient joins each row's softmax backward
+        grad_w = grad_w.contiguous()
+        delta.T.index_add_(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
+    return delta, grad_w
+
+
+def bias_and_sink_grads(bias, sinks, d_scores, lse, delta, bias_grad: bool, sinks_grad: bool):
+    """``(grad_bias [E, 1 or H] or None, grad_sinks [H] or None)`` from the kernels' score gradients."""
+    grad_bias = grad_sinks = None
+    if bias_grad:
+        grad_bias = (d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)).to(bias.dtype)
+    if sinks is not None and sinks_grad:
+        # The sink's weight in row i is exp(sink - lse_i); as a score without a value its
+        # gradient is that weight times (0 - delta_i). Rows without a logit have lse = +inf.
+        grad_sinks = -(torch.exp(sinks.to(lse.dtype)[:, None] - lse) * delta).sum(1).to(sinks.dtype)
+    return grad_bias, grad_sinks
 
 
 def triton_attention(
