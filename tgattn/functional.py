@@ -231,7 +231,8 @@ def attention_with_edge_terms(
     """:func:`graph_attention` with ``edge_key`` / ``edge_value`` (see there): ``(out, weights or None)``.
 
     ``(features, weight)`` pairs over one features tensor run inside the fused kernel where
-    :func:`tgattn.engine.dispatch.edge_terms_on_fused` says so (outside ``torch.compile``); other
+    :func:`tgattn.engine.dispatch.edge_terms_on_fused` says so, else inside the Triton kernels where
+    :func:`tgattn.engine.dispatch.edge_terms_on_triton` does (outside ``torch.compile``); other
     calls compose the terms around the engine. ``generator`` draws the dropout mask (or the fused
     kernel's seed) that both value terms share.
     """

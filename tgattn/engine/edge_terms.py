@@ -22,6 +22,7 @@ projected (:func:`project`), with no per-edge tensor in the forward. Those per-h
 gradients run in the extension too (``head_map``, ``head_map_add``, ``head_outer``: each head's
 ``[d, F]`` map once, not a block-diagonal ``[H d, H F]`` product) for float32 / float64 CPU tensors, where
 :class:`MappedAttention` runs them with the kernel as one autograd node (half precision keeps the three).
+The Triton kernels take the same factored form on the GPU (:mod:`tgattn.engine.triton.edge_features`).
 """
 from __future__ import annotations
 

@@ -116,16 +116,18 @@ def triton_edge_features(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(out [n_q, H, dv], weights [E, H] or None)`` with the edge-feature terms inside the kernels
     (:class:`TritonMappedAttention`); ``bias`` ``[E, 1 or H]`` sorted, ``features [E, F]`` in the caller's
-    order, weights returned sorted. The blocks are those of head dim ``max(d, F)`` (the features' chunk
-    ``[BLOCK_M, BLOCK_N, F]`` beside the keys' and values').
+    order, weights returned sorted. The blocks are those of head dim ``d + F``: the features' chunk
+    ``[BLOCK_M, BLOCK_N, F]`` and its gradient beside the keys' and values' (at the blocks of ``d``, the dq
+    kernel with every option spilled up to 600 bytes for sm_80 / sm_90 at F = d; with those of ``2 d``
+    none spills: data/gpu/compiled.csv, ``tgattn.engine.triton.aot``).
 
     Example (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)::
 
         maps = weight.view(H, d, F)  # TransformerConv's lin_edge, one map for keys and values
         out, _ = triton_edge_features(q, k, v, s, None, d ** -0.5, 0.0, False, edge_attr, maps, maps)
     """
-    width = features.shape[1]
-    blocks = blocks or blocks_for(max(q.shape[2], width), max(v.shape[2], width), q.dtype)
+    width = max(q.shape[2], v.shape[2]) + features.shape[1]
+    blocks = blocks or blocks_for(width, width, q.dtype)
     out, w = TritonMappedAttention.apply(q, k, v, bias, sinks, features, key_maps, value_maps, s, scale, dropout_p,
                                          return_weights, blocks)
     return out, (w if return_weights else None)

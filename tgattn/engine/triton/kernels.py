@@ -28,6 +28,11 @@ block have about the same number of edges and few slots idle.
   save the key-side pass its recomputed scores, but that pass's time goes to gathering the
   query and output-gradient rows of each edge, which a scatter of ``dk`` / ``dv`` per edge
   would replace by read-modify-writes of the same size.)
+* Edge features (:mod:`tgattn.engine.triton.edge_features`): the features ``[E, F]`` of each edge
+  slot are read through the edge set's permutation (the caller's order); the key term adds
+  ``scale * <kf_i, e_ij>`` to the scores, the value term sums ``a_ij e_ij`` beside the values, and
+  the backward's ``dq`` pass writes each head's share of the features' gradient per edge (each
+  edge has one query row: no atomics here either).
 * Dropout keeps edge ``e`` of head ``h`` where ``tl.rand(seed, e * H + h) >= p`` (Philox,
   counter based): the backward and :func:`keep_kernel` regenerate the same mask.
   The seed is not specialised (``do_not_specialize``): Triton would otherwise compile each
@@ -412,6 +417,11 @@ class EdgeFeatures(NamedTuple):
     grad_sums: Optional[torch.Tensor] = None
 
 
+# float64 with as many features as head channels from d = 128: four warps, not two. At two the forward kernel
+# spilled 0.9-3 KB for sm_80 / sm_90 (F = d = 128, with and without other options); at four none does.
+WIDE_FEATURES = 256
+
+
 def _feature_args(edge: Optional[EdgeFeatures], q, backward: bool = False):
     """``(pointers, ints, constants)``: the kernels' edge-feature arguments (placeholders without ``edge``);
     the backward's take ``G`` after ``EPERM`` and its strides last."""
@@ -424,6 +434,8 @@ def _feature_args(edge: Optional[EdgeFeatures], q, backward: bool = False):
         nf = edge.features.shape[1]
         flags = dict(KEY_FEATURES=key is not None, VALUE_FEATURES=edge.sums, PERMUTED=edge.perm is not None,
                      BLOCK_F=triton.next_power_of_2(nf))
+        if q.dtype == torch.float64 and triton.next_power_of_2(q.shape[2]) + flags["BLOCK_F"] >= WIDE_FEATURES:
+            flags["num_warps"] = 4
     strides = (0, 0) if key is None else (key.stride(0), key.stride(1))
     if backward:
         pointers += (q if grad is None else grad,)
@@ -458,7 +470,7 @@ def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weigh
         n_q, heads, dk, v.shape[2], scale, 1.0 if softcap is None else softcap, p_drop, 1.0 / (1.0 - p_drop), seed,
         *strides[:6], out.stride(0), out.stride(1), *strides[6:], *pointers, q if sums is None else sums, *ints,
     ), dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, SOFTCAP=softcap is not None,
-            SINKS=sinks is not None, **_meta(q, v, blocks), **flags))
+            SINKS=sinks is not None, **{**_meta(q, v, blocks), **flags}))
     return launch, (out, lse, w, sums)
 
 
@@ -488,7 +500,7 @@ def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, s
     strides = strides[:6] + (grad_out.stride(0), grad_out.stride(1)) + strides[6:]
     pointers, ints, features = _feature_args(edge, q, backward=True)
     flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, SOFTCAP=softcap is not None,
-                 **_meta(q, v, blocks), **features)
+                 **{**_meta(q, v, blocks), **features})
     b = q if bias is None else bias
     gw = lse if grad_w is None else grad_w
     dq = q.new_empty(n_q, heads, dk)
