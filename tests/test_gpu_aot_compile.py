@@ -208,3 +208,14 @@ def test_failures_name_spills_shared_memory_over_the_limit_and_occupancy_under_t
         f"sm_80 dq_kernel float32 d=64 (-): {163 * 1024 + 1} bytes of shared memory (limit {163 * 1024})"]
     assert failures([{**row, "target": "sm_90", "shared": 163 * 1024 + 1}]) == []  # an H100 block may take 227 KB
     assert failures([{**row, "resident_warps": 4}]) == ["sm_80 dq_kernel float32 d=64 (-): 4 resident warps (floor 8)"]
+
+
+def test_added_rows_replace_those_of_the_same_configuration(tmp_path):
+    """``--add-to``: the new rows join the table, in place of any row of the same target and configuration."""
+    from tgattn.bench.gpu_compiled import FIELDS, _added
+    from tgattn.bench.report import write_csv
+
+    row = dict(target="sm_80", kernel="dq_kernel", dtype="float32", head_dim=64, options="-", registers=100)
+    write_csv([row, {**row, "options": "dropout"}], tmp_path / "compiled.csv", FIELDS)
+    rows = _added([{**row, "registers": 120}, {**row, "options": "edge features"}], tmp_path)
+    assert [(r["options"], int(r["registers"])) for r in rows] == [("dropout", 100), ("-", 120), ("edge features", 100)]

@@ -308,7 +308,15 @@ def edge_terms_on_triton(s: Structure, backend: str, q: Tensor, *, edge_scale: b
     (:mod:`tgattn.engine.triton.edge_features`): where the kernels take ``q`` (CUDA tensors; CPU tensors under
     Triton's interpreter when named) and the call has edges, no ``edge_scale`` and no ``softcap`` (the key
     term joins the scores after the cap, which :func:`tgattn.functional.graph_attention` refuses). Reads nothing
-    back: the Triton kernels need no finite check."""
+    back: the Triton kernels need no finite check.
+
+    Example:
+        >>> from tgattn import builders
+        >>> from tgattn.engine.analysis import analyse
+        >>> s, q = analyse(builders.window(8, 1), 8, 8), torch.zeros(8, 2, 4)
+        >>> edge_terms_on_triton(s, "auto", q, edge_scale=False, softcap=False)  # a CPU tensor: the fused kernel's
+        False
+    """
     if s.num_edges == 0 or edge_scale or softcap or backend not in ("auto", "triton", "tc"):
         return False
     return triton_backend.usable(q, named=backend != "auto")
