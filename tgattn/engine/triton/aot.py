@@ -287,16 +287,12 @@ _PTXAS = {
 }
 
 
-def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> Tuple[Resources, dict]:
-    """Compile ``launch`` for ``target``: ``(resources, asm)`` (``asm``: ``ptx``, ``cubin``, ...).
-
-    The arguments go through the binder Triton's JIT builds for the kernel, so integers equal
-    to 1 become constants and pointers and integers divisible by 16 carry that hint, as at a
-    launch. Raises what Triton raises on a compile error.
-    """
+def bind(launch, target: Target):
+    """``(options, signature, constexprs, attrs)``: what Triton's JIT makes of ``launch``'s arguments for
+    ``target`` (its binder: integers equal to 1 become constants, pointers and integers divisible by
+    16 carry that hint), the inputs of its compile and of its cache key."""
     import triton
-    from triton import knobs
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     kernel = launch.kernel
@@ -305,7 +301,22 @@ def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> T
     backend = make_backend(target.triton_target())
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*launch.args, **launch.meta)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.meta, bound, specialization, options)
+    return kernel._pack_args(backend, launch.meta, bound, specialization, options)
+
+
+def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> Tuple[Resources, dict]:
+    """Compile ``launch`` for ``target``: ``(resources, asm)`` (``asm``: ``ptx``, ``cubin``, ...).
+
+    The arguments go through the binder Triton's JIT builds for the kernel (:func:`bind`), as at a
+    launch, so the compiled kernel lands in ``cache_dir`` under the key the launch looks up.
+    Raises what Triton raises on a compile error.
+    """
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    kernel = launch.kernel
+    options, signature, constexprs, attrs = bind(launch, target)
     log = io.StringIO()
     # The log of ptxas -v is printed only on a real compile: compile always, into ``cache_dir``.
     with knobs.compilation.scope(), knobs.nvidia.scope(), knobs.cache.scope(), contextlib.redirect_stdout(log):
