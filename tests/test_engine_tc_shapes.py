@@ -4,7 +4,7 @@ oracle, and the ``tc`` backend taking its shape from the tuning table in force.
 ``test_engine_tc.py`` checks every tile class at 16 x 16 tiles (one mask word a row); here the
 candidates' shapes run under Triton's interpreter: 128 query rows (or 64 queries x 2 grouped heads),
 128 keys (four mask words a row, and four 32-key dk-dv programs a key block, each reading its own
-words). Each set holds the tile classes it is about (checked on the plan), with rows that mix tiles
+words), and 64 x 128 tiles, which the sweep does not try but the kernels take. Each set holds the tile classes it is about (checked on the plan), with rows that mix tiles
 and gathered edges, and rows without edges.
 """
 import csv
@@ -23,7 +23,7 @@ from tgattn.engine.triton import tile_config  # noqa: E402
 from tgattn.engine.triton.tc import TileAttention, plan_for, plan_for_inputs, tc_attention  # noqa: E402
 from tgattn.engine.triton.tile_plan import choose_blocks  # noqa: E402
 
-NEW_SHAPES = [s for s in tile_config.SHAPES if s != (64, 64)]  # 64 x 64: test_engine_tc_plan, the aot tests
+NEW_SHAPES = [s for s in tile_config.SHAPES if s != (64, 64)] + [(64, 128)]  # 64 x 64: the aot and pipeline tests
 
 
 def _case(name, n):
@@ -82,11 +82,11 @@ def test_the_largest_tiles_in_bfloat16_with_a_softcap():
     _check((128, 128), "random_empty_rows", n=200, softcap=2.0, dtype=torch.bfloat16)
 
 
-def _table(path, card, shape, dtype="bfloat16", d=64):
+def _table(path, card, shape, dtype="bfloat16", d=64, options=((8, 3), (8, 4), (8, 2))):
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=tile_config.TABLE_FIELDS)
         writer.writeheader()
-        for kernel, (warps, stages) in zip(tile_config.KERNELS, ((8, 3), (8, 4), (4, 2))):
+        for kernel, (warps, stages) in zip(tile_config.KERNELS, options):
             writer.writerow(dict(card=card, dtype=dtype, head_dim=d, block_m=shape[0], block_n=shape[1], kernel=kernel,
                                  num_warps=warps, num_stages=stages))
 
@@ -112,7 +112,7 @@ def test_the_backend_plans_at_the_shape_its_card_s_table_row_names(tmp_path, mon
     tc_attention(q, q, q, s, None, 0.125, min_fill=0.0)
     assert seen == [(128, 64)]
     options = tile_config.tile_config(torch.bfloat16, 64, 128, 64)
-    assert (options.forward, options.dq, options.dkdv, options.dkdv_split) == ((8, 3), (8, 4), (4, 2), 2)
+    assert (options.forward, options.dq, options.dkdv, options.dkdv_split) == ((8, 3), (8, 4), (8, 2), 2)
 
 
 def test_a_table_row_outside_the_compiled_candidates_is_refused(tmp_path):
@@ -121,12 +121,15 @@ def test_a_table_row_outside_the_compiled_candidates_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"NVIDIA H200 forward bfloat16 d=64 256 x 64 tiles, 8 warps, 3 stages "
                                          r"is not a compiled candidate"):
         tile_config.read_table(str(path))
+    _table(path, "NVIDIA H200", (128, 128), options=((8, 3), (8, 4), (4, 2)))  # 4 warps: not on 128-row tiles
+    with pytest.raises(ValueError, match="dkdv bfloat16 d=64 128 x 128 tiles, 4 warps, 2 stages is not"):
+        tile_config.read_table(str(path))
     _table(path, "NVIDIA H200", (64, 64), d=32)  # head dims the sweep does not tune
     with pytest.raises(ValueError, match="d=32"):
         tile_config.read_table(str(path))
     _table(path, "NVIDIA H200", (64, 64))
     with open(path, "a", newline="") as f:  # a second shape for the same card, dtype and head dim
-        f.write("NVIDIA H200,bfloat16,64,128,128,forward,4,3\nNVIDIA H200,bfloat16,64,128,128,dq,4,3\n"
-                "NVIDIA H200,bfloat16,64,128,128,dkdv,4,3\n")
+        f.write("NVIDIA H200,bfloat16,64,128,128,forward,8,3\nNVIDIA H200,bfloat16,64,128,128,dq,8,3\n"
+                "NVIDIA H200,bfloat16,64,128,128,dkdv,8,3\n")
     with pytest.raises(ValueError, match=r"names tile shapes \[\(64, 64\), \(128, 128\)\], not one"):
         tile_config.read_table(str(path))

@@ -17,13 +17,13 @@ Every candidate is compiled before the timing, in a pool of processes (one per C
 Triton's cache (:func:`precompile`), so the timed launches load their kernels from it. A budget
 (240 s by default) holds the compiles and the timing: what it cannot hold is skipped with a note.
 
-Predicted, not measured (no GPU has run it): at most 384 candidates (4 shapes x 3 kernels x 8
-options x 2 dtypes x 2 head dims, fewer once the spilling ones are dropped), each launched 6 times
-(a warm-up and 5 repeats); the cost model (:func:`~tgattn.engine.triton.tile_cost.predict`, the
-measured efficiencies) puts the long case at 0.65-0.73 ms forward and 2.2-2.4 ms backward at d = 64
-(twice at d = 128) over the four shapes: about 3.5 s of kernels in all. The compiles dominate: ~2 s
-each on one core of this project's CPU machine, ~1 minute over 16 cores; with the plans and inputs,
-about 1.5 minutes of the 4.
+Predicted, not measured (no GPU has run it): at most 192 candidates (per kernel, dtype and head dim:
+64 x 64 tiles on 4 / 8 warps, 128 x 64 and 128 x 128 on 8, at 2-5 stages: 16; fewer once the
+spilling ones are dropped), each launched 6 times (a warm-up and 5 repeats); the cost model
+(:func:`~tgattn.engine.triton.tile_cost.predict`, the measured efficiencies) puts the long case at
+0.65-0.73 ms forward and 2.2-2.4 ms backward (dq + dk-dv) at d = 64, twice that at d = 128, over the
+shapes: about 2 s of kernels in all. The compiles dominate: 1-5 s each on one core of this project's
+CPU machine, under a minute over 16 cores; with the plans and inputs, about 1.5 of the 4 minutes.
 
 ``--dry-run`` runs the same code on the CPU through Triton's interpreter at a tiny size: tiles a
 quarter of each candidate shape (16-32 rows and keys; its table rows name the shape they stand in

@@ -43,11 +43,14 @@ TABLE = Path(__file__).resolve().parents[3] / "data" / "gpu" / "tile_configs.csv
 TABLE_FIELDS = ("card", "dtype", "head_dim", "block_m", "block_n", "kernel", "num_warps", "num_stages")
 KERNELS = ("forward", "dq", "dkdv")
 # What a tuned row may hold (checked on reading; each combination compiled by aot): tile rows x keys
-# (rows: queries x the grouped heads that share a key head), warps, pipeline stages. 128-row tiles
-# on 8 warps hold each score once on sm_90 (a warpgroup multiplies 64 rows), as 64 rows on 4 do;
-# 128 x 128 is FlexAttention's H100 forward default. 384 candidates: ~2 s each to compile for a target.
-SHAPES = ((64, 64), (128, 64), (64, 128), (128, 128))
-WARPS = (4, 8)
+# (rows: queries x the grouped heads that share a key head), warps, pipeline stages. A Hopper
+# warpgroup multiplies 64 rows: 64-row tiles on 4 warps and 128-row tiles on 8 hold each score once
+# (64 rows on 8 warps, the d = 128 backward's default where 4 spill, twice). 128 x 128 is
+# FlexAttention's H100 forward default. Left out: 128-row tiles on 4 warps (they spilled 4-6 KB a
+# thread on sm_80, and took 10-40 s a compile) and 64 x 128 tiles, to keep the sweep's compiles
+# (2 x 192 here; 16 processes on the card) and their table's (~1 hour of one busy core) short.
+SHAPES = ((64, 64), (128, 64), (128, 128))
+SHAPE_WARPS = {(64, 64): (4, 8), (128, 64): (8,), (128, 128): (8,)}  # the warps tried at each shape
 STAGES = (2, 3, 4, 5)
 TUNED_DTYPES = ("bfloat16", "float16")
 TUNED_DIMS = (64, 128)  # head dims the sweep tunes (a table's head_dim is the kernels' padded one)
@@ -83,11 +86,11 @@ def candidates() -> List[Candidate]:
     Example:
         >>> found = candidates()
         >>> len(found), found[0]
-        (384, Candidate(kernel='forward', dtype='bfloat16', head_dim=64, block_m=64, block_n=64, num_warps=4, num_stages=2))
+        (192, Candidate(kernel='forward', dtype='bfloat16', head_dim=64, block_m=64, block_n=64, num_warps=4, num_stages=2))
     """
     return [Candidate(kernel, dtype, d, *shape, warps, stages)
             for dtype in TUNED_DTYPES for d in TUNED_DIMS for shape in SHAPES
-            for kernel in KERNELS for warps in WARPS for stages in STAGES]
+            for kernel in KERNELS for warps in SHAPE_WARPS[shape] for stages in STAGES]
 
 
 def default_config(arch: int, head_dim: int, keys: int = 64) -> TileConfig:
@@ -134,7 +137,7 @@ def read_table(path: str = str(TABLE)) -> Dict[str, Dict[tuple, Dict[str, Tuple[
                 raise ValueError(
                     f"{path}: {row['card']} {row['kernel']} {key[0]} d={key[1]} {key[2]} x {key[3]} tiles, {warps} warps, "
                     f"{stages} stages is not a compiled candidate (kernels {KERNELS}, dtypes {TUNED_DTYPES}, head dims "
-                    f"{TUNED_DIMS}, shapes {SHAPES}, warps {WARPS}, stages {STAGES})")
+                    f"{TUNED_DIMS}, shapes: warps {SHAPE_WARPS}, stages {STAGES})")
             found.setdefault(row["card"], {}).setdefault(key, {})[row["kernel"]] = (warps, stages)
     for card, rows in found.items():
         for key, kernels in rows.items():
