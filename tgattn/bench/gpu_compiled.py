@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no line per compile")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every configuration the tile kernels' sweep may pick (tile shape x warps x "
-                             "stages), written as tune_candidates.csv (~1 hour of one CPU core)")
+                             "stages), written as tune_candidates.csv (~20 minutes of one CPU core)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: this command needs Triton's compiler; run it without TRITON_INTERPRET=1",

@@ -7,7 +7,9 @@ For bfloat16 and float16 at head dims 64 and 128, on a long structured set (a sl
 ``data/gpu/tune_candidates.csv`` (:func:`clean_candidates`: every candidate compiled for sm_80 /
 sm_90 by ``python -m tgattn.bench.gpu_compiled --tune-candidates``) says compiles for this card's
 target without spills and within its shared memory, timed with CUDA events (the minimum of
-``repeats`` after a warm-up). Per dtype and head dim the shape whose forward + dq + dk-dv time
+``repeats`` after a warm-up); a shape at which one kernel has no such option is left out (one plan
+serves the three; by the committed table: sm_80 keeps only 64 x 64, sm_90 all three shapes at
+d = 64 and 64 x 64 at d = 128). Per dtype and head dim the shape whose forward + dq + dk-dv time
 (each kernel at its fastest options) is least wins, and its three kernels make rows of the table
 (:data:`~tgattn.engine.triton.tile_config.TABLE_FIELDS`, the card named), which the ``tc`` backend
 reads (shape and options) when committed as ``data/gpu/tile_configs.csv`` or put in force
@@ -173,6 +175,8 @@ def tune(out: Path, *, dry_run: bool = False, budget_s: float = 240.0, repeats: 
         for dtype, d, name in cases:
             meta_inputs = [torch.empty(n, HEADS, d, dtype=dtype, device="meta") for _ in range(4)]
             for shape in SHAPES:
+                if not all(_options(clean, name, d, shape, kernel) for kernel in KERNELS):
+                    continue
                 launches = _launches(dtype, d, shape, meta_inputs, s)
                 for kernel in KERNELS:
                     for options in _options(clean, name, d, shape, kernel):
@@ -186,6 +190,13 @@ def tune(out: Path, *, dry_run: bool = False, budget_s: float = 240.0, repeats: 
         totals: Dict[tuple, float] = {}
         chosen: Dict[tuple, Dict[str, Tuple[float, Tuple[int, int]]]] = {}
         for shape in SHAPES:
+            missing = [kernel for kernel in KERNELS if not _options(clean, name, d, shape, kernel)]
+            sweep += [dict(card=card, dtype=name, head_dim=d, block_m=shape[0], block_n=shape[1], kernel=kernel,
+                           num_warps="", num_stages="", ms="",
+                           note=f"no candidate compiles for {target_name(arch)} without spills within its shared memory")
+                      for kernel in missing]
+            if missing:  # one plan serves the three kernels: a shape runs with all of them or not at all
+                continue
             launches = _launches(dtype, d, shape_of[shape], inputs, s)
             for kernel in KERNELS:
                 options = _options(clean, name, d, shape, kernel)

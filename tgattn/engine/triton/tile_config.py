@@ -48,7 +48,7 @@ KERNELS = ("forward", "dq", "dkdv")
 # (64 rows on 8 warps, the d = 128 backward's default where 4 spill, twice). 128 x 128 is
 # FlexAttention's H100 forward default. Left out: 128-row tiles on 4 warps (they spilled 4-6 KB a
 # thread on sm_80, and took 10-40 s a compile) and 64 x 128 tiles, to keep the sweep's compiles
-# (2 x 192 here; 16 processes on the card) and their table's (~1 hour of one busy core) short.
+# short (192 on the card's 16 cores; 2 x 192 for aot's table, about 20 minutes of one busy core).
 SHAPES = ((64, 64), (128, 64), (128, 128))
 SHAPE_WARPS = {(64, 64): (4, 8), (128, 64): (8,), (128, 128): (8,)}  # the warps tried at each shape
 STAGES = (2, 3, 4, 5)
