@@ -141,6 +141,9 @@ print(all(bound(made["meta"][k], True) == bound(made["cpu"][k], False) for k in 
 launch = aot.candidate_launch(tile_config.Candidate("forward", "bfloat16", 64, 128, 64, 8, 3), sm90)
 spills = tune.precompile([(launch, {}), (aot.candidate_launch(tile_config.Candidate("dq", "float16", 128, 128, 128, 8, 3), sm90), {})], 90, workers=2)
 print(*[s for s, _ in spills])
+# the sweep's own pre-compile: its first option per kernel at 64 x 64 tiles
+first = [next(c for c in tune.clean_candidates(90) if (c.kernel, c.block_m) == (k, 64)) for k in tile_config.KERNELS]
+print(tune._precompile_cases([(torch.bfloat16, 64, "bfloat16")], first, s, 96, 90, 300.0))
 """
 
 
@@ -153,7 +156,7 @@ def test_precompile_fills_triton_s_cache_with_what_the_launch_binds(tmp_path):
     done = subprocess.run([sys.executable, "-c", _PRECOMPILE_PROBE], env=env, capture_output=True, text=True,
                           cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    same, spills = done.stdout.splitlines()
+    same, spills, cases = done.stdout.splitlines()
     assert same == "True"
     with open(CANDIDATES) as f:
         committed = {(r["kernel"], r["dtype"], r["block_m"]): int(r["spill_stores"]) + int(r["spill_loads"])
@@ -161,4 +164,5 @@ def test_precompile_fills_triton_s_cache_with_what_the_launch_binds(tmp_path):
                      (r["kernel"], r["dtype"], r["head_dim"], r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
                      in {("forward", "bfloat16", "64", "128", "64", "8", "3"), ("dq", "float16", "128", "128", "128", "8", "3")}}
     assert [int(x) for x in spills.split()] == [committed["forward", "bfloat16", "128"], committed["dq", "float16", "128"]]
-    assert len(list(tmp_path.rglob("*.cubin"))) == 2
+    assert cases == str({("bfloat16", 64, (64, 64), k, (4, 2)): 0 for k in tile_config.KERNELS})
+    assert len(list(tmp_path.rglob("*.cubin"))) == 2 + 3

@@ -153,6 +153,23 @@ def _options(clean: List[Candidate], dtype: str, d: int, shape, kernel: str) -> 
             if (c.kernel, c.dtype, c.head_dim, (c.block_m, c.block_n)) == (kernel, dtype, d, shape)]
 
 
+def _precompile_cases(cases, clean: List[Candidate], s, n: int, arch: int, timeout_s: float) -> Dict[tuple, int]:
+    """Every clean candidate of the shapes the sweep runs into Triton's cache (:func:`precompile`), from
+    launches on inputs without data: ``{(dtype, d, shape, kernel, (warps, stages)): spilled bytes}``."""
+    jobs, keys = [], []
+    for dtype, d, name in cases:
+        meta_inputs = [torch.empty(n, HEADS, d, dtype=dtype, device="meta") for _ in range(4)]
+        for shape in SHAPES:
+            if not all(_options(clean, name, d, shape, kernel) for kernel in KERNELS):
+                continue
+            launches = _launches(dtype, d, shape, meta_inputs, s)
+            for kernel in KERNELS:
+                for options in _options(clean, name, d, shape, kernel):
+                    jobs.append((launches[kernel], dict(num_warps=options[0], num_stages=options[1])))
+                    keys.append((name, d, shape, kernel, options))
+    return {key: result[0] for key, result in zip(keys, precompile(jobs, arch, timeout_s=timeout_s)) if result}
+
+
 def tune(out: Path, *, dry_run: bool = False, budget_s: float = 240.0, repeats: int = 5) -> Tuple[List[dict], List[dict]]:
     """Runs the sweep, writes ``tile_sweep.csv`` and ``tile_configs.csv`` under ``out``: ``(sweep, table)``.
     A dtype and head dim without one shape timed at every kernel (the budget spent) gets no table row."""
@@ -169,21 +186,7 @@ def tune(out: Path, *, dry_run: bool = False, budget_s: float = 240.0, repeats: 
     cases = [(dtype, d, str(dtype).replace("torch.", "")) for dtype, d in
              itertools.product((getattr(torch, t) for t in TUNED_DTYPES), TUNED_DIMS)]
     shape_of = {shape: (shape[0] // DRY_SCALE, shape[1] // DRY_SCALE) if dry_run else shape for shape in SHAPES}
-    spilled: Dict[tuple, int] = {}
-    if not dry_run:  # every candidate into Triton's cache first, from launches on inputs without data
-        jobs, keys = [], []
-        for dtype, d, name in cases:
-            meta_inputs = [torch.empty(n, HEADS, d, dtype=dtype, device="meta") for _ in range(4)]
-            for shape in SHAPES:
-                if not all(_options(clean, name, d, shape, kernel) for kernel in KERNELS):
-                    continue
-                launches = _launches(dtype, d, shape, meta_inputs, s)
-                for kernel in KERNELS:
-                    for options in _options(clean, name, d, shape, kernel):
-                        jobs.append((launches[kernel], dict(num_warps=options[0], num_stages=options[1])))
-                        keys.append((name, d, shape, kernel, options))
-        done = precompile(jobs, arch, timeout_s=budget_s - (time.perf_counter() - start))
-        spilled = {key: result[0] for key, result in zip(keys, done) if result is not None}
+    spilled = {} if dry_run else _precompile_cases(cases, clean, s, n, arch, budget_s - (time.perf_counter() - start))
     sweep, table = [], []
     for dtype, d, name in cases:
         inputs = [torch.randn(n, HEADS, d, generator=g).to(device, dtype) for _ in range(4)]
