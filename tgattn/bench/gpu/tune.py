@@ -19,13 +19,14 @@ Every candidate is compiled before the timing, in a pool of processes (one per C
 Triton's cache (:func:`precompile`), so the timed launches load their kernels from it. A budget
 (240 s by default) holds the compiles and the timing: what it cannot hold is skipped with a note.
 
-Predicted, not measured (no GPU has run it): at most 192 candidates (per kernel, dtype and head dim:
-64 x 64 tiles on 4 / 8 warps, 128 x 64 and 128 x 128 on 8, at 2-5 stages: 16; fewer once the
-spilling ones are dropped), each launched 6 times (a warm-up and 5 repeats); the cost model
-(:func:`~tgattn.engine.triton.tile_cost.predict`, the measured efficiencies) puts the long case at
-0.65-0.73 ms forward and 2.2-2.4 ms backward (dq + dk-dv) at d = 64, twice that at d = 128, over the
-shapes: about 2 s of kernels in all. The compiles dominate: 1-5 s each on one core of this project's
-CPU machine, under a minute over 16 cores; with the plans and inputs, about 1.5 of the 4 minutes.
+Predicted, not measured (no GPU has run it): of the 192 candidates (per kernel, dtype and head dim:
+64 x 64 tiles on 4 / 8 warps, 128 x 64 and 128 x 128 on 8, at 2-5 stages), the committed table
+leaves 126 that an H100 / H200 (sm_90) times (74 on sm_80), each launched 6 times (a warm-up and 5
+repeats): 756 launches, which the cost model (:func:`~tgattn.engine.triton.tile_cost.predict`, the
+measured efficiencies; the long case at 0.65-0.73 ms forward and 2.2-2.4 ms for dq + dk-dv at
+d = 64, twice that at d = 128) puts at 0.9 s of kernels in all. The compiles dominate: 126 of 1-3 s
+each on one core of this project's CPU machine, ~30 s over 16 cores with the workers' start; with
+the analysis of the 33-million-edge window, four plans and the inputs, about a minute of the 4.
 
 ``--dry-run`` runs the same code on the CPU through Triton's interpreter at a tiny size: tiles a
 quarter of each candidate shape (16-32 rows and keys; its table rows name the shape they stand in
