@@ -26,7 +26,7 @@ repeats): 756 launches, which the cost model (:func:`~tgattn.engine.triton.tile_
 measured efficiencies; the long case at 0.65-0.73 ms forward and 2.2-2.4 ms for dq + dk-dv at
 d = 64, twice that at d = 128) puts at 0.9 s of kernels in all. The compiles dominate: 126 of 1-3 s
 each on one core of this project's CPU machine, ~30 s over 16 cores with the workers' start; with
-the analysis of the 33-million-edge window, four plans and the inputs, about a minute of the 4.
+the analysis of the 33-million-edge window, three plans and the inputs, about a minute of the 4.
 
 ``--dry-run`` runs the same code on the CPU through Triton's interpreter at a tiny size: tiles a
 quarter of each candidate shape (16-32 rows and keys; its table rows name the shape they stand in
