@@ -70,7 +70,7 @@ def test_every_candidate_shape_equals_the_oracle_forward_and_backward(shape, nam
     _check(shape, name)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 10-20 s each under the interpreter
 @pytest.mark.parametrize("shape", NEW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_every_candidate_shape_takes_grouped_heads_and_a_softcap(shape):
     # 2 query heads a key head: the tile's rows are (query, head) pairs, shape[0] / 2 queries

@@ -91,7 +91,7 @@ def test_every_candidate_has_a_committed_row_for_both_targets_and_the_sweep_drop
             assert {(k, dtype, d, 64, 64, *getattr(defaults, k)) for k in tile_config.KERNELS} <= clean
 
 
-@pytest.mark.slow  # ~1 minute: 48 tile launches under Triton's interpreter
+@pytest.mark.slow  # ~30 s: 24 timed tile launches (and 8 delta launches) under Triton's interpreter
 def test_the_dry_run_writes_a_sweep_and_a_table_of_the_fastest_shape_the_loader_reads(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-m", "tgattn.bench.gpu", "--tune", "--dry-run", "--out", str(tmp_path)],
@@ -147,7 +147,7 @@ print(tune._precompile_cases([(torch.bfloat16, 64, "bfloat16")], first, s, 96, 9
 """
 
 
-@pytest.mark.slow  # two Triton compiles in two processes
+@pytest.mark.slow  # ~12 s: five Triton compiles in three processes
 def test_precompile_fills_triton_s_cache_with_what_the_launch_binds(tmp_path):
     """The sweep's compiles run in other processes on stand-ins of the launch's tensors: they bind as the
     launch does (the cache key), land in the cache the launch reads, and report the committed spills."""
