@@ -38,6 +38,18 @@ def test_tc_takes_its_card_s_row_of_the_table_and_the_defaults_elsewhere(tmp_pat
     assert tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=80, card="NVIDIA A100") == default_config(80, 64)
 
 
+def test_use_table_reads_a_rewritten_table_anew(tmp_path, monkeypatch):
+    """A sweep that rewrites its table in one process puts the new rows in force, not the cached ones."""
+    path = tmp_path / "tile_configs.csv"
+    monkeypatch.setitem(tile_config.TABLE_IN_FORCE, "path", str(path))
+    _write(path, _rows("NVIDIA H200", forward=(4, 4), dq=(8, 3), dkdv=(4, 5)))
+    tile_config.use_table(str(path))
+    assert tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="NVIDIA H200").forward == (4, 4)
+    _write(path, _rows("NVIDIA H200", forward=(8, 2), dq=(8, 3), dkdv=(4, 5)))
+    tile_config.use_table(str(path))
+    assert tile_config.tile_config(torch.bfloat16, 64, 64, 64, arch=90, card="NVIDIA H200").forward == (8, 2)
+
+
 def test_a_table_row_outside_the_compiled_options_is_refused(tmp_path):
     path = tmp_path / "bad.csv"
     _write(path, _rows("NVIDIA H200", forward=(16, 3), dq=(4, 3), dkdv=(4, 3)))

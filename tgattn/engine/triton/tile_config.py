@@ -158,7 +158,8 @@ TABLE_IN_FORCE = {"path": str(TABLE)}  # the table tile_config reads: the commit
 def use_table(path: str) -> None:
     """This process's tile kernels take their launch options from the table at ``path`` instead of
     :data:`TABLE` (the GPU suite, after its sweep); a table outside the compiled options is refused
-    before it is in force."""
+    before it is in force. The file is read anew (a sweep may have rewritten it since)."""
+    read_table.cache_clear()
     read_table(str(path))
     TABLE_IN_FORCE["path"] = str(path)
 
