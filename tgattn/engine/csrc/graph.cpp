@@ -167,14 +167,17 @@ bool sort_row(int64_t* ss, int64_t* pp, const int64_t* sp, int64_t a, int64_t b)
 // [n_q + 1] the rows' pointer (int32 below 2^31 edges, else int64; which PyTorch ops made again from dst
 // in 30 us on a molecule batch), stats the row statistics (RowStats). The analysis of every new edge set:
 // * edges that come sorted: one pass checks the node ids and the order, copies the edges, and finds
-//   the rows and their statistics (five passes before: 36.6 -> ~26 ms on the 4.2 M edges of an indexer
-//   top-k at n = 16,384, one thread);
+//   the rows and their statistics (five passes before);
 // * few edges a row: one counting sort by target that places each edge's key beside it, then one
 //   pass over the rows that sorts each by source where it is not in order already (PyG's batches come
-//   sorted by source), writes the targets and gathers the statistics (a molecule batch with its
-//   self-loops, 9,844 edges: 0.17 -> 0.13 ms, allocations included, one thread);
+//   sorted by source), writes the targets and gathers the statistics (three passes before, two of
+//   them reading keys through the edge numbers);
 // * many edges a row: two stable counting sorts (by source, then by target), O(E + n_q + n_k)
 //   whatever the degrees, then the same pass over the rows.
+// The op alone, one thread, thread CPU time, min of 300 (indexer: 8), three alternating runs, the five-
+// pass version -> this: a molecule batch with self-loops (9,844 edges) 0.113-0.120 -> 0.085-0.088 ms,
+// molecules_distinct (6,750) 0.055-0.056 -> 0.047-0.050 ms, the indexer top-k at n = 16,384 (4.2 M
+// edges, sorted) 35-57 -> 14-30 ms (most of it the page faults of two fresh 33 MB copies).
 std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst, int64_t n_q, int64_t n_k) {
   TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.dim() == 1 &&
                   src.sizes() == dst.sizes() && src.device().is_cpu() && dst.device().is_cpu(),
