@@ -176,8 +176,8 @@ bool sort_row(int64_t* ss, int64_t* pp, const int64_t* sp, int64_t a, int64_t b)
 //   whatever the degrees, then the same pass over the rows.
 // The op alone, one thread, thread CPU time, min of 300 (indexer: 8), three alternating runs, the five-
 // pass version -> this: a molecule batch with self-loops (9,844 edges) 0.113-0.120 -> 0.085-0.088 ms,
-// molecules_distinct (6,750) 0.055-0.056 -> 0.047-0.050 ms, the indexer top-k at n = 16,384 (4.2 M
-// edges, sorted) 35-57 -> 14-30 ms (most of it the page faults of two fresh 33 MB copies).
+// molecules_distinct (6,750) 0.052-0.056 -> 0.047-0.050 ms, the indexer top-k at n = 16,384 (4.2 M
+// edges, sorted) 34-57 -> 13.7-14.3 ms (with the buffer cache below; 14-30 ms without it).
 std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst, int64_t n_q, int64_t n_k) {
   TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.dim() == 1 &&
                   src.sizes() == dst.sizes() && src.device().is_cpu() && dst.device().is_cpu(),
@@ -187,8 +187,13 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
   const int64_t* sp = s.data_ptr<int64_t>();
   const int64_t* tp = t.data_ptr<int64_t>();
   const bool narrow = E < (int64_t(1) << 31);
-  at::Tensor rowptr = at::empty({n_q + 1}, s.options().dtype(narrow ? at::kInt : at::kLong));
-  at::Tensor ss = at::empty({E}, s.options()), ts = at::empty({E}, s.options());
+  // From the buffer cache (blocks of 1 MiB and more; smaller ones from torch's allocator): a set
+  // analysed anew each step writes into the blocks the last one freed, not into fresh pages
+  // (the 4.2 M edges of an indexer top-k at n = 16,384: two 33 MB copies, most of the sort's time
+  // in page faults).
+  BufferCache& cache = BufferCache::get();
+  at::Tensor rowptr = cache.empty({n_q + 1}, narrow ? at::kInt : at::kLong);
+  at::Tensor ss = cache.empty({E}, at::kLong), ts = cache.empty({E}, at::kLong);
   int64_t* ssp = ss.data_ptr<int64_t>();
   int64_t* tsp = ts.data_ptr<int64_t>();
   const auto duplicates = [](bool dup) { return at::scalar_tensor(dup, at::TensorOptions().dtype(at::kBool)); };
@@ -229,7 +234,7 @@ std::vector<at::Tensor> sort_edges(const at::Tensor& src, const at::Tensor& dst,
   TORCH_CHECK(ok, "tgattn sort_edges: an index outside [0, n_k) x [0, n_q)");
   if (sorted) return {at::empty({0}, s.options()), ss, ts, duplicates(st.dup), rowptr, st.tensor(E, s.options())};
   st = RowStats();
-  at::Tensor perm = at::empty({E}, s.options());
+  at::Tensor perm = cache.empty({E}, at::kLong);
   int64_t* pp = perm.data_ptr<int64_t>();
   std::vector<int64_t> start(std::max(n_q, n_k) + 1);
   const auto count_rows = [&] {
