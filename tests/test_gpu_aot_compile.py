@@ -219,3 +219,35 @@ def test_added_rows_replace_those_of_the_same_configuration(tmp_path):
     write_csv([row, {**row, "options": "dropout"}], tmp_path / "compiled.csv", FIELDS)
     rows = _added([{**row, "registers": 120}, {**row, "options": "edge features"}], tmp_path)
     assert [(r["options"], int(r["registers"])) for r in rows] == [("dropout", 100), ("-", 120), ("edge features", 100)]
+
+
+CANDIDATES = REPO / "data" / "gpu" / "tune_candidates.csv"
+_CANDIDATE_PROBE = """
+import sys
+from tgattn.engine.triton import aot, tile_config
+targets = {t.name: t for t in aot.TARGETS}
+for line in sys.stdin.read().split(";"):
+    target, kernel, dtype, *numbers = line.split(",")
+    res, _ = aot.compile_launch(aot.candidate_launch(tile_config.Candidate(kernel, dtype, *map(int, numbers)),
+                                                     targets[target]), targets[target])
+    print(res.registers, res.spill_stores, res.spill_loads, res.shared)
+"""
+
+
+@pytest.mark.slow  # 8 Triton compiles: ~30 s
+def test_the_committed_tune_candidates_compile_to_the_same_registers_spills_and_shared_memory():
+    """Rows of data/gpu/tune_candidates.csv (every configuration the tile sweep may pick, for sm_80 and
+    sm_90: ``python -m tgattn.bench.gpu_compiled --tune-candidates``) compiled again: the same numbers.
+    A spread of rows, a spilling one and one over the shared memory a block may take among them."""
+    rows = _read(CANDIDATES)
+    spread = rows[::127]
+    spilling = next(r for r in rows if int(r["spill_stores"]) and r not in spread)
+    too_big = next(r for r in rows if int(r["shared"]) > int(r["smem_limit"]) and r not in spread)
+    picked = spread + [spilling, too_big]
+    fields = ("target", "kernel", "dtype", "head_dim", "block_m", "block_n", "num_warps", "num_stages")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _CANDIDATE_PROBE], env=env, capture_output=True, text=True, cwd=REPO,
+                          timeout=900, input=";".join(",".join(r[f] for f in fields) for r in picked))
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = [line.split() for line in done.stdout.splitlines()]
+    assert found == [[r["registers"], r["spill_stores"], r["spill_loads"], r["shared"]] for r in picked]

@@ -16,6 +16,7 @@ Example::
     python -m tgattn.bench.gpu_compiled --out data/gpu        # the committed table (~30 min of CPU)
     python -m tgattn.bench.gpu_compiled --every-option-only   # each kernel's heaviest code only (~45 s)
     python -m tgattn.bench.gpu_compiled --only "edge features" --add-to data/gpu   # new rows into the table
+    python -m tgattn.bench.gpu_compiled --tune-candidates --out data/gpu  # the tile sweep's candidates
 """
 from __future__ import annotations
 
@@ -63,6 +64,32 @@ def compile_all(targets, every_option_only: bool = False, progress=None, only: s
                     stack=res.stack, shared=res.shared, resident_warps=res.resident_warps(target),
                     compile_s=round(time.perf_counter() - start, 2),
                 ))
+                if progress:
+                    progress(rows[-1])
+    return rows
+
+
+CANDIDATE_FIELDS = ("target", "kernel", "dtype", "head_dim", "block_m", "block_n", "num_warps", "num_stages", "registers",
+                    "spill_stores", "spill_loads", "stack", "shared", "smem_limit", "compile_s")
+
+
+def compile_candidates(targets, progress=None) -> List[dict]:
+    """One row per (target, candidate of the tile kernels' sweep: :func:`~tgattn.engine.triton.tile_config.candidates`),
+    each compiled with a softcap and the remainder's merge (:func:`~tgattn.engine.triton.aot.candidate_launch`)."""
+    from tgattn.engine.triton import aot
+    from tgattn.engine.triton.tile_config import candidates
+
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        for target in targets:
+            for c in candidates():
+                start = time.perf_counter()
+                res, _ = aot.compile_launch(aot.candidate_launch(c, target), target, cache)
+                rows.append(dict(
+                    target=target.name, kernel=c.kernel, dtype=c.dtype, head_dim=c.head_dim, block_m=c.block_m,
+                    block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, registers=res.registers,
+                    spill_stores=res.spill_stores, spill_loads=res.spill_loads, stack=res.stack, shared=res.shared,
+                    smem_limit=target.smem_per_block, compile_s=round(time.perf_counter() - start, 2)))
                 if progress:
                     progress(rows[-1])
     return rows
@@ -249,12 +276,20 @@ def main(argv=None) -> int:
                         help="add the rows to DIR/compiled.csv (replacing rows of the same configuration) and "
                              "rewrite DIR/compiled.md from all of them, instead of writing --out")
     parser.add_argument("--quiet", action="store_true", help="no line per compile")
+    parser.add_argument("--tune-candidates", action="store_true",
+                        help="instead: every configuration the tile kernels' sweep may pick (tile shape x warps x "
+                             "stages), written as tune_candidates.csv (~20 minutes of one CPU core)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: this command needs Triton's compiler; run it without TRITON_INTERPRET=1",
               file=sys.stderr)
         return 2
     targets = [t for t in TARGETS if t.name in args.targets]
+    if args.tune_candidates:
+        rows = compile_candidates(targets, None if args.quiet else lambda r: print(
+            " ".join(str(r[k]) for k in CANDIDATE_FIELDS), flush=True))
+        write_csv(rows, args.out / "tune_candidates.csv", CANDIDATE_FIELDS)
+        return 0
 
     def progress(r):
         if not args.quiet:

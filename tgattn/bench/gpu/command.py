@@ -196,7 +196,7 @@ def main(argv=None) -> int:
                         help=f"patterns to run, among {', '.join(PATTERNS)} (default: all)")
     parser.add_argument("--data", default=None, help="data folder for Cora (default: TGATTN_DATA or a download)")
     parser.add_argument("--tune", action="store_true",
-                        help="sweep the tc tile kernels' warps and stages on this card instead (tgattn.bench.gpu.tune)")
+                        help="sweep the tc tile kernels' tile shapes, warps and stages on this card instead (tgattn.bench.gpu.tune)")
     suite = parser.add_argument_group("the GPU suite (--suite)")
     suite.add_argument("--suite", action="store_true", help="run the suite instead of the sweep (see the recipe above)")
     suite.add_argument("--cases", nargs="+", choices=SUITE_CASES, default=list(SUITE_CASES), metavar="CASE",

@@ -108,7 +108,7 @@ def plan_case(case: Case, s, dtype: torch.dtype, card: str, group: int = 1) -> P
     seconds, tiles = _seconds(lambda: _plan_tiles(s, case, dtype, group), s.rowptr.device)
     plan.columns = dict(tc_share=tiles.tc_share, tc_edges=tiles.tc_edges, n_full=tiles.n_full, n_partial=tiles.n_partial,
                         block_m=tiles.block_m, block_n=tiles.block_n, plan_ms=seconds * 1e3,
-                        launch=launch_options(dtype, case.dim, tiles.block_m, tiles.block_n),
+                        launch=launch_options(dtype, case.dim, tiles.block_m * group, tiles.block_n),  # a tile's rows: queries x group
                         # the tiles' forward products (4 d a cell and head: Q K^T, P V) and the card's peak
                         tile_gflop=(tiles.n_full + tiles.n_partial) * tiles.block_m * tiles.block_n * (case.heads // group)
                         * 4 * case.dim / 1e9, peak_tflops=CARDS[card].half_flops / 1e12)

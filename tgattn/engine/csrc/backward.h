@@ -83,7 +83,7 @@ void backward_heads(const BackwardCall& c) {
         (edge ? key_pass<S, I, true, true> : key_pass<S, I, false, true>)(
             c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
         if (fuse_q) {  // the whole head's keys are done: its dq (see the query pass below)
-          if (in_place(E, n_k))
+          if (in_place(E, n_k, k.stride(0) * int64_t(sizeof(S))))
             sc.k.view(k, h);
           else
             sc.k.hold(k, h);
@@ -152,7 +152,7 @@ void backward_heads(const BackwardCall& c) {
     const int64_t qblocks = std::min(n_q, 4 * int64_t(at::get_num_threads()));
     const int64_t qruns = same_head_blocks(H, qblocks);
     for_head_blocks<QScratch>(ptr, n_q, H, qblocks, [&](QScratch& sc, int64_t h, int64_t, int64_t r0, int64_t r1) {
-      if (in_place((ptr[r1] - ptr[r0]) * qruns, n_k))
+      if (in_place((ptr[r1] - ptr[r0]) * qruns, n_k, k.stride(0) * int64_t(sizeof(S))))
         sc.k.view(k, h);
       else
         sc.k.hold(k, h);

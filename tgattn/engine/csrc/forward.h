@@ -193,7 +193,7 @@ void forward_heads(const ForwardCall& c) {
   for_head_blocks<Scratch>(rb.bounds, ptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t r0, int64_t r1) {
     const T* bh = b.defined() ? b.data_ptr<T>() + (bias_heads == 1 ? 0 : h) : nullptr;
     const auto [lo, hi] = rb.keys[blk];
-    if (in_place((ptr[r1] - ptr[r0]) * runs, hi - lo))
+    if (in_place((ptr[r1] - ptr[r0]) * runs, hi - lo, std::max(k.stride(0), v.stride(0)) * int64_t(sizeof(scalar_t))))
       sc.k.view(k, h), sc.v.view(v, h);  // few edges among many keys: no copy
     else
       sc.k.hold(k, h, lo, hi), sc.v.hold(v, h, lo, hi);

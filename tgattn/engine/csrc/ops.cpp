@@ -328,9 +328,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   // A block with few edges for the queries (in_place) reads q and dO in place and sums dq where
   // it goes (cleared first); otherwise from copies of the head, into a packed dq copied there.
   std::vector<char> direct(bounds.empty() ? 0 : bounds.size() - 1);
+  const int64_t row_bytes = std::max(q.stride(0), go.stride(0)) * int64_t(q.element_size());  // q and dO rows
   bool any_direct = false;
   for (int64_t blk = 0; blk + 1 < int64_t(bounds.size()); ++blk)
-    any_direct |= direct[blk] = in_place((tptr[bounds[blk + 1]] - tptr[bounds[blk]]) * runs, n_q);
+    any_direct |= direct[blk] = in_place((tptr[bounds[blk + 1]] - tptr[bounds[blk]]) * runs, n_q, row_bytes);
   // Written in full by the kernel: no zero-filling pass, even on a reused block.
   BufferCache& cache = BufferCache::get();
   at::Tensor dq = cache.empty({n_q, H, dk}, q);

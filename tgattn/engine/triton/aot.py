@@ -10,6 +10,8 @@ spills, shared memory). Triton compiles for an NVIDIA target without the GPU (it
   launchers the backends run (:func:`~.kernels.forward_launch`, :func:`~.tile_kernels.forward_launch`,
   ...) and the block sizes of :func:`~.attention.blocks_for` and :func:`~.tile_plan.choose_blocks`,
   so the list cannot drift from what runs;
+* :func:`candidate_launch` builds the launch of each configuration the tuning sweep may pick
+  (:func:`~.tile_config.candidates`: tile shapes x warps x stages);
 * :func:`compile_launch` binds a launch's arguments as Triton's JIT binds them at a launch
   (same signature, specialisation and constants), compiles them for a :class:`Target` and
   reads registers, spills and shared memory from ``ptxas``'s own log.
@@ -32,6 +34,7 @@ import torch
 from ..analysis import analyse
 from .attention import DTYPES, blocks_for, kernels_module, walks
 from .tc import tile_kernels_module
+from .tile_config import Candidate
 from .tile_plan import TILE_DTYPES, choose_blocks, plan_tiles
 
 # Head dims at powers of two: any other head dim d runs the blocks of next_power_of_2(d) (d itself
@@ -203,11 +206,11 @@ def _pattern():
     return walks(_structure())
 
 
-def _tile_launch(config: Config, arch: int):
+def _tile_launch(config: Config, arch: int, blocks: Optional[Tuple[int, int]] = None):
     """The tile kernels' launch for ``config`` on compute capability ``arch``: the plan of
-    :func:`_structure` at the backend's blocks."""
+    :func:`_structure` at ``blocks`` (tile rows, keys; default: the backend's)."""
     tk, s, d = tile_kernels_module(), _structure(), config.head_dim
-    block_m, block_n = choose_blocks(config.dtype, d)
+    block_m, block_n = blocks or choose_blocks(config.dtype, d)
     plan = plan_tiles(s.rowptr, s.src, ROWS, ROWS, block_m=block_m // config.group, block_n=block_n, min_fill=0)
     q = torch.zeros(ROWS, HEADS, d, dtype=config.dtype)
     k, v = (torch.zeros(ROWS, HEADS // config.group, d, dtype=config.dtype) for _ in range(2))
@@ -221,6 +224,17 @@ def _tile_launch(config: Config, arch: int):
     init = torch.zeros_like(q) if config.remainder else None  # the remainder's dq
     launches, _ = tk.backward_launches(q, k, v, torch.zeros_like(q), lse, delta, plan, 0.125, softcap, init, arch)
     return launches[0] if config.kernel == "tile_dq_kernel" else launches[1]
+
+
+def candidate_launch(candidate: Candidate, target: Target):
+    """The launch of one of the sweep's candidates (:func:`~.tile_config.candidates`) on ``target``:
+    its kernel at its tile shape and options, with the heaviest code the backend launches there (a
+    softcap, and the gathered remainder's merge in the forward and dq)."""
+    kernel = f"tile_{candidate.kernel}_kernel"
+    config = Config(kernel, getattr(torch, candidate.dtype), candidate.head_dim, softcap=True,
+                    remainder=kernel != "tile_dkdv_kernel")
+    launch = _tile_launch(config, target.arch, (candidate.block_m, candidate.block_n))
+    return launch._replace(meta={**launch.meta, "num_warps": candidate.num_warps, "num_stages": candidate.num_stages})
 
 
 def launch_of(config: Config, target: Optional[Target] = None):
@@ -306,16 +320,12 @@ _PTXAS = {
 }
 
 
-def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> Tuple[Resources, dict]:
-    """Compile ``launch`` for ``target``: ``(resources, asm)`` (``asm``: ``ptx``, ``cubin``, ...).
-
-    The arguments go through the binder Triton's JIT builds for the kernel, so integers equal
-    to 1 become constants and pointers and integers divisible by 16 carry that hint, as at a
-    launch. Raises what Triton raises on a compile error.
-    """
+def bind(launch, target: Target):
+    """``(options, signature, constexprs, attrs)``: what Triton's JIT makes of ``launch``'s arguments for
+    ``target`` (its binder: integers equal to 1 become constants, pointers and integers divisible by
+    16 carry that hint), the inputs of its compile and of its cache key."""
     import triton
-    from triton import knobs
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     kernel = launch.kernel
@@ -324,7 +334,22 @@ def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> T
     backend = make_backend(target.triton_target())
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*launch.args, **launch.meta)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.meta, bound, specialization, options)
+    return kernel._pack_args(backend, launch.meta, bound, specialization, options)
+
+
+def compile_launch(launch, target: Target, cache_dir: Optional[str] = None) -> Tuple[Resources, dict]:
+    """Compile ``launch`` for ``target``: ``(resources, asm)`` (``asm``: ``ptx``, ``cubin``, ...).
+
+    The arguments go through the binder Triton's JIT builds for the kernel (:func:`bind`), as at a
+    launch, so the compiled kernel lands in ``cache_dir`` under the key the launch looks up.
+    Raises what Triton raises on a compile error.
+    """
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    kernel = launch.kernel
+    options, signature, constexprs, attrs = bind(launch, target)
     log = io.StringIO()
     # The log of ptxas -v is printed only on a real compile: compile always, into ``cache_dir``.
     with knobs.compilation.scope(), knobs.nvidia.scope(), knobs.cache.scope(), contextlib.redirect_stdout(log):

@@ -79,18 +79,28 @@ def _keys(X, first, hk, n, s_n, s_h, offs, d, COUNT: tl.constexpr):
 @triton.jit
 def _bits(MASKS, tile, rows, cols, WORDS: tl.constexpr, BLOCK_M: tl.constexpr, ROWS_FIRST: tl.constexpr):
     """Whether each cell of mask row ``tile`` is an edge: ``[R, BN]`` for ``rows [R]`` and ``cols [BN]``
-    (tile offsets), ``[BN, R]`` unless ``ROWS_FIRST``. One or two int32 words a row, loaded as
-    vectors of rows and spread over the keys in registers (a ``[R, BN]`` grid of word pointers
-    held 64-bit addresses of every cell)."""
+    (tile offsets), ``[BN, R]`` unless ``ROWS_FIRST``. One, two or four int32 words a row (tiles of
+    up to 128 keys), loaded as vectors of rows and spread over the keys in registers (a ``[R, BN]``
+    grid of word pointers held 64-bit addresses of every cell)."""
     base = MASKS + (tile.to(tl.int64) * BLOCK_M + rows) * WORDS
     lo = tl.load(base)
     hi = lo
     if WORDS > 1:
         hi = tl.load(base + 1)
     if ROWS_FIRST:  # one return: Triton types every return of a function alike, even under a constexpr if
-        bit = (tl.where(cols[None, :] < 32, lo[:, None], hi[:, None]) >> (cols[None, :] % 32)) & 1
+        word = tl.where(cols[None, :] < 32, lo[:, None], hi[:, None])
     else:
-        bit = (tl.where(cols[:, None] < 32, lo[None, :], hi[None, :]) >> (cols[:, None] % 32)) & 1
+        word = tl.where(cols[:, None] < 32, lo[None, :], hi[None, :])
+    if WORDS > 2:  # keys 64..127 of a 128-key tile: words 2 and 3 (64-key tiles compile as before)
+        w2, w3 = tl.load(base + 2), tl.load(base + 3)
+        if ROWS_FIRST:
+            word = tl.where(cols[None, :] < 64, word, tl.where(cols[None, :] < 96, w2[:, None], w3[:, None]))
+        else:
+            word = tl.where(cols[:, None] < 64, word, tl.where(cols[:, None] < 96, w2[None, :], w3[None, :]))
+    if ROWS_FIRST:
+        bit = (word >> (cols[None, :] % 32)) & 1
+    else:
+        bit = (word >> (cols[:, None] % 32)) & 1
     return bit != 0
 
 
@@ -357,8 +367,8 @@ DELTA_ROWS = 64  # rows of one head per tile_delta_kernel program
 
 def _meta(q, v, plan, group: int, options) -> dict:
     """The constants and launch options of a tile kernel: ``options = (num_warps, num_stages)``."""
-    if plan.words > 2:
-        raise ValueError(f"the tile kernels take tiles of up to 64 keys (got block_n = {plan.block_n})")
+    if plan.words > 4:
+        raise ValueError(f"the tile kernels take tiles of up to 128 keys, a power of two (got block_n = {plan.block_n})")
     block_dk = max(16, triton.next_power_of_2(q.shape[2]))  # tl.dot needs a K dim of 16 or more
     block_dv = max(16, triton.next_power_of_2(v.shape[2]))
     return dict(

@@ -29,6 +29,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .tile_config import tuned_shape
+
 WORD_BITS = 32  # bits of one mask word (int32)
 TILE_DTYPES = (torch.float16, torch.bfloat16)  # the dtypes whose tiles run on tensor cores
 # The fill below which a tile's edges are gathered, when the caller gives none: the break-even
@@ -44,11 +46,14 @@ def _int32_bits(words: Tensor) -> Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def choose_blocks(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
-    """``(block_m, block_n)``: query rows and keys per tile for inputs of ``dtype``, head dim ``head_dim``.
+def choose_blocks(dtype: torch.dtype, head_dim: int, *, card: Optional[str] = None) -> Tuple[int, int]:
+    """``(block_m, block_n)``: tile rows (queries x grouped heads) and keys per tile for inputs of
+    ``dtype``, head dim ``head_dim``, on ``card`` (default: this process's device).
 
-    float16 / bfloat16 take 64 x 64 tiles at every head dim up to 128: compiled for sm_80 and
-    sm_90 at 8 warps, none of the tile kernels spills there (data/gpu/compiled.md). float32 and
+    float16 / bfloat16 take the shape the tuning table in force names for the card, dtype and head
+    dim (:func:`~.tile_config.tuned_shape`: one of :data:`~.tile_config.SHAPES`, tried by
+    ``python -m tgattn.bench.gpu --tune``), else 64 x 64 tiles at every head dim up to 128:
+    compiled for sm_80 and sm_90, none of the tile kernels spills there (data/gpu/compiled.md). float32 and
     float64 calls run on the gather kernels (``tl.dot`` in IEEE precision is FMA work, not tensor
     cores', and its operand layouts spilled 8-1,240 bytes a thread in the dk / dv kernel at
     16 x 16 to 32 x 32 tiles, sm_90): their plan at these blocks says what a half-precision call
@@ -62,7 +67,7 @@ def choose_blocks(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
         raise ValueError(f"head_dim must be 1..128 for the tensor-core tiles (got {head_dim})")
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a float dtype (got {dtype})")
-    return 64, 64
+    return tuned_shape(dtype, head_dim, card=card) or (64, 64)
 
 
 @dataclass(frozen=True)
