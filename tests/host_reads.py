@@ -2,7 +2,8 @@
 
 The engine reads values back only from host tensors (:func:`tgattn.engine.analysis.on_host`).
 :func:`cpu_as_cuda` tells it that the CPU is a device (``HOST_DEVICES`` empty) and lets ``auto``
-pick the Triton kernels for CPU tensors (Triton's interpreter stands in for the GPU); then
+pick the Triton kernels for CPU tensors (Triton's interpreter stands in for the GPU), and turns
+the fused extension's CPU-only ops off (a GPU runs their torch fallbacks); then
 :func:`recording` records, under a ``TorchDispatchMode``, every aten op that makes the host wait
 for a CUDA device: reading a value (``_local_scalar_dense``, ``is_nonzero``, ``equal``), ops
 whose output size depends on values (``nonzero``, ``unique``, boolean indexing, ``bincount``
@@ -19,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tgattn import engine
-from tgattn.engine import analysis
+from tgattn.engine import analysis, native
 
 aten = torch.ops.aten
 SYNCING = {
@@ -125,6 +126,9 @@ def cpu_as_cuda(monkeypatch):
     monkeypatch.delenv("TGATTN_NO_TRITON", raising=False)
     monkeypatch.setattr(analysis, "HOST_DEVICES", frozenset())
     monkeypatch.setattr(backend, "usable", lambda q, named=False: True)
+    # Nor does it take the fused extension's CPU ops (the per-head maps, the transpose's counting sort):
+    # a GPU has none of them, and counting them would count one op where a GPU launches several.
+    monkeypatch.setattr(native, "available", lambda: False)
     # The dropout seed is drawn from torch's CPU generator: a host read, no device sync on CUDA.
     draw = attention.draw_seed
     monkeypatch.setattr(attention, "draw_seed", lambda: _unrecorded(draw))

@@ -41,6 +41,12 @@ CASES = {
     "full_dense_shuffled": (_shuffled(builders.full(40), 7), 40, 40),
     "few_edges_many_nodes": (torch.tensor([[90, 3, 50], [7, 7, 0]]), 100, 120),
     "one_edge": (torch.tensor([[2], [0]]), 1, 3),
+    "one_edge_twice": (torch.tensor([[1, 1], [2, 2]]), 3, 3),
+    "repeats_in_order": (torch.tensor([[0, 1, 1, 2], [0, 0, 0, 1]]), 2, 3),  # sorted as given, with a repeat
+    # a row's last key n_k - 1 and the next row's first key 0: their keys i * n_k + j step by 1 across rows
+    "rows_meeting_end_to_start": (torch.tensor([[1, 2, 0, 1], [0, 0, 1, 1]]), 2, 3),
+    "a_row_with_a_gap": (torch.tensor([[0, 1, 3, 0], [0, 0, 0, 1]]), 2, 4),
+    "isolated_nodes_shuffled": (_shuffled(torch.tensor([[3, 5, 5, 9], [8, 1, 8, 1]]), 8), 12, 10),
     "empty": (torch.zeros(2, 0, dtype=torch.long), 4, 4),
 }
 
@@ -62,13 +68,14 @@ def test_device_analysis_equals_the_host_analysis(name):
 
 
 @pytest.mark.parametrize("bad, message", [
+    (torch.tensor([[0], [0]]), "query/target node 0, but there are 0 query nodes"),
     (torch.tensor([[0, -1], [1, 1]]), "negative node id -1"),
     (torch.tensor([[0, 4], [1, 1]]), "key/source node 4, but there are 4 key nodes"),
     (torch.tensor([[0, 1], [3, 1]]), "query/target node 3, but there are 3 query nodes"),
 ])
 def test_device_analysis_names_a_node_out_of_range(bad, message):
     with pytest.raises(ValueError, match=message):
-        analyse_on_device(bad, 3, 4)
+        analyse_on_device(bad, 0 if "0 query" in message else 3, 4)
 
 
 def test_device_analysis_reads_back_once_and_twice_where_a_set_may_be_packed(monkeypatch):

@@ -259,3 +259,22 @@ def test_no_double_backward():
     out = graph_attention(q, k, v, builders.window(16, 2).to(DEVICE), backend="triton")
     with pytest.raises(RuntimeError, match="second derivative"):
         torch.autograd.grad(out, q, grad_out, create_graph=True)
+
+
+@pytest.mark.parametrize("case", ["random_shuffled", "window_shuffled_with_duplicates"])
+def test_on_a_gpus_route_forward_and_gradients_equal_the_oracle(monkeypatch, case):
+    """The route of a GPU on CPU tensors: the device analysis of a new set and the walks' torch fallbacks
+    (the transposed pattern from a sort and a search, both pointers and orders at once with n_q = n_k),
+    not the fused extension's counting sorts."""
+    from tgattn.engine import analysis, native
+
+    monkeypatch.setattr(analysis, "HOST_DEVICES", frozenset())
+    monkeypatch.setattr(native, "available", lambda: False)
+    engine.CACHE.clear()
+    shuffle = torch.Generator().manual_seed(3)
+    if case == "random_shuffled":
+        ei, n_q, n_k = random_edges(20, 14, 0.3, seed=2), 20, 14
+    else:
+        ei, n_q, n_k = builders.window(18, 2), 18, 18
+        ei = torch.cat([ei, ei[:, ::5]], 1)
+    _check(ei[:, torch.randperm(ei.shape[1], generator=shuffle)], n_q, n_k)

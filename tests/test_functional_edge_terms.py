@@ -489,9 +489,10 @@ def test_per_head_maps_equal_einsum(dtype, d, features):
                     torch.testing.assert_close(a, b, **tol)
 
 
-def test_per_head_maps_off_the_extension_equal_it():
-    """Where the native maps do not run (half precision here; the GPU, torch.compile), the block-diagonal
-    product gives the same maps."""
+def test_per_head_maps_off_the_extension_equal_it(monkeypatch):
+    """Where the native maps do not run (half precision here; the GPU, torch.compile), the batched per-head
+    products give the same maps, and in float64 with the extension turned off the same gradients of every input
+    (the maps' included, added up over their uses in place)."""
     g = torch.Generator().manual_seed(0)
     q, s = torch.randn(7, 2, 16, generator=g), torch.randn(7, 2, 4, generator=g)
     maps = torch.randn(2, 16, 4, generator=g)
@@ -500,3 +501,17 @@ def test_per_head_maps_off_the_extension_equal_it():
     torch.testing.assert_close(got, torch.einsum("nhd,hdf->nhf", q, maps), rtol=0.05, atol=0.1)
     got = edge_terms.project(s.bfloat16(), maps.bfloat16(), q.bfloat16()).float()
     torch.testing.assert_close(got, q + torch.einsum("nhf,hdf->nhd", s, maps), rtol=0.05, atol=0.2)
+    monkeypatch.setattr(edge_terms, "_native", lambda *tensors: False)
+    leaves = [t.double().requires_grad_() for t in (q, s, maps)]
+    w = [torch.randn(7, 2, n, generator=g, dtype=torch.float64) for n in (4, 16, 16)]
+
+    def total(key, with_out, without_out):
+        return (key * w[0]).sum() + (with_out * w[1]).sum() + (without_out * w[2]).sum()
+
+    q2, s2, maps2 = leaves
+    got = total(edge_terms.key_features(q2, maps2), edge_terms.project(s2, maps2, q2), edge_terms.project(s2, maps2))
+    want = total(torch.einsum("nhd,hdf->nhf", q2, maps2), q2 + torch.einsum("nhf,hdf->nhd", s2, maps2),
+                 torch.einsum("nhf,hdf->nhd", s2, maps2))
+    torch.testing.assert_close(got, want, **TOL)
+    for a, b in zip(torch.autograd.grad(got, leaves), torch.autograd.grad(want, leaves)):
+        torch.testing.assert_close(a, b, **TOL)

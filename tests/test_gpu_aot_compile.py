@@ -4,12 +4,12 @@ The interpreter tests (``test_engine_triton.py``) check what the kernels compute
 semantics; they cannot see what a GPU compiler refuses or what the kernels cost on a GPU.
 Here Triton's compiler and the ptxas of its wheel build the kernels for both targets, in a
 child process (this one runs Triton's interpreter: ``tests/conftest.py`` sets
-``TRITON_INTERPRET=1`` before triton is imported). Compiling all 1,113 configurations (993 of
-the gather kernels, 120 of the ``tc`` backend's tile kernels) for both targets takes ~30 minutes of CPU
+``TRITON_INTERPRET=1`` before triton is imported). Compiling all 1,209 configurations (1,089 of
+the gather kernels, 96 of them with edge features, 120 of the ``tc`` backend's tile kernels) for both targets takes ~30 minutes of CPU
 (``python -m tgattn.bench.gpu_compiled --out data/gpu``, run and committed); the test compiles each
 kernel's configuration with every option on (bias per head, dropout, returned weights or their
-gradient, bias gradient, softcap, sinks, the remainder's merge) at every dtype and head dim, for both
-targets (162 compiles: 81 configurations), and checks the committed table of all of them against the code.
+gradient, bias gradient, softcap or edge features, sinks, the remainder's merge) at every dtype and head dim,
+for both targets (258 compiles: 129 configurations), and checks the committed table of all of them against the code.
 """
 import csv
 import os
@@ -64,7 +64,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_within_shared_me
 def test_the_committed_table_covers_every_configuration_at_the_blocks_the_backend_picks():
     rows = _read(COMMITTED)
     expected = {(t.name, c.kernel, c.dtype_name, c.head_dim, c.options) for t in aot.TARGETS for c in aot.configurations()}
-    assert len(rows) == len(expected) == 2 * 1113
+    assert len(rows) == len(expected) == 2 * 1209
     assert {_key(r) for r in rows} == expected
     assert failures(rows) == []
     configs = {(c.kernel, c.dtype_name, c.head_dim, c.options): c for c in aot.configurations()}
@@ -74,11 +74,12 @@ def test_the_committed_table_covers_every_configuration_at_the_blocks_the_backen
         if d:
             config = configs[_key(r)[1:]]
             assert (int(r["block_m"]), int(r["block_n"])) == aot.blocks_of(config), r
-            if r["kernel"] in aot.TILE_KERNELS:  # the target's launch options (tile_config)
-                warps = aot.launch_of(config, targets[r["target"]]).meta["num_warps"]
-            else:
-                warps = kernels_module().num_warps(d)
+            # the launchers' own: the target's for the tiles (tile_config), kernels.num_warps or four for wide
+            # float64 edge features (kernels.WIDE_FEATURES) for the gather kernels
+            warps = aot.launch_of(config, targets[r["target"]]).meta["num_warps"]
             assert int(r["num_warps"]) == warps, r
+            if r["kernel"] not in aot.TILE_KERNELS and not config.features:
+                assert warps == kernels_module().num_warps(d), r
 
 
 _PRECISION_PROBE = """
@@ -117,12 +118,12 @@ def _meta_key(launch):
     return launch.kernel.__name__, launch.args[0].dtype, tuple(sorted(meta.items()))
 
 
-@pytest.mark.parametrize("call", ["bias, dropout, weights", "softcap and sinks", "every option"])
+@pytest.mark.parametrize("call", ["bias, dropout, weights", "softcap and sinks", "every option", "edge features"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_every_launch_of_a_real_call_is_among_the_compiled_configurations(dtype, call, monkeypatch):
     """A call with bias, dropout and returned weights (or Gemma 2 / gpt-oss's softcap and sinks, or
-    everything), forward and backward, launches nothing the compiled matrix lacks (the
-    configurations come from the launchers, not from a copy)."""
+    everything, or F = d edge features with every other option), forward and backward, launches nothing
+    the compiled matrix lacks (the configurations come from the launchers, not from a copy)."""
     if not kernels_module().INTERPRETED:
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py)")
     from tgattn.engine.analysis import analyse
@@ -143,7 +144,16 @@ def test_every_launch_of_a_real_call_is_among_the_compiled_configurations(dtype,
     q, k, v = (torch.randn(n, heads, d, dtype=dtype, requires_grad=True) for _ in range(3))
     bias = torch.randn(s.num_edges, heads, dtype=dtype, requires_grad=True)
     sinks = torch.zeros(heads, dtype=dtype, requires_grad=True)
-    if call == "softcap and sinks":
+    if call == "edge features":  # F = d features, a permuted set (unsorted edges), every other option
+        from tgattn.engine.triton.edge_features import triton_edge_features
+
+        shuffled = edge_index[:, torch.randperm(edge_index.shape[1])]
+        s = analyse(shuffled, n, n)
+        assert s.perm is not None
+        maps = torch.randn(heads, d, d, dtype=dtype, requires_grad=True)
+        features = torch.randn(s.num_edges, d, dtype=dtype, requires_grad=True)
+        out, w = triton_edge_features(q, k, v, s, bias, 0.25, 0.2, True, features, maps, maps, sinks=sinks)
+    elif call == "softcap and sinks":
         out, w = triton_attention(q, k, v, s, None, 0.25, 0.0, False, softcap=2.0, sinks=sinks)
         w = out.new_zeros(())
     else:
@@ -172,17 +182,20 @@ def test_configurations_cover_every_dtype_head_dim_and_option():
     configs = list(aot.configurations())
     assert {c.dtype for c in configs if c.head_dim} == set(DTYPES)
     assert {c.head_dim for c in configs if c.head_dim} == set(aot.HEAD_DIMS)
-    forward = [c for c in configs if c.kernel == "forward_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
+    plain = [c for c in configs if not c.features]  # (the edge features' configurations: below)
+    forward = [c for c in plain if c.kernel == "forward_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
     # bias none / [E, 1] / [E, H] x dropout x weights; softcap, sinks or both with each bias; every option
     assert len(forward) == 3 * 2 * 2 + 3 * 3 + 1
-    dq = [c for c in configs if c.kernel == "dq_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
+    dq = [c for c in plain if c.kernel == "dq_kernel" and c.dtype == torch.float16 and c.head_dim == 64]
     assert len(dq) == 2 * 2 + 2 * 2 * 2 * 2 + 3 + 1  # a bias gradient only with a bias; softcap with each bias
     tiles = [c for c in configs if c.kernel in aot.TILE_KERNELS and c.dtype == torch.bfloat16 and c.head_dim == 64]
     # forward, dq: softcap x remainder, grouped with both (dq also without a remainder); dk dv: softcap,
     # grouped with it (the caller adds a remainder's share); the delta kernel once
     assert sorted(c.kernel for c in tiles) == sorted(["tile_forward_kernel"] * 5 + ["tile_dq_kernel"] * 6
                                                      + ["tile_dkdv_kernel"] * 3 + ["tile_delta_kernel"])
-    assert len({(c.kernel, c.dtype, c.head_dim, c.options) for c in configs}) == len(configs) == 1113
+    features = [c for c in configs if c.features and c.dtype == torch.float16 and c.head_dim == 64]
+    assert sorted(c.kernel for c in features) == sorted(["forward_kernel", "dq_kernel", "dkdv_kernel"] * 2)
+    assert len({(c.kernel, c.dtype, c.head_dim, c.options) for c in configs}) == len(configs) == 1209
 
 
 def test_failures_name_spills_shared_memory_over_the_limit_and_occupancy_under_the_floor():
@@ -195,6 +208,17 @@ def test_failures_name_spills_shared_memory_over_the_limit_and_occupancy_under_t
         f"sm_80 dq_kernel float32 d=64 (-): {163 * 1024 + 1} bytes of shared memory (limit {163 * 1024})"]
     assert failures([{**row, "target": "sm_90", "shared": 163 * 1024 + 1}]) == []  # an H100 block may take 227 KB
     assert failures([{**row, "resident_warps": 4}]) == ["sm_80 dq_kernel float32 d=64 (-): 4 resident warps (floor 8)"]
+
+
+def test_added_rows_replace_those_of_the_same_configuration(tmp_path):
+    """``--add-to``: the new rows join the table, in place of any row of the same target and configuration."""
+    from tgattn.bench.gpu_compiled import FIELDS, _added
+    from tgattn.bench.report import write_csv
+
+    row = dict(target="sm_80", kernel="dq_kernel", dtype="float32", head_dim=64, options="-", registers=100)
+    write_csv([row, {**row, "options": "dropout"}], tmp_path / "compiled.csv", FIELDS)
+    rows = _added([{**row, "registers": 120}, {**row, "options": "edge features"}], tmp_path)
+    assert [(r["options"], int(r["registers"])) for r in rows] == [("dropout", 100), ("-", 120), ("edge features", 100)]
 
 
 CANDIDATES = REPO / "data" / "gpu" / "tune_candidates.csv"

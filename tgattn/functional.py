@@ -231,7 +231,8 @@ def attention_with_edge_terms(
     """:func:`graph_attention` with ``edge_key`` / ``edge_value`` (see there): ``(out, weights or None)``.
 
     ``(features, weight)`` pairs over one features tensor run inside the fused kernel where
-    :func:`tgattn.engine.dispatch.edge_terms_on_fused` says so (outside ``torch.compile``); other
+    :func:`tgattn.engine.dispatch.edge_terms_on_fused` says so, else inside the Triton kernels where
+    :func:`tgattn.engine.dispatch.edge_terms_on_triton` does (outside ``torch.compile``); other
     calls compose the terms around the engine. ``generator`` draws the dropout mask (or the fused
     kernel's seed) that both value terms share.
     """
@@ -289,6 +290,14 @@ def attention_with_edge_terms(
                 blocks = key_blocks if shared else edge_terms.per_head(value, work)
                 out = edge_terms.project(summed, blocks, out.to(work)).to(q.dtype)
             return out, weights
+        if engine.dispatch.edge_terms_on_triton(s, backend, q, edge_scale=edge_scale is not None,
+                                                softcap=softcap is not None):
+            k, v = engine.dispatch.query_heads(k, v, q.shape[1])
+            key_maps = None if key is None else key.weight
+            value_maps = None if value is None else key_maps if shared else value.weight
+            return engine.dispatch.run_triton_edge_terms(
+                q, k, v, s, bias, scale, dropout_p, return_weights, features, key_maps, value_maps, sinks=sinks,
+            )
     k, v = engine.dispatch.query_heads(k, v, q.shape[1])  # edge terms never run on tc's tiles
     if not (compiling or prepared) and features is None:  # (structure_of has checked them where features are given)
         check_ranges(ei, k.shape[0], q.shape[0])

@@ -15,12 +15,14 @@ Example::
 
     python -m tgattn.bench.gpu_compiled --out data/gpu        # the committed table (~30 min of CPU)
     python -m tgattn.bench.gpu_compiled --every-option-only   # each kernel's heaviest code only (~45 s)
+    python -m tgattn.bench.gpu_compiled --only "edge features" --add-to data/gpu   # new rows into the table
     python -m tgattn.bench.gpu_compiled --tune-candidates --out data/gpu  # the tile sweep's candidates
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -30,7 +32,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from .._cli import out_help, runs_dir
-from .report import write_csv
+from .report import read_rows, write_csv
 
 FIELDS = ("target", "kernel", "dtype", "head_dim", "options", "block_m", "block_n", "num_warps", "registers",
           "spill_stores", "spill_loads", "stack", "shared", "resident_warps", "compile_s")
@@ -40,15 +42,16 @@ H100_FLOPS = {torch.float32: 67e12, torch.float64: 34e12}  # CUDA-core FP32 / FP
 INDEX_BYTES = 8  # int64 edge ids and node ids
 
 
-def compile_all(targets, every_option_only: bool = False, progress=None) -> List[dict]:
-    """One row per (target, configuration), compiled into a temporary cache."""
+def compile_all(targets, every_option_only: bool = False, progress=None, only: str = "") -> List[dict]:
+    """One row per (target, configuration), compiled into a temporary cache; ``only``: just the configurations
+    whose options name it."""
     from tgattn.engine.triton import aot
 
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         for target in targets:
             for config in aot.configurations():
-                if every_option_only and not config.every_option:
+                if (every_option_only and not config.every_option) or only not in config.options:
                     continue
                 launch = aot.launch_of(config, target)
                 start = time.perf_counter()
@@ -141,11 +144,13 @@ def roofline_ps(nbytes: int, flops: int, dtype: torch.dtype) -> float:
 
 
 def resource_table(rows: Sequence[dict]) -> str:
-    """Markdown: per kernel, dtype and head dim, the worst over option sets on each target."""
+    """Markdown: per kernel, dtype and head dim, the worst over option sets on each target (the kernels with edge
+    features on lines of their own: they run at other blocks)."""
     targets = sorted({r["target"] for r in rows})
     groups = {}
     for r in rows:
-        groups.setdefault((r["kernel"], r["dtype"], int(r["head_dim"])), {}).setdefault(r["target"], []).append(r)
+        kernel = r["kernel"] + (", edge features" if "edge features" in r["options"] else "")
+        groups.setdefault((kernel, r["dtype"], int(r["head_dim"])), {}).setdefault(r["target"], []).append(r)
     head = "| kernel | dtype | d | blocks (M x N) | configs | " + " | ".join(
         f"{t} regs | {t} spills B | {t} smem KB | {t} warps/SM" for t in targets) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -210,7 +215,9 @@ Each line is the worst over the option sets of one kernel, dtype and head dim ("
 many): registers per thread (least-most), spilled bytes (stores + loads), shared memory per
 block, resident warps per SM (the CUDA occupancy rule: registers in units of 256 per warp,
 1 KB of shared memory reserved per block). Warps a block: 2 from head dim 64 up, 4 below
-(`tgattn.engine.triton.kernels.num_warps`); the `tc` backend's tile kernels (`tile_*`, 64 x 64
+(`tgattn.engine.triton.kernels.num_warps`; 4 with float64 edge features from d + F = 256,
+`kernels.WIDE_FEATURES`); the kernels with edge features are compiled at F = d, the most the blocks
+of their own lines take (`tgattn.engine.triton.aot`); the `tc` backend's tile kernels (`tile_*`, 64 x 64
 tiles of float16 / bfloat16 on tensor cores) take the warps and pipeline stages of each target
 (`tgattn.engine.triton.tile_config.default_config`). The limits:
 {limits}.
@@ -244,6 +251,16 @@ at 1.1-1.5x the bfloat16 line and under the float32 line (rows reread from L2), 
 """
 
 
+def _added(rows: List[dict], folder: Path) -> List[dict]:
+    """The rows of ``folder/compiled.csv`` with ``rows`` in place of those of the same target and configuration."""
+    def key(r):
+        return r["target"], r["kernel"], r["dtype"], str(r["head_dim"]), r["options"]
+
+    old = read_rows(folder / "compiled.csv")
+    new = {key(r) for r in rows}
+    return [r for r in old if key(r) not in new] + rows
+
+
 def main(argv=None) -> int:
     from tgattn.engine.triton.aot import TARGETS
 
@@ -253,6 +270,11 @@ def main(argv=None) -> int:
     parser.add_argument("--targets", nargs="+", choices=[t.name for t in TARGETS], default=[t.name for t in TARGETS])
     parser.add_argument("--every-option-only", action="store_true",
                         help="each kernel's configuration with every option on, per dtype and head dim")
+    parser.add_argument("--only", default="", metavar="OPTION",
+                        help="just the configurations whose options name OPTION (e.g. 'edge features')")
+    parser.add_argument("--add-to", type=Path, metavar="DIR",
+                        help="add the rows to DIR/compiled.csv (replacing rows of the same configuration) and "
+                             "rewrite DIR/compiled.md from all of them, instead of writing --out")
     parser.add_argument("--quiet", action="store_true", help="no line per compile")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every configuration the tile kernels' sweep may pick (tile shape x warps x "
@@ -275,10 +297,15 @@ def main(argv=None) -> int:
                   f"regs {r['registers']:>3} spills {r['spill_stores']}/{r['spill_loads']} "
                   f"smem {r['shared']:>6} warps/SM {r['resident_warps']:>2} {r['compile_s']:.1f}s", flush=True)
 
-    rows = compile_all(targets, args.every_option_only, progress)
-    write_csv(rows, args.out / "compiled.csv", FIELDS)
-    command = "python -m tgattn.bench.gpu_compiled" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    (args.out / "compiled.md").write_text(markdown(rows, command))
+    rows = compile_all(targets, args.every_option_only, progress, args.only)
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m tgattn.bench.gpu_compiled" + "".join(f" {shlex.quote(a)}" for a in given)
+    out = args.out
+    if args.add_to is not None:  # the table's command: the full run's (the markdown quotes it), then this one
+        rows, out = _added(rows, args.add_to), args.add_to
+        command = f"python -m tgattn.bench.gpu_compiled --out {args.add_to}` then `{command}"
+    write_csv(rows, out / "compiled.csv", FIELDS)
+    (out / "compiled.md").write_text(markdown(rows, command))
     bad = failures(rows)
     for line in bad:
         print(line, file=sys.stderr)

@@ -36,15 +36,17 @@ def transpose_pattern(s: Structure) -> Tuple[Tensor, Tensor, Tensor]:
     """``(colptr [n_k + 1], row [E], perm [E])``: the pattern sorted by (source, target), cached.
 
     The edges are sorted by (target, source), so a stable sort by source alone suffices: a
-    counting sort in the fused extension on the CPU (O(E + n_k)), else a stable argsort.
+    counting sort in the fused extension on the CPU (O(E + n_k)), else a stable sort whose sorted
+    sources give the pointer in one search (int64: three kernels on a GPU where a count and its
+    prefix sum take five, and the pointer the Triton kernels and torch's CSR take as it is).
     """
     cached = s.extras.get("transpose")
     if cached is None:
         if s.src.device.type == "cpu" and native.available():
             colptr, perm = torch.ops.tgattn_fused.transpose(s.src, s.n_k)
         else:
-            perm = torch.argsort(s.src, stable=True)
-            colptr = row_pointer(s.src, s.n_k)
+            by_source, perm = torch.sort(s.src, stable=True)
+            colptr = torch.searchsorted(by_source, torch.arange(s.n_k + 1, device=s.src.device))
         cached = s.extras["transpose"] = (colptr, s.dst[perm], perm)
     return cached
 

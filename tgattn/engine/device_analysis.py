@@ -44,43 +44,43 @@ def analyse_on_device(edge_index: Tensor, n_q: int, n_k: int, *, loops_among: Op
         s = Structure(n_q, n_k, 0, None, src.clone(), dst.clone(), row_pointer(dst, n_q), False)
         s.extras.update({} if loops_among is None else {"loops_among": 0})
         return s
-    key = dst * max(n_k, 1) + src  # [E] the (target, source) order
-    s_key, perm = torch.sort(key, stable=True)
-    s_src, s_dst = src[perm], dst[perm]
+    if n_q == 0 or n_k == 0:
+        check_ranges(edge_index, n_k, n_q)  # raises: edges among no nodes
+    key = torch.add(src, dst, alpha=max(n_k, 1))  # [E] i * n_k + j: the (target, source) order
+    perm = torch.sort(key, stable=True).indices
+    pairs = edge_index[:, perm]  # [2, E] the sorted keys j and queries i, one gather for both
+    s_src, s_dst = pairs[0], pairs[1]
     # searchsorted, not a count: ids out of range are reported after the read, and must not fault before it
     bounds = torch.arange(n_q + 1, device=src.device)
     rowptr = torch.searchsorted(s_dst, bounds, out_int32=E < 2**31)  # [n_q + 1] as row_pointer makes it
-    same_row = s_dst[1:] == s_dst[:-1]  # [E - 1] an edge and the next share their query
-    step = s_key.diff()  # [E - 1] from an edge to the next: the step between their keys inside a row
-    # Without repeats the steps inside a row are >= 1, and they all are 1 (the row's keys are one range)
-    # exactly when they add up to the number of steps inside rows, E - rows.
-    low, high = torch.aminmax(edge_index, dim=1)  # [2], [2]: the least and largest key and query
+    ids = torch.aminmax(edge_index, dim=1)  # [2] each: the least and largest key and query
     offsets = torch.aminmax(s_src - s_dst)  # j - i; a row's first edge has its least, its last its largest
-    stats = [
-        low.min(), high[0], high[1], *offsets, rowptr.diff().max(),
-        (step == 0).sum(),  # repeated edges
-        same_row.sum(),  # E - rows with edges
-        (step * same_row).sum(),  # the steps inside rows
-        (key != s_key).sum(),  # out of order as given
-    ]
+    degrees = torch.aminmax(rowptr.diff())  # no row without edges when the least is > 0
+    stats = [*ids.min, *ids.max, *offsets, *degrees, (pairs != edge_index).any()]  # out of order as given
+    if E > 1:
+        # From an edge to the next inside a row, the key's step (1 where the next edge starts a row): sorted keys
+        # have steps >= 0; a 0 repeats an edge, and the rows' keys are all ranges when every step is 1.
+        step = pairs.diff(dim=1)  # [2, E - 1] (key step, query step)
+        stats.extend(torch.aminmax(step[0].masked_fill(step[1] != 0, 1)))
     if loops_among is not None:
         stats.append((src[:loops_among] == dst[:loops_among]).sum())
     values = torch.stack(stats).tolist()  # the read
-    lo, src_max, dst_max, span_lo, span_hi, deg_max, duplicates, inside, steps, unsorted = values[:10]
-    if lo < 0 or src_max >= n_k or dst_max >= n_q:
+    src_lo, dst_lo, src_max, dst_max, span_lo, span_hi, deg_min, deg_max, unsorted = values[:9]
+    step_lo, step_hi = values[9:11] if E > 1 else (1, 1)
+    if min(src_lo, dst_lo) < 0 or src_max >= n_k or dst_max >= n_q:
         check_ranges(edge_index, n_k, n_q)  # raises, naming the node
-    rows = E - inside
-    s = Structure(n_q, n_k, E, perm if unsorted else None, s_src, s_dst, rowptr, duplicates > 0)
+    duplicates = step_lo == 0
+    s = Structure(n_q, n_k, E, perm if unsorted else None, s_src, s_dst, rowptr, duplicates)
     if loops_among is not None:
-        s.extras["loops_among"] = values[10]
-    whole = not duplicates and steps == inside
+        s.extras["loops_among"] = values[-1]
+    whole = not duplicates and step_hi == 1
     s.extras["row_spans"] = (span_lo, span_hi, deg_max, whole)
     if duplicates:
         return s
     s.intervals = whole
     if E == n_q * n_k:
         s.kind, s.intervals = "full", True
-    elif whole and n_q == n_k and rows == n_q:
+    elif whole and n_q == n_k and deg_min > 0:  # every row with edges
         if E == n_q * (n_q + 1) // 2 and span_hi <= 0:  # no key after its query
             s.kind = "causal"
         else:

@@ -39,8 +39,10 @@ computes in float32 (:mod:`tgattn.engine.fused`), the others take float32 copies
 
 Per-edge key / value terms given as ``(features, weight)`` pairs over one features tensor run inside
 the fused kernel on the CPU (:func:`edge_terms_on_fused`, :func:`run_edge_terms`) from every backend
-name but ``csr`` and ``gather``, without an ``edge_scale``; other calls with edge terms compose them
-around the backend :func:`plan` picks (:func:`tgattn.functional.attention_with_edge_terms`).
+name but ``csr`` and ``gather``, without an ``edge_scale``; on the Triton kernels where they run
+(:func:`edge_terms_on_triton`, :func:`run_triton_edge_terms`), without a ``softcap`` either; other calls
+with edge terms compose them around the backend :func:`plan` picks
+(:func:`tgattn.functional.attention_with_edge_terms`).
 
 A named backend that cannot honour a call falls back along dense -> tile -> fused -> csr, so
 that every backend name is always exact (``triton`` falls back like ``fused``); :func:`plan`
@@ -60,6 +62,7 @@ from . import fused
 from . import triton as triton_backend
 from .dense import dense_attention
 from .edge_terms import MappedAttention
+from .triton.edge_features import triton_edge_features
 from .precision import compute_dtype
 from .tiles import fill_bound, tile_attention, tile_layout
 
@@ -298,6 +301,52 @@ def edge_terms_on_fused(
     chosen = plan(s, backend, weights=True, fusable=True, edge_scale=edge_scale, softcap=softcap,
                   sinks=sinks is not None)
     return chosen == "fused" and _finite(bias, q, k, v, features, *maps, sinks=sinks)
+
+
+def edge_terms_on_triton(s: Structure, backend: str, q: Tensor, *, edge_scale: bool, softcap: bool) -> bool:
+    """Whether a call with per-edge terms in factored form runs them inside the Triton kernels
+    (:mod:`tgattn.engine.triton.edge_features`): where the kernels take ``q`` (CUDA tensors; CPU tensors under
+    Triton's interpreter when named) and the call has edges, no ``edge_scale`` and no ``softcap`` (the key
+    term joins the scores after the cap, which :func:`tgattn.functional.graph_attention` refuses). Reads nothing
+    back: the Triton kernels need no finite check.
+
+    Example:
+        >>> from tgattn import builders
+        >>> from tgattn.engine.analysis import analyse
+        >>> s, q = analyse(builders.window(8, 1), 8, 8), torch.zeros(8, 2, 4)
+        >>> edge_terms_on_triton(s, "auto", q, edge_scale=False, softcap=False)  # a CPU tensor: the fused kernel's
+        False
+    """
+    if s.num_edges == 0 or edge_scale or softcap or backend not in ("auto", "triton", "tc"):
+        return False
+    return triton_backend.usable(q, named=backend != "auto")
+
+
+def run_triton_edge_terms(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Structure,
+    bias: Optional[Tensor],
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+    features: Tensor,
+    key_maps: Optional[Tensor],
+    value_maps: Optional[Tensor],
+    *,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`run_mapped_edge_terms` on the Triton kernels (where :func:`edge_terms_on_triton` says so): ``k``, ``v``
+    with ``H`` heads, ``bias`` ``[E, 1 or H]`` in the caller's order, maps ``[H, d, F]`` of q's dtype. Returns
+    ``(out, weights or None)``, weights in the caller's order."""
+    bias = _sorted(bias, s)  # the kernels read the features through s.perm, in the caller's order
+    bias = None if bias is None else bias.to(q.dtype)
+    sinks = None if sinks is None else sinks.to(compute_dtype(q.dtype))
+    with torch.autocast(q.device.type, enabled=False):
+        out, weights = triton_edge_features(q, k, v, s, bias, scale, dropout_p, return_weights, features, key_maps,
+                                            value_maps, sinks=sinks)
+    return out, None if weights is None else _callers_order(weights, s)
 
 
 def run_edge_terms(

@@ -22,6 +22,7 @@ projected (:func:`project`), with no per-edge tensor in the forward. Those per-h
 gradients run in the extension too (``head_map``, ``head_map_add``, ``head_outer``: each head's
 ``[d, F]`` map once, not a block-diagonal ``[H d, H F]`` product) for float32 / float64 CPU tensors, where
 :class:`MappedAttention` runs them with the kernel as one autograd node (half precision keeps the three).
+The Triton kernels take the same factored form on the GPU (:mod:`tgattn.engine.triton.edge_features`).
 """
 from __future__ import annotations
 
@@ -101,34 +102,27 @@ def key_features(q: Tensor, maps: Tensor) -> Tensor:
     """``W^h^T q_i`` per query and head ``[Nq, H, F]``; ``maps`` from :func:`per_head`."""
     if _native(q, maps):
         return _HeadMap.apply(q, maps)
-    num_queries, heads, dim = q.shape
-    return (q.reshape(num_queries, heads * dim) @ _blocks(maps)).view(num_queries, heads, -1)
+    return torch.bmm(q.transpose(0, 1), maps).transpose(0, 1)  # [H, Nq, d] x [H, d, F]: each head's map once
 
 
 def project(summed: Tensor, maps: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """``W^h s_i`` per query and head ``[Nq, H, d]`` for feature sums ``s`` ``[Nq, H, F]``, added to ``out``
-    ``[Nq, H, d]`` in the same pass when given; ``maps`` from :func:`per_head`."""
+    ``[Nq, H, d]`` when given (in the same pass on the native maps); ``maps`` from :func:`per_head`."""
     if _native(summed, maps, out):
         return _Project.apply(summed, maps, out)
-    num_queries, heads, _ = summed.shape
-    flat, blocks = summed.reshape(num_queries, -1), _blocks(maps)
-    if out is None:
-        return (flat @ blocks.T).view(num_queries, heads, -1)
-    return torch.addmm(out.reshape(num_queries, -1), flat, blocks.T).view(out.shape)
-
-
-def _blocks(maps: Tensor) -> Tensor:
-    """``[H * d, H * F]``, block diagonal with head h's ``[d, F]`` map: one matrix product applies every head's
-    map (a third of the time of the batched per-head product on molecule batches), where the native maps do not run."""
-    return torch.block_diag(*maps.unbind(0))
+    # One batched product over the heads: a block-diagonal [H d, H F] matrix would do every map in one matrix
+    # product, but its making and its gradient's split cost two more kernels, forward and backward, on a GPU.
+    # maps as they are, so that their gradient is [H, d, F] in place (a transposed one would be copied to add up)
+    mapped = torch.bmm(maps, summed.permute(1, 2, 0)).permute(2, 0, 1)  # [H, d, F] x [H, F, Nq] -> [Nq, H, d]
+    return mapped if out is None else out + mapped
 
 
 def _native(*tensors: Optional[Tensor]) -> bool:
     """Whether the fused extension's per-head maps (``head_map``, ``head_map_add``, ``head_outer``) take these
     tensors: float32 / float64 CPU tensors of one dtype, outside ``torch.compile``, with the extension built.
 
-    They do each map's work once, where the block-diagonal product (:func:`_blocks`) does it H times over: on
-    a molecule batch (3,040 queries, H = 4, C = 16, F = 4, one thread) 25-38 us a map against 80-98 us a product.
+    They do each map's work in one pass over rows packed as they are: on a molecule batch (3,040 queries, H = 4,
+    C = 16, F = 4, one thread) 25-38 us a map against 80-98 us a block-diagonal product (each map's work H times over).
     """
     return takes(*tensors)
 
@@ -290,7 +284,7 @@ def key_scores(q: Tensor, dst: Tensor, term: Term, scale: float) -> Tensor:
         scores = torch.bmm(per_edge, term.values.to(q.dtype).unsqueeze(-1)).view(-1, heads) * scale  # [E, H]
     else:
         scores = (q.index_select(0, dst) * term.vectors().to(q.dtype)).sum(-1) * scale  # [E, H]
-    return torch.where(scores == float("inf"), float("nan"), scores)
+    return scores * (scores != float("inf"))  # inf * 0 is NaN; one kernel fewer than a where, and in its gradient
 
 
 def value_sum(used: Tensor, dst: Tensor, term: Term, num_queries: int) -> Tensor:

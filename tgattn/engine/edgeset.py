@@ -434,15 +434,16 @@ def all_pairs_per_graph(batch: Tensor, lengths: Sequence[int]) -> EdgeSet:
     if sum(sizes) != n:
         raise ValueError(f"the graphs' lengths add up to {sum(sizes)}, but batch has {n} nodes")
     E = sum(length * length for length in sizes)
-    ones = torch.ones_like(batch)
-    counts = torch.zeros(len(lengths), dtype=torch.long, device=batch.device).scatter_add_(0, batch, ones)  # [B]
-    own = counts[batch]  # [N] the size of each node's graph: its row's degree
-    first = (counts.cumsum(0) - counts)[batch]  # [N] the first node of each node's graph
-    rowptr = torch.zeros(n + 1, dtype=torch.long, device=batch.device)
-    torch.cumsum(own, 0, out=rowptr[1:])  # [N + 1]
-    dst = torch.repeat_interleave(torch.arange(n, device=batch.device), own, output_size=E)  # [E] sorted queries
-    src = first[dst] + torch.arange(E, device=batch.device) - rowptr[dst]  # [E] each row's keys in order
-    s = Structure(n, n, E, None, src, dst, rowptr.to(torch.int32 if E < 2**31 else torch.long), False)
+    device = batch.device
+    # [B + 1] each graph's first node, then n (at least two entries, for the pairs of an empty batch's unfold)
+    graphs = torch.searchsorted(batch, torch.arange(max(len(lengths), 1) + 1, device=device))
+    bounds = graphs.unfold(0, 2, 1)[batch]  # [N, 2] each node's graph: its first node and the next graph's
+    first, own = bounds[:, 0], bounds[:, 1] - bounds[:, 0]  # [N] and the size of its graph: its row's degree
+    rowptr = torch.zeros(n + 1, dtype=torch.int32 if E < 2**31 else torch.long, device=device)
+    torch.cumsum(own, 0, dtype=rowptr.dtype, out=rowptr[1:])  # [N + 1]
+    dst = torch.repeat_interleave(own, output_size=E)  # [E] sorted queries: node i own[i] times
+    src = torch.arange(E, device=device) + (first - rowptr[:-1])[dst]  # [E] each row's keys in order
+    s = Structure(n, n, E, None, src, dst, rowptr, False)
     longest = max(sizes, default=0)
     if E:
         s.intervals = True

@@ -5,7 +5,8 @@ set: a forward pass with online softmax that saves each row's log-sum-exp, and a
 FlashAttention-2 style backward (``dq`` over query rows, ``dk`` / ``dv`` over key rows of the
 transposed pattern). They take float16, bfloat16, float32 and float64, an edge bias
 (``-inf`` removes an edge), dropout (a counter-based mask regenerated in backward), returned
-weights and duplicated edges; a row without edges outputs 0.
+weights and duplicated edges; a row without edges outputs 0. Edge features given as
+``(features, weight)`` key and value terms run inside them (:mod:`.edge_features`).
 
 The engine picks this backend for CUDA tensors. With ``TRITON_INTERPRET=1`` in the
 environment, ``backend="triton"`` also runs on CPU tensors through Triton's interpreter

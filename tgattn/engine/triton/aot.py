@@ -101,6 +101,7 @@ class Config:
     sinks: bool = False  # forward only: the backward kernels need nothing of the sinks
     remainder: bool = False  # tiles: merge in the gathered remainder's output and log-sum-exp (or gradients)
     group: int = 1  # tiles: query heads per key / value head, packed into the tile's rows
+    features: bool = False  # gather kernels: edge features inside (see FEATURES below)
 
     @property
     def every_option(self) -> bool:
@@ -111,7 +112,7 @@ class Config:
             return True
         if self.kernel in TILE_KERNELS:  # the grouped ones differ in index arithmetic only
             return self.softcap and self.group == 1 and (self.remainder or self.kernel == "tile_dkdv_kernel")
-        return (self.bias == "per-head" and self.dropout and self.weights and self.softcap
+        return (self.bias == "per-head" and self.dropout and self.weights and (self.softcap or self.features)
                 and (self.bias_grad or self.kernel != "dq_kernel") and (self.sinks or self.kernel != "forward_kernel"))
 
     @property
@@ -122,6 +123,7 @@ class Config:
         names += ["bias grad"] * self.bias_grad
         names += ["softcap"] * self.softcap + ["sinks"] * self.sinks
         names += ["remainder"] * self.remainder + [f"group {self.group}"] * (self.group > 1)
+        names += ["edge features"] * self.features
         return ", ".join(names) or "-"
 
     @property
@@ -135,6 +137,8 @@ def configurations() -> Iterator[Config]:
     Soft-capping and sinks (Gemma 2, gpt-oss) are compiled with each bias in the calls of those
     models (no dropout, no returned weights) and once with every other option on (the heaviest
     code), not in every product of options: that would be 1,793 configurations, 2.5x the compile.
+    Edge features (:mod:`.edge_features`) likewise: plain and with every other option (no softcap), per
+    kernel, dtype and head dim (:func:`_feature_configurations`).
 
     The tile kernels of ``tc`` (``TILE_DTYPES``: float16, bfloat16) come with and without a softcap
     and a gathered remainder's merge (forward, dq), and grouped (``GROUPED`` query heads per key /
@@ -145,7 +149,7 @@ def configurations() -> Iterator[Config]:
     Example:
         >>> configs = list(configurations())
         >>> len(configs), sum(c.every_option for c in configs)
-        (1113, 81)
+        (1209, 129)
     """
     for dtype, d in itertools.product(DTYPES, HEAD_DIMS):
         for bias, dropout, weights in itertools.product(BIASES, (False, True), (False, True)):
@@ -162,6 +166,7 @@ def configurations() -> Iterator[Config]:
         yield Config("forward_kernel", dtype, d, **every, sinks=True)
         yield Config("dq_kernel", dtype, d, **every, bias_grad=True)
         yield Config("dkdv_kernel", dtype, d, **every)
+        yield from _feature_configurations(dtype, d)
     for dtype, d in itertools.product(TILE_DTYPES, HEAD_DIMS):
         for kernel in TILE_KERNELS[:3]:
             merges = (False, True) if kernel != "tile_dkdv_kernel" else (False,)  # dk-dv: the caller adds the remainder
@@ -182,6 +187,8 @@ def blocks_of(config: Config) -> Tuple[int, int]:
         return choose_blocks(config.dtype, config.head_dim)
     if not config.head_dim:
         return 0, 0
+    if config.features:  # F = d features beside the keys' and values' d (edge_features.triton_edge_features)
+        return blocks_for(2 * config.head_dim, 2 * config.head_dim, config.dtype)
     return blocks_for(config.head_dim, config.head_dim, config.dtype, config.softcap)
 
 
@@ -245,18 +252,44 @@ def launch_of(config: Config, target: Optional[Target] = None):
     bias = None if config.bias == "none" else torch.zeros(edges, 1 if config.bias == "shared" else HEADS, dtype=config.dtype)
     blocks = blocks_of(config)
     softcap = 2.0 if config.softcap else None
+    edge = _edge_features(config, edges)
     if config.kernel == "forward_kernel":
         sinks = torch.zeros(HEADS, dtype=torch.float64 if config.dtype == torch.float64 else torch.float32) \
             if config.sinks else None
-        return kern.forward_launch(q, k, v, bias, *rows, 0.125, p, seed, config.weights, blocks, softcap, sinks)[0]
+        return kern.forward_launch(q, k, v, bias, *rows, 0.125, p, seed, config.weights, blocks, softcap, sinks,
+                                   edge)[0]
     acc = torch.float64 if config.dtype == torch.float64 else torch.float32
     lse, delta = torch.zeros(HEADS, ROWS, dtype=acc), torch.zeros(HEADS, ROWS, dtype=acc)
     grad_w = torch.zeros(edges, HEADS, dtype=config.dtype) if config.weights else None
     launches, _ = kern.backward_launches(
         q, k, v, bias, torch.zeros_like(q), lse, delta, grad_w, rows, cols, 0.125, p, seed, config.bias_grad, blocks,
-        softcap,
+        softcap, edge,
     )
     return launches[0] if config.kernel == "dq_kernel" else launches[1]
+
+
+# --- Edge features inside the gather kernels (tgattn.engine.triton.edge_features) -----------------------------
+# Compiled at F = d features a head dim: the most the blocks of head dim d take (blocks_for of max(d, F)); a call
+# with fewer features runs a narrower BLOCK_F at the same blocks. The permuted read (a new, unsorted edge_index)
+# and both terms (TransformerConv's one pair for keys and values), plain and with every other option (no softcap:
+# graph_attention refuses it with a key term).
+
+
+def _feature_configurations(dtype: torch.dtype, d: int) -> Iterator[Config]:
+    every = dict(bias="per-head", dropout=True, weights=True, features=True)
+    for kernel in ("forward_kernel", "dq_kernel", "dkdv_kernel"):
+        yield Config(kernel, dtype, d, features=True)
+        yield Config(kernel, dtype, d, **every, bias_grad=kernel == "dq_kernel", sinks=kernel == "forward_kernel")
+
+
+def _edge_features(config: Config, edges: int):
+    """The :class:`~.kernels.EdgeFeatures` of ``config`` (``F = d``, permuted, both terms), or None."""
+    if not config.features:
+        return None
+    d = config.head_dim
+    per_query = torch.zeros(ROWS, HEADS, d, dtype=config.dtype)
+    return kernels_module().EdgeFeatures(torch.zeros(edges, d, dtype=config.dtype), torch.arange(edges), per_query,
+                                         True, per_query if config.kernel != "forward_kernel" else None)
 
 
 @dataclass(frozen=True)

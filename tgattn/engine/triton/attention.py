@@ -116,20 +116,27 @@ def walks(s: Structure):
 
     The orders list query rows (key columns) by decreasing degree, so that the rows of one
     program have about as many edges each. The pointers are int64 here (the analysis's may be
-    int32): the kernels form edge offsets from them, ``e * H`` among them.
+    int32): the kernels form edge offsets from them, ``e * H`` among them. With as many queries
+    as keys, both pointers are one tensor and both orders come from one sort (on a new edge set,
+    3 kernels where they would take 5).
     """
     cached = s.extras.get("triton")
     if cached is None:
         colptr, row_t, perm_t = transpose_pattern(s)
-        rowptr, colptr = s.rowptr.long(), colptr.long()
-        rows = (rowptr, s.src, _by_degree(rowptr))
-        cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, _by_degree(colptr)))
+        if s.n_q == s.n_k:
+            rowptr, colptr = ptrs = torch.stack([s.rowptr, colptr]).long()  # [2, n + 1]
+            row_order, col_order = _by_degree(ptrs)
+        else:
+            rowptr, colptr = s.rowptr.long(), colptr.long()
+            row_order, col_order = _by_degree(rowptr), _by_degree(colptr)
+        rows = (rowptr, s.src, row_order)
+        cached = s.extras["triton"] = (rows, (colptr, row_t, perm_t, col_order))
     return cached
 
 
 def _by_degree(ptr: Tensor) -> Tensor:
-    """Row ids by decreasing degree (stable: rows of equal degree keep their order)."""
-    return torch.argsort(ptr[:-1] - ptr[1:], stable=True)
+    """Row ids by decreasing degree (stable: rows of equal degree keep their order), per pointer ``[..., n + 1]``."""
+    return torch.argsort(ptr[..., :-1] - ptr[..., 1:], dim=-1, stable=True)
 
 
 def draw_seed() -> int:
@@ -163,7 +170,7 @@ class TritonAttention(torch.autograd.Function):
         sinks = None if sinks is None else sinks.contiguous()
         rows, cols = walks(s)
         seed = draw_seed() if p > 0 else 0
-        out, lse, w = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks, softcap, sinks)
+        out, lse, w, _ = kern.forward(q, k, v, bias, *rows, scale, p, seed, weights, blocks, softcap, sinks)
         if not weights:
             ctx.mark_non_differentiable(w)
         ctx.set_materialize_grads(False)
@@ -181,25 +188,38 @@ class TritonAttention(torch.autograd.Function):
         q, k, v, bias, sinks, out, lse, w = ctx.saved_tensors
         s = ctx.s
         grad_out = torch.zeros_like(out) if grad_out is None else _unit_stride(grad_out)
-        delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # [n_q, H]: <dO_i, O_i>
-        if grad_w is not None:  # the returned weights' gradient joins each row's softmax backward
-            grad_w = grad_w.contiguous()
-            delta = delta.index_add(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
+        delta, grad_w = softmax_delta(grad_out, out, lse, w, grad_w, s)
         rows, cols = walks(s)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
-        delta = delta.T.contiguous()  # [H, n_q]
-        dq, dk, dv, d_scores = kernels_module().backward(
+        dq, dk, dv, d_scores, *_ = kernels_module().backward(
             q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols,
             ctx.scale, ctx.p, ctx.seed, bias_grad, ctx.blocks, ctx.softcap,
         )
-        grad_bias = grad_sinks = None
-        if bias_grad:
-            grad_bias = (d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)).to(bias.dtype)
-        if sinks is not None and ctx.needs_input_grad[4]:
-            # The sink's weight in row i is exp(sink - lse_i); as a score without a value its
-            # gradient is that weight times (0 - delta_i). Rows without a logit have lse = +inf.
-            grad_sinks = -(torch.exp(sinks.to(lse.dtype)[:, None] - lse) * delta).sum(1).to(sinks.dtype)
+        grad_bias, grad_sinks = bias_and_sink_grads(bias, sinks, d_scores, lse, delta, bias_grad, ctx.needs_input_grad[4])
         return dq, dk, dv, grad_bias, grad_sinks, None, None, None, None, None, None
+
+
+def softmax_delta(grad_out: Tensor, out: Tensor, lse: Tensor, w: Tensor, grad_w: Optional[Tensor], s: Structure):
+    """``(delta [H, n_q], grad_w contiguous or None)``: ``delta_i = <dO_i, O_i>`` (plus the returned weights'
+    share ``sum_j a_ij dW_ij``), in the layout the backward kernels read."""
+    delta = lse.new_empty(lse.shape)  # [H, n_q] as the kernels read it, summed into in place (no transposed copy)
+    torch.sum(grad_out.to(lse.dtype) * out.to(lse.dtype), -1, out=delta.T)  # <dO_i, O_i>
+    if grad_w is not None:  # the returned weights' gradient joins each row's softmax backward
+        grad_w = grad_w.contiguous()
+        delta.T.index_add_(0, s.dst, w.to(lse.dtype) * grad_w.to(lse.dtype))
+    return delta, grad_w
+
+
+def bias_and_sink_grads(bias, sinks, d_scores, lse, delta, bias_grad: bool, sinks_grad: bool):
+    """``(grad_bias [E, 1 or H] or None, grad_sinks [H] or None)`` from the kernels' score gradients."""
+    grad_bias = grad_sinks = None
+    if bias_grad:
+        grad_bias = (d_scores if bias.shape[1] > 1 else d_scores.sum(1, keepdim=True)).to(bias.dtype)
+    if sinks is not None and sinks_grad:
+        # The sink's weight in row i is exp(sink - lse_i); as a score without a value its
+        # gradient is that weight times (0 - delta_i). Rows without a logit have lse = +inf.
+        grad_sinks = -(torch.exp(sinks.to(lse.dtype)[:, None] - lse) * delta).sum(1).to(sinks.dtype)
+    return grad_bias, grad_sinks
 
 
 def triton_attention(

@@ -28,13 +28,18 @@ block have about the same number of edges and few slots idle.
   save the key-side pass its recomputed scores, but that pass's time goes to gathering the
   query and output-gradient rows of each edge, which a scatter of ``dk`` / ``dv`` per edge
   would replace by read-modify-writes of the same size.)
+* Edge features (:mod:`tgattn.engine.triton.edge_features`): the features ``[E, F]`` of each edge
+  slot are read through the edge set's permutation (the caller's order); the key term adds
+  ``scale * <kf_i, e_ij>`` to the scores, the value term sums ``a_ij e_ij`` beside the values, and
+  the backward's ``dq`` pass writes each head's share of the features' gradient per edge (each
+  edge has one query row: no atomics here either).
 * Dropout keeps edge ``e`` of head ``h`` where ``tl.rand(seed, e * H + h) >= p`` (Philox,
   counter based): the backward and :func:`keep_kernel` regenerate the same mask.
   The seed is not specialised (``do_not_specialize``): Triton would otherwise compile each
   kernel again for the one seed in 16 that is divisible by 16, and for seed 1.
 """
 
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -72,6 +77,21 @@ def _gather(X, idx, h, s_n, s_h, edge, offs, d, ACC: tl.constexpr):
     """``X[idx, h, :d]`` for a ``[BLOCK_M, BLOCK_N]`` grid of node ids: ``[BLOCK_M, BLOCK_N, BLOCK_D]``."""
     ptr = X + idx[:, :, None] * s_n + h * s_h + offs[None, None, :]
     return tl.load(ptr, mask=edge[:, :, None] & (offs < d)[None, None, :], other=0.0).to(ACC)
+
+
+@triton.jit
+def _callers(PERM, e, edge, PERMUTED: tl.constexpr):
+    """The caller's edge ids of sorted edge ids ``e`` (``PERM[e]``; ``e`` itself when the edges came sorted)."""
+    if PERMUTED:
+        e = tl.load(PERM + e, mask=edge, other=0)
+    return e
+
+
+@triton.jit
+def _features(EF, eo, edge, of, nf, ACC: tl.constexpr):
+    """The features ``EF[eo, :nf]`` of caller's edge ids ``eo`` ``[BLOCK_M, BLOCK_N]``: ``[BLOCK_M, BLOCK_N, BLOCK_F]``."""
+    ptr = EF + eo[:, :, None] * nf + of[None, None, :]
+    return tl.load(ptr, mask=edge[:, :, None] & (of < nf)[None, None, :], other=0.0).to(ACC)
 
 
 @triton.jit
@@ -114,14 +134,20 @@ def forward_kernel(
     Q, K, V, BIAS, SINK, OUT, LSE, W, ROWPTR, SRC, ORDER,
     n_q, heads, dk, dv, scale: tl.float64, cap: tl.float64, p_drop, inv_keep: tl.float64, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_on, s_oh, s_be, s_bh,
+    KF, EF, EPERM, SE, nf, s_fn, s_fh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, WEIGHTS: tl.constexpr, SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    KEY_FEATURES: tl.constexpr = False, VALUE_FEATURES: tl.constexpr = False, PERMUTED: tl.constexpr = False,
+    BLOCK_F: tl.constexpr = 1,
 ):
     """``OUT [n_q, H, dv]``, ``LSE [H, n_q]`` (``+inf`` for rows without a finite score), ``W [E, H]``.
 
     With ``SINKS`` the logit ``SINK[h]`` joins each row's softmax without a value (it enters the
-    log-sum-exp, so the weights of the edges sum to less than 1)."""
+    log-sum-exp, so the weights of the edges sum to less than 1). Edge features ``EF [E, F]`` (the
+    caller's order, read through ``EPERM``): with ``KEY_FEATURES`` the scores gain
+    ``scale * <KF_i, EF_ij>`` (``KF [n_q, H, F]``), with ``VALUE_FEATURES`` ``SE [n_q, H, F]`` gets
+    ``sum_j a_ij EF_ij``."""
     h = tl.program_id(1)
     # The float arguments arrive as float64 (their annotations): a bare Python float reaches a
     # compiled kernel as float32, which put float64 results 1e-8 off on an H100. Compute in ACC.
@@ -129,6 +155,10 @@ def forward_kernel(
     rows, live, start, end = _block(ORDER, ROWPTR, n_q, BLOCK_M)
     od, ov, on = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_N)
     q = _rows(Q, rows, h, s_qn, s_qh, live, od, dk, ACC)  # [BM, BDK]
+    of = tl.arange(0, BLOCK_F)
+    if KEY_FEATURES:
+        kf = _rows(KF, rows, h, s_fn, s_fh, live, of, nf, ACC)  # [BM, BF]
+    acc_f = tl.zeros([BLOCK_M, BLOCK_F], ACC)  # sum_j p_ij e_ij
     m = tl.full([BLOCK_M], float("-inf"), ACC)  # running max
     l = tl.zeros([BLOCK_M], ACC)  # running sum of exp(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
@@ -139,6 +169,10 @@ def forward_kernel(
         j = tl.load(SRC + e, mask=edge, other=0)
         s, _ = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, cap, BIAS, e, h, s_be, s_bh, edge,
                        HAS_BIAS, SOFTCAP, ACC)
+        if KEY_FEATURES or VALUE_FEATURES:
+            ef = _features(EF, _callers(EPERM, e, edge, PERMUTED), edge, of, nf, ACC)  # [BM, BN, BF]
+        if KEY_FEATURES:  # 0 on empty slots: their -inf stays
+            s += tl.sum(kf[:, None, :] * ef, axis=2) * scale
         m_new = tl.maximum(m, tl.max(s, axis=1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows without a finite score yet
         alpha = tl.exp(m - shift)
@@ -148,6 +182,8 @@ def forward_kernel(
             p = tl.where(_keep(seed, e, h, heads, p_drop), p * inv_keep, 0.0)
         vs = _gather(V, j, h, s_vn, s_vh, edge, ov, dv, ACC)  # [BM, BN, BDV]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vs, axis=1)
+        if VALUE_FEATURES:
+            acc_f = acc_f * alpha[:, None] + tl.sum(p[:, :, None] * ef, axis=1)
         m = m_new
     if SINKS:  # one more logit, without a value: rescale as for a chunk of one slot
         sink = tl.load(SINK + h).to(ACC)
@@ -156,12 +192,17 @@ def forward_kernel(
         alpha = tl.exp(m - shift)
         l = l * alpha + tl.exp(sink - shift)
         acc = acc * alpha[:, None]
+        acc_f = acc_f * alpha[:, None]
         m = m_new
     dead = l == 0.0  # no edge, or every score -inf (NaN rows stay NaN)
     out = tl.where(dead[:, None], 0.0, acc / tl.where(dead, 1.0, l)[:, None])
     lse = tl.where(dead, float("inf"), m + tl.log(tl.where(dead, 1.0, l)))
     tl.store(OUT + rows[:, None] * s_on + h * s_oh + ov[None, :], out.to(OUT.dtype.element_ty),
              mask=live[:, None] & (ov < dv)[None, :])
+    if VALUE_FEATURES:
+        summed = tl.where(dead[:, None], 0.0, acc_f / tl.where(dead, 1.0, l)[:, None])
+        tl.store(SE + rows[:, None] * (heads * nf) + h * nf + of[None, :], summed.to(SE.dtype.element_ty),
+                 mask=live[:, None] & (of < nf)[None, :])
     tl.store(LSE + h * n_q + rows, lse.to(LSE.dtype.element_ty), mask=live)
     if WEIGHTS:  # a second pass: the weights need the row's final log-sum-exp
         for t in range(0, longest, BLOCK_N):
@@ -170,6 +211,9 @@ def forward_kernel(
             j = tl.load(SRC + e, mask=edge, other=0)
             s, _ = _scores(q, _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC), scale, cap, BIAS, e, h, s_be, s_bh,
                            edge, HAS_BIAS, SOFTCAP, ACC)
+            if KEY_FEATURES:
+                ef = _features(EF, _callers(EPERM, e, edge, PERMUTED), edge, of, nf, ACC)
+                s += tl.sum(kf[:, None, :] * ef, axis=2) * scale
             tl.store(W + e * heads + h, tl.exp(s - lse[:, None]).to(W.dtype.element_ty), mask=edge)
 
 
@@ -178,11 +222,19 @@ def dq_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DQ, DB, ROWPTR, SRC, ORDER,
     n_q, heads, dk, dv, scale: tl.float64, cap: tl.float64, p_drop, inv_keep: tl.float64, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
+    KF, EF, EPERM, G, DKF, DEH, nf, s_fn, s_fh, s_gn, s_gh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SOFTCAP: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    KEY_FEATURES: tl.constexpr = False, VALUE_FEATURES: tl.constexpr = False, PERMUTED: tl.constexpr = False,
+    BLOCK_F: tl.constexpr = 1,
 ):
-    """``DQ [n_q, H, dk]`` (contiguous) and, with ``BIAS_GRAD``, the score gradients ``DB [E, H]``."""
+    """``DQ [n_q, H, dk]`` (contiguous) and, with ``BIAS_GRAD``, the score gradients ``DB [E, H]``.
+
+    With edge features (see :func:`forward_kernel`; ``G [n_q, H, F]`` the gradient of ``SE``):
+    ``DKF [n_q, H, F]`` (contiguous), the key features' gradient ``scale * sum_j ds_ij e_ij``, and
+    ``DEH [E, H, F]`` (the caller's order), each head's share of the features' gradient
+    ``scale * ds_ij KF_i + a_ij G_i``."""
     h = tl.program_id(1)
     # float64 arguments (see forward_kernel), converted to ACC
     scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
@@ -193,26 +245,55 @@ def dq_kernel(
     lse = tl.load(LSE + h * n_q + rows, mask=live, other=float("inf")).to(ACC)
     delta = tl.load(DELTA + h * n_q + rows, mask=live, other=0.0).to(ACC)
     dq = tl.zeros([BLOCK_M, BLOCK_DK], ACC)
+    of = tl.arange(0, BLOCK_F)
+    fmask = (of < nf)[None, None, :]
+    if KEY_FEATURES:
+        kf = _rows(KF, rows, h, s_fn, s_fh, live, of, nf, ACC)  # [BM, BF]
+    if VALUE_FEATURES:
+        g = _rows(G, rows, h, s_gn, s_gh, live, of, nf, ACC)  # [BM, BF]
+    dkf = tl.zeros([BLOCK_M, BLOCK_F], ACC)
     for t in range(0, tl.max(end - start, axis=0), BLOCK_N):
         e = start[:, None] + t + on[None, :]  # [BM, BN]
         edge = e < end[:, None]
         j = tl.load(SRC + e, mask=edge, other=0)
         ks = _gather(K, j, h, s_kn, s_kh, edge, od, dk, ACC)  # [BM, BN, BDK]
         s, t = _scores(q, ks, scale, cap, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, SOFTCAP, ACC)
+        if KEY_FEATURES or VALUE_FEATURES:
+            eo = _callers(EPERM, e, edge, PERMUTED)
+            ef = _features(EF, eo, edge, of, nf, ACC)  # [BM, BN, BF]
+        if KEY_FEATURES:
+            s += tl.sum(kf[:, None, :] * ef, axis=2) * scale
         p = tl.exp(s - lse[:, None])
         dp = tl.sum(do[:, None, :] * _gather(V, j, h, s_vn, s_vh, edge, ov, dv, ACC), axis=2)
+        if VALUE_FEATURES:  # the value term's share: <dO_i, W e_ij> = <G_i, e_ij>
+            dp += tl.sum(g[:, None, :] * ef, axis=2)
+        used = p  # the weights as applied to the values
         if DROPOUT:
-            dp = tl.where(_keep(seed, e, h, heads, p_drop), dp * inv_keep, 0.0)
+            keep = _keep(seed, e, h, heads, p_drop)
+            dp = tl.where(keep, dp * inv_keep, 0.0)
+            used = tl.where(keep, p * inv_keep, 0.0)
         if HAS_GW:
             dp += tl.load(GW + e * heads + h, mask=edge, other=0.0).to(ACC)
         ds = tl.where(edge, p * (dp - delta[:, None]), 0.0)  # d score (the bias's gradient)
         if BIAS_GRAD:
             tl.store(DB + e * heads + h, ds, mask=edge)
+        if KEY_FEATURES or VALUE_FEATURES:  # the features' share of this head, before the cap (added after it)
+            de = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_F], ACC)
+            if KEY_FEATURES:
+                dkf += tl.sum(ds[:, :, None] * ef, axis=1)
+                de += (ds * scale)[:, :, None] * kf[:, None, :]
+            if VALUE_FEATURES:
+                de += used[:, :, None] * g[:, None, :]
+            tl.store(DEH + eo[:, :, None] * (heads * nf) + h * nf + of[None, None, :], de.to(DEH.dtype.element_ty),
+                     mask=edge[:, :, None] & fmask)
         if SOFTCAP:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh^2
             ds = ds * (1.0 - t * t)
         dq += tl.sum(ds[:, :, None] * ks, axis=1)
     tl.store(DQ + rows[:, None] * (heads * dk) + h * dk + od[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=live[:, None] & (od < dk)[None, :])
+    if KEY_FEATURES:
+        tl.store(DKF + rows[:, None] * (heads * nf) + h * nf + of[None, :], (dkf * scale).to(DKF.dtype.element_ty),
+                 mask=live[:, None] & (of < nf)[None, :])
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -220,10 +301,14 @@ def dkdv_kernel(
     Q, K, V, BIAS, DO, LSE, DELTA, GW, DK, DV, COLPTR, ROW_T, PERM_T, ORDER,
     n_k, n_q, heads, dk, dv, scale: tl.float64, cap: tl.float64, p_drop, inv_keep: tl.float64, seed,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_don, s_doh, s_be, s_bh,
+    KF, EF, EPERM, G, nf, s_fn, s_fh, s_gn, s_gh,
     HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, HAS_GW: tl.constexpr, SOFTCAP: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    KEY_FEATURES: tl.constexpr = False, VALUE_FEATURES: tl.constexpr = False, PERMUTED: tl.constexpr = False,
+    BLOCK_F: tl.constexpr = 1,
 ):
-    """``DK [n_k, H, dk]`` and ``DV [n_k, H, dv]`` (contiguous) over key rows of the transposed pattern."""
+    """``DK [n_k, H, dk]`` and ``DV [n_k, H, dv]`` (contiguous) over key rows of the transposed pattern
+    (edge features as in :func:`dq_kernel`: they change the scores and the weights' gradients)."""
     h = tl.program_id(1)
     # float64 arguments (see forward_kernel), converted to ACC
     scale, cap, inv_keep = tl.full([], scale, ACC), tl.full([], cap, ACC), tl.full([], inv_keep, ACC)
@@ -233,6 +318,7 @@ def dkdv_kernel(
     v = _rows(V, cols, h, s_vn, s_vh, live, ov, dv, ACC)  # [BM, BDV]
     dkey = tl.zeros([BLOCK_M, BLOCK_DK], ACC)
     dval = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+    of = tl.arange(0, BLOCK_F)
     for t in range(0, tl.max(end - start, axis=0), BLOCK_N):
         slot = start[:, None] + t + on[None, :]  # [BM, BN] positions in the transposed pattern
         edge = slot < end[:, None]
@@ -241,9 +327,15 @@ def dkdv_kernel(
         qs = _gather(Q, i, h, s_qn, s_qh, edge, od, dk, ACC)  # [BM, BN, BDK]
         lse = tl.load(LSE + h * n_q + i, mask=edge, other=0.0).to(ACC)
         s, t = _scores(k, qs, scale, cap, BIAS, e, h, s_be, s_bh, edge, HAS_BIAS, SOFTCAP, ACC)
+        if KEY_FEATURES or VALUE_FEATURES:
+            ef = _features(EF, _callers(EPERM, e, edge, PERMUTED), edge, of, nf, ACC)  # [BM, BN, BF]
+        if KEY_FEATURES:
+            s += tl.sum(_gather(KF, i, h, s_fn, s_fh, edge, of, nf, ACC) * ef, axis=2) * scale
         p = tl.exp(s - lse)
         dos = _gather(DO, i, h, s_don, s_doh, edge, ov, dv, ACC)  # [BM, BN, BDV]
         dp = tl.sum(v[:, None, :] * dos, axis=2)
+        if VALUE_FEATURES:
+            dp += tl.sum(_gather(G, i, h, s_gn, s_gh, edge, of, nf, ACC) * ef, axis=2)
         used = p
         if DROPOUT:
             keep = _keep(seed, e, h, heads, p_drop)
@@ -312,44 +404,91 @@ def _meta(q, v, blocks) -> dict:
     )
 
 
+class EdgeFeatures(NamedTuple):
+    """The edge features the kernels take: ``features [E, F]`` (contiguous, the caller's order), ``perm``
+    (sorted edge -> the caller's, or None when the edges came sorted), the key term's ``key [n_q, H, F]``
+    (``W_h^T q_i``) or None, whether to sum the value term (``sums``), and in the backward ``grad_sums``,
+    the gradient of those sums ``[n_q, H, F]`` (``W_h^T dO_i``) or None."""
+
+    features: torch.Tensor
+    perm: Optional[torch.Tensor]
+    key: Optional[torch.Tensor]
+    sums: bool
+    grad_sums: Optional[torch.Tensor] = None
+
+
+# float64 with as many features as head channels from d = 128: four warps, not two. At two the forward kernel
+# spilled 0.9-3 KB for sm_80 / sm_90 (F = d = 128, with and without other options); at four none does.
+WIDE_FEATURES = 256
+
+
+def _feature_args(edge: Optional[EdgeFeatures], q, backward: bool = False):
+    """``(pointers, ints, constants)``: the kernels' edge-feature arguments (placeholders without ``edge``);
+    the backward's take ``G`` after ``EPERM`` and its strides last."""
+    if edge is None:
+        pointers, nf, key, grad = (q, q, q), 0, None, None
+        flags = {}
+    else:
+        key, grad = edge.key, edge.grad_sums
+        pointers = (q if key is None else key, edge.features, q if edge.perm is None else edge.perm)
+        nf = edge.features.shape[1]
+        flags = dict(KEY_FEATURES=key is not None, VALUE_FEATURES=edge.sums, PERMUTED=edge.perm is not None,
+                     BLOCK_F=triton.next_power_of_2(nf))
+        if q.dtype == torch.float64 and triton.next_power_of_2(q.shape[2]) + flags["BLOCK_F"] >= WIDE_FEATURES:
+            flags["num_warps"] = 4
+    strides = (0, 0) if key is None else (key.stride(0), key.stride(1))
+    if backward:
+        pointers += (q if grad is None else grad,)
+        strides += (0, 0) if grad is None else (grad.stride(0), grad.stride(1))
+    return pointers, (nf, *strides), flags
+
+
 def _strides(q, k, v, bias):
     bias_strides = (0, 0) if bias is None else (bias.stride(0), bias.stride(1) if bias.shape[1] > 1 else 0)
     return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)) + bias_strides
 
 
-def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks, softcap=None, sinks=None):
-    """The :func:`forward_kernel` launch and its outputs ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``.
+def forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks, softcap=None, sinks=None,
+                   edge: Optional[EdgeFeatures] = None):
+    """The :func:`forward_kernel` launch and its outputs ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty,
+    the value term's sums [n_q, H, F] or None)``.
 
     ``q, k, v`` have unit stride in their last dim; ``bias`` is ``[E, 1 or H]`` or ``None``;
-    ``blocks = (BLOCK_M, BLOCK_N)``; ``softcap`` a float or ``None``; ``sinks`` ``[H]`` or ``None``.
+    ``blocks = (BLOCK_M, BLOCK_N)``; ``softcap`` a float or ``None``; ``sinks`` ``[H]`` or ``None``;
+    ``edge`` the edge features or ``None``.
     """
     n_q, heads, dk = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty(n_q, heads, v.shape[2])
     lse = torch.empty(heads, n_q, dtype=acc, device=q.device)
     w = q.new_empty(src.numel() if weights else 0, heads)
+    sums = q.new_empty(n_q, heads, edge.features.shape[1]) if edge is not None and edge.sums else None
     strides = _strides(q, k, v, bias)
+    pointers, ints, flags = _feature_args(edge, q)
     launch = Launch(forward_kernel, (triton.cdiv(n_q, blocks[0]), heads), (
         q, k, v, q if bias is None else bias, lse if sinks is None else sinks, out, lse, w, rowptr, src, order,
         n_q, heads, dk, v.shape[2], scale, 1.0 if softcap is None else softcap, p_drop, 1.0 / (1.0 - p_drop), seed,
-        *strides[:6], out.stride(0), out.stride(1), *strides[6:],
+        *strides[:6], out.stride(0), out.stride(1), *strides[6:], *pointers, q if sums is None else sums, *ints,
     ), dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, WEIGHTS=weights, SOFTCAP=softcap is not None,
-            SINKS=sinks is not None, **_meta(q, v, blocks)))
-    return launch, (out, lse, w)
+            SINKS=sinks is not None, **{**_meta(q, v, blocks), **flags}))
+    return launch, (out, lse, w, sums)
 
 
-def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks, softcap=None, sinks=None):
-    """Launch :func:`forward_kernel`: ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty)``."""
+def forward(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks, softcap=None, sinks=None,
+            edge=None):
+    """Launch :func:`forward_kernel`: ``(out [n_q, H, dv], lse [H, n_q], weights [E, H] or empty, sums or None)``."""
     launch, outputs = forward_launch(q, k, v, bias, rowptr, src, order, scale, p_drop, seed, weights, blocks,
-                                     softcap, sinks)
+                                     softcap, sinks, edge)
     launch()
     return outputs
 
 
 def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks,
-                      softcap=None):
+                      softcap=None, edge: Optional[EdgeFeatures] = None):
     """The :func:`dq_kernel` and :func:`dkdv_kernel` launches and their outputs
-    ``(dq, dk, dv, d_scores [E, H] or None)``; ``d_scores`` are the gradients of the capped scores.
+    ``(dq, dk, dv, d_scores [E, H] or None, d_key [n_q, H, F] or None, d_features [E, H, F] or None)``;
+    ``d_scores`` are the gradients of the capped scores, ``d_key`` of ``edge.key`` (q's dtype), ``d_features``
+    each head's share of the features' gradient (the accumulator's dtype, the caller's edge order).
 
     ``rows = (rowptr, src, order)`` and ``cols = (colptr, row_t, perm_t, order)`` are the two
     CSR walks; ``delta [H, n_q]`` holds ``<dO_i, O_i>`` (plus the returned weights' share).
@@ -359,31 +498,36 @@ def backward_launches(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, s
     common = (scale, 1.0 if softcap is None else softcap, p_drop, 1.0 / (1.0 - p_drop), seed)
     strides = _strides(q, k, v, bias)
     strides = strides[:6] + (grad_out.stride(0), grad_out.stride(1)) + strides[6:]
+    pointers, ints, features = _feature_args(edge, q, backward=True)
     flags = dict(HAS_BIAS=bias is not None, DROPOUT=p_drop > 0, HAS_GW=grad_w is not None, SOFTCAP=softcap is not None,
-                 **_meta(q, v, blocks))
+                 **{**_meta(q, v, blocks), **features})
     b = q if bias is None else bias
     gw = lse if grad_w is None else grad_w
     dq = q.new_empty(n_q, heads, dk)
     d_scores = torch.empty(rows[1].numel(), heads, dtype=lse.dtype, device=q.device) if bias_grad else None
     dkey, dval = k.new_empty(n_k, heads, dk), v.new_empty(n_k, heads, dv)
+    d_key = q.new_empty(n_q, heads, ints[0]) if edge is not None and edge.key is not None else None
+    d_features = torch.empty(rows[1].numel(), heads, ints[0], dtype=lse.dtype, device=q.device) \
+        if edge is not None else None
     launches = (
         Launch(dq_kernel, (triton.cdiv(n_q, blocks[0]), heads), (
             q, k, v, b, grad_out, lse, delta, gw, dq, lse if d_scores is None else d_scores, *rows,
-            n_q, heads, dk, dv, *common, *strides,
+            n_q, heads, dk, dv, *common, *strides, *pointers, q if d_key is None else d_key,
+            lse if d_features is None else d_features, *ints,
         ), dict(BIAS_GRAD=bias_grad, **flags)),
         Launch(dkdv_kernel, (triton.cdiv(n_k, blocks[0]), heads), (
             q, k, v, b, grad_out, lse, delta, gw, dkey, dval, *cols,
-            n_k, n_q, heads, dk, dv, *common, *strides,
+            n_k, n_q, heads, dk, dv, *common, *strides, *pointers, *ints,
         ), flags),
     )
-    return launches, (dq, dkey, dval, d_scores)
+    return launches, (dq, dkey, dval, d_scores, d_key, d_features)
 
 
 def backward(q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks,
-             softcap=None):
-    """Launch :func:`dq_kernel` and :func:`dkdv_kernel`: ``(dq, dk, dv, d_scores [E, H] or None)``."""
+             softcap=None, edge=None):
+    """Launch :func:`dq_kernel` and :func:`dkdv_kernel`: see :func:`backward_launches`."""
     launches, outputs = backward_launches(
-        q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks, softcap
+        q, k, v, bias, grad_out, lse, delta, grad_w, rows, cols, scale, p_drop, seed, bias_grad, blocks, softcap, edge
     )
     for launch in launches:
         launch()
