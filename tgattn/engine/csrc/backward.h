@@ -68,8 +68,8 @@ void backward_heads(const BackwardCall& c) {
     };
     // One key block whose q and dO are read in place (direct, as on small sparse graphs): a task's heads go
     // through the keys together (key_pass_heads), min(H, threads) tasks of consecutive heads. One thread,
-    // molecule batch (3,079 nodes, 9,967 edges, H = 4, d = 16, dropout 0.6), the backward op alone:
-    // see the commit that added it.
+    // the molecule step's first layer (3,079 nodes, 9,967 edges, H = 4, d = 16, dropout 0.6), the backward
+    // op alone, seven alternating processes: 1.23-1.32 ms one head at a time, 1.10-1.12 ms together.
     if constexpr (!is_half_v<S>) if (H > 1 && bounds.size() == 2 && direct[0]) {
       const int64_t tasks = std::min<int64_t>(H, at::get_num_threads());
       at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
