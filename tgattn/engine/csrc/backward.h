@@ -66,6 +66,33 @@ void backward_heads(const BackwardCall& c) {
       Entries<T, I> ce;
       std::vector<T> a, sums, ad;
     };
+    // One key block whose q and dO are read in place (direct, as on small sparse graphs): a task's heads go
+    // through the keys together (key_pass_heads), min(H, threads) tasks of consecutive heads. One thread,
+    // the molecule step's first layer (3,079 nodes, 9,967 edges, H = 4, d = 16, dropout 0.6), the backward
+    // op alone, seven alternating processes: 1.23-1.32 ms one head at a time, 1.10-1.12 ms together.
+    if constexpr (!is_half_v<S>) if (H > 1 && bounds.size() == 2 && direct[0]) {
+      const int64_t tasks = std::min<int64_t>(H, at::get_num_threads());
+      at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+        Scratch sc;
+        std::vector<HeadGrad<S>> gs;
+        std::vector<Logits<T>> lgs;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t h0 = t * H / tasks, h1 = (t + 1) * H / tasks;
+          gs.clear(), lgs.clear();
+          for (int64_t h = h0; h < h1; ++h) {
+            T* dst = dq.data_ptr<T>() + h * dk;  // summed in place: cleared first
+            for (int64_t i = 0; i < n_q; ++i) std::memset(dst + i * H * dk, 0, dk * sizeof(T));
+            sc.q.view(q, h), sc.go.view(go, h);
+            gs.push_back(head_grad(sc.q, sc.go, h, dst, H * dk));
+            lgs.push_back(logits<T>(softcap, scale, sk, h));
+          }
+          (edge ? key_pass_heads<S, I, true> : key_pass_heads<S, I, false>)(
+              bounds[0], bounds[1], tptr, rt, pt, gs.data(), h0, h1, static_cast<T>(scale), drop, sc.ce, sc.a, sc.sums,
+              lgs.data());
+        }
+      });
+      return;
+    }
     for_head_blocks<Scratch>(bounds, tptr, H, [&](Scratch& sc, int64_t h, int64_t blk, int64_t c0, int64_t c1) {
       if constexpr (is_half_v<S>) if (query_pass) {  // no dq here: the key pass writes ad
         if (direct[blk])
@@ -81,7 +108,8 @@ void backward_heads(const BackwardCall& c) {
           g.ad = ad.data_ptr<T>() + h * E;
         }
         (edge ? key_pass<S, I, true, true> : key_pass<S, I, false, true>)(
-            c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
+            c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h),
+            /*groups=*/true);
         if (fuse_q) {  // the whole head's keys are done: its dq (see the query pass below)
           if (in_place(E, n_k, k.stride(0) * int64_t(sizeof(S))))
             sc.k.view(k, h);
@@ -117,7 +145,8 @@ void backward_heads(const BackwardCall& c) {
       }
       const HeadGrad<S> g = head_grad(sc.q, sc.go, h, dqh, dqs);
       (edge ? key_pass<S, I, true, false> : key_pass<S, I, false, false>)(
-          c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h));
+          c0, c1, tptr, rt, pt, g, static_cast<T>(scale), drop, h, sc.ce, sc.a, sc.sums, logits<T>(softcap, scale, sk, h),
+          /*groups=*/true);
       if (in_place_dq) return;
       if (rounded) {
         for (int64_t i = 0; i < n_q; ++i) {

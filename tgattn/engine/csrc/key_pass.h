@@ -178,17 +178,19 @@ constexpr int64_t GROUP = 16;
 // AD: the query pass's variant (g.ad written, g.dq null; float16 / bfloat16), instantiated apart: with
 // the choice a branch on g.ad, float32's key pass with the scatter ran 1.04-1.18x slower (random /
 // top-k 1 %).
+// groups: whether keys of few edges go by eight (key_pass8); key_pass_heads passes false for the single
+// keys it has not grouped.
 template <typename S, typename I, bool EDGE, bool AD, typename T = compute_t<S>>
 void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>& g,
               T scale, const Dropout& drop, int64_t h, Entries<T, I>& ce, std::vector<T>& a, std::vector<T>& sums,
-              const Logits<T>& lg) {
+              const Logits<T>& lg, bool groups) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const auto edge = [&](int64_t t) -> int64_t { return perm_t ? int64_t(perm_t[t]) : t; };
   if constexpr (is_half_v<S>) sums.resize(g.dk + g.dv);
   for (int64_t j = c0; j < c1; ++j) {
     if constexpr (std::is_same_v<T, float>) {
       const int64_t m = std::min<int64_t>(8, c1 - j);
-      if (!g.gw && short_group(colptr, j, m)) {
+      if (groups && !g.gw && short_group(colptr, j, m)) {
         if (lg.cap)  // a sink changes nothing here: it is in the lse
           key_pass8<S, I, true, EDGE, AD>(j, m, c1, colptr, row_t, perm_t, g, scale, drop, h, lg);
         else
@@ -297,6 +299,34 @@ void key_pass(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* pe
     }
     if constexpr (is_half_v<S>)
       if (n > GROUP) convert(g.dkey + j * g.dks, sums.data(), g.dk), convert(g.dval + j * g.dvs, sums.data() + g.dk, g.dv);
+  }
+}
+
+// key_pass of heads h0 .. h1 (g[h - h0] each) over keys c0 .. c1, the heads taken in turn for each group of
+// keys rather than one head over all keys: the rows of a node's heads are adjacent in the caller's layout
+// ([N, H, d]), so the rows a group reads and writes for one head share pages and neighbouring lines with
+// those of the next, read while still in cache (H = 4, d = 16: a head's row is 64 bytes of a node's 256).
+// The groups and each head's arithmetic are key_pass's, so the results are bit for bit those of one head
+// at a time. dq rows are summed in place (g.dq, no query pass).
+template <typename S, typename I, bool EDGE, typename T = compute_t<S>>
+void key_pass_heads(int64_t c0, int64_t c1, RowPtr colptr, const I* row_t, const I* perm_t, const HeadGrad<S>* g,
+                    int64_t h0, int64_t h1, T scale, const Dropout& drop, Entries<T, I>& ce, std::vector<T>& a,
+                    std::vector<T>& sums, const Logits<T>* lg) {
+  for (int64_t j = c0; j < c1;) {
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t m = std::min<int64_t>(8, c1 - j);
+      if (!g[0].gw && short_group(colptr, j, m)) {
+        for (int64_t h = h0; h < h1; ++h)
+          (lg[h - h0].cap ? key_pass8<S, I, true, EDGE, false> : key_pass8<S, I, false, EDGE, false>)(
+              j, m, c1, colptr, row_t, perm_t, g[h - h0], scale, drop, h, lg[h - h0]);
+        j += m;
+        continue;
+      }
+    }
+    for (int64_t h = h0; h < h1; ++h)
+      key_pass<S, I, EDGE, false>(j, j + 1, colptr, row_t, perm_t, g[h - h0], scale, drop, h, ce, a, sums, lg[h - h0],
+                                  /*groups=*/false);
+    ++j;
   }
 }
 
