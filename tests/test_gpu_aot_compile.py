@@ -239,7 +239,11 @@ def test_the_committed_tune_candidates_compile_to_the_same_registers_spills_and_
     """Rows of data/gpu/tune_candidates.csv (every configuration the tile sweep may pick, for sm_80 and
     sm_90: ``python -m tgattn.bench.gpu_compiled --tune-candidates``) compiled again: the same numbers.
     A spread of rows, a spilling one and one over the shared memory a block may take among them."""
-    rows = _read(CANDIDATES)
+    from tgattn.bench.gpu.tune import candidate_rows, triton_version
+
+    version, rows = candidate_rows(CANDIDATES)
+    if version != triton_version():
+        pytest.skip(f"tune_candidates.csv holds no rows of the installed triton {triton_version()}")
     spread = rows[::127]
     spilling = next(r for r in rows if int(r["spill_stores"]) and r not in spread)
     too_big = next(r for r in rows if int(r["shared"]) > int(r["smem_limit"]) and r not in spread)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from tgattn.bench.gpu.tune import CANDIDATES, clean_candidates
+from tgattn.bench.gpu.tune import CANDIDATES, candidate_rows, clean_candidates, triton_version
 from tgattn.engine.triton import tile_config
 from tgattn.engine.triton.tile_config import TABLE_FIELDS, default_config, read_table
 
@@ -72,7 +72,7 @@ def _candidate_rows(path, rows):
 def test_the_sweep_tries_the_candidates_that_compile_clean_for_the_card_s_target(tmp_path):
     first, second, third = tile_config.candidates()[:3]
     def row(c, target, **res):
-        return dict(target=target, **vars(c), **{**dict(registers=200, spill_stores=0, spill_loads=0, stack=0,
+        return dict(triton="3.7.1", target=target, **vars(c), **{**dict(registers=200, spill_stores=0, spill_loads=0, stack=0,
                                                         shared=1000, smem_limit=2000, compile_s=1.0), **res})
     path = tmp_path / "tune_candidates.csv"
     _candidate_rows(path, [row(first, "sm_90"), row(second, "sm_90", spill_stores=8), row(third, "sm_90", shared=2001),
@@ -82,9 +82,30 @@ def test_the_sweep_tries_the_candidates_that_compile_clean_for_the_card_s_target
     assert clean_candidates(80, path) == [second, third]
 
 
-def test_every_candidate_has_a_committed_row_for_both_targets_and_the_sweep_drops_exactly_the_bad_ones():
+def test_the_sweep_reads_the_rows_of_its_own_triton_release_else_the_newest(tmp_path):
+    first, second = tile_config.candidates()[:2]
+    def row(c, version, **res):
+        return dict(triton=version, target="sm_90", **vars(c), **{**dict(registers=200, spill_stores=0, spill_loads=0,
+                    stack=0, shared=1000, smem_limit=2000, compile_s=1.0), **res})
+    path = tmp_path / "tune_candidates.csv"
+    _candidate_rows(path, [row(first, "3.7.1"), row(second, "3.7.1", spill_stores=8),
+                           row(first, "3.10.0", spill_stores=4), row(second, "3.10.0"),
+                           row(first, "3.9.0"), row(second, "3.9.0")])
+    assert clean_candidates(90, path, version="3.7.1") == [first]
+    assert clean_candidates(90, path, version="3.9.0") == [first, second]
+    assert candidate_rows(path, version="3.8.0")[0] == "3.10.0"  # not in the table: its newest (by release)
+    assert clean_candidates(90, path, version="3.8.0") == [second]
+
+
+def _releases():
     with open(CANDIDATES) as f:
-        rows = list(csv.DictReader(f))
+        return sorted({r["triton"] for r in csv.DictReader(f)})
+
+
+@pytest.mark.parametrize("version", _releases())
+def test_every_candidate_has_a_committed_row_for_both_targets_and_the_sweep_drops_exactly_the_bad_ones(version):
+    """Per Triton release in the table (``python -m tgattn.bench.gpu_compiled --tune-candidates`` under each)."""
+    rows = candidate_rows(version=version)[1]
     key = lambda r: (r["kernel"], r["dtype"], int(r["head_dim"]), int(r["block_m"]), int(r["block_n"]),  # noqa: E731
                      int(r["num_warps"]), int(r["num_stages"]))
     every = [(c.kernel, c.dtype, c.head_dim, c.block_m, c.block_n, c.num_warps, c.num_stages)
@@ -95,7 +116,7 @@ def test_every_candidate_has_a_committed_row_for_both_targets_and_the_sweep_drop
         bad = {key(r) for r in rows if r["target"] == target and (int(r["spill_stores"]) or int(r["spill_loads"])
                                                                  or int(r["shared"]) > int(r["smem_limit"]))}
         clean = {(c.kernel, c.dtype, c.head_dim, c.block_m, c.block_n, c.num_warps, c.num_stages)
-                 for c in clean_candidates(arch)}
+                 for c in clean_candidates(arch, version=version)}
         assert clean == set(every) - bad and bad and clean
         # the sweep always has a shape to pick: the backend's defaults (64 x 64) are among the clean ones
         for dtype, d in itertools.product(tile_config.TUNED_DTYPES, tile_config.TUNED_DIMS):
@@ -163,6 +184,9 @@ print(tune._precompile_cases([(torch.bfloat16, 64, "bfloat16")], first, s, 96, 9
 def test_precompile_fills_triton_s_cache_with_what_the_launch_binds(tmp_path):
     """The sweep's compiles run in other processes on stand-ins of the launch's tensors: they bind as the
     launch does (the cache key), land in the cache the launch reads, and report the committed spills."""
+    version, rows = candidate_rows()
+    if version != triton_version():
+        pytest.skip(f"tune_candidates.csv holds no rows of the installed triton {triton_version()}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", _PRECOMPILE_PROBE], env=env, capture_output=True, text=True,
@@ -170,11 +194,10 @@ def test_precompile_fills_triton_s_cache_with_what_the_launch_binds(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     same, spills, cases = done.stdout.splitlines()
     assert same == "True"
-    with open(CANDIDATES) as f:
-        committed = {(r["kernel"], r["dtype"], r["block_m"]): int(r["spill_stores"]) + int(r["spill_loads"])
-                     for r in csv.DictReader(f) if r["target"] == "sm_90" and
-                     (r["kernel"], r["dtype"], r["head_dim"], r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
-                     in {("forward", "bfloat16", "64", "128", "64", "8", "3"), ("dq", "float16", "128", "128", "128", "8", "3")}}
+    committed = {(r["kernel"], r["dtype"], r["block_m"]): int(r["spill_stores"]) + int(r["spill_loads"])
+                 for r in rows if r["target"] == "sm_90" and
+                 (r["kernel"], r["dtype"], r["head_dim"], r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
+                 in {("forward", "bfloat16", "64", "128", "64", "8", "3"), ("dq", "float16", "128", "128", "128", "8", "3")}}
     assert [int(x) for x in spills.split()] == [committed["forward", "bfloat16", "128"], committed["dq", "float16", "128"]]
     assert cases == str({("bfloat16", 64, (64, 64), k, (4, 2)): 0 for k in tile_config.KERNELS})
     assert len(list(tmp_path.rglob("*.cubin"))) == 2 + 3

@@ -69,24 +69,25 @@ def compile_all(targets, every_option_only: bool = False, progress=None, only: s
     return rows
 
 
-CANDIDATE_FIELDS = ("target", "kernel", "dtype", "head_dim", "block_m", "block_n", "num_warps", "num_stages", "registers",
+CANDIDATE_FIELDS = ("triton", "target", "kernel", "dtype", "head_dim", "block_m", "block_n", "num_warps", "num_stages", "registers",
                     "spill_stores", "spill_loads", "stack", "shared", "smem_limit", "compile_s")
 
 
 def compile_candidates(targets, progress=None) -> List[dict]:
     """One row per (target, candidate of the tile kernels' sweep: :func:`~tgattn.engine.triton.tile_config.candidates`),
     each compiled with a softcap and the remainder's merge (:func:`~tgattn.engine.triton.aot.candidate_launch`)."""
+    from tgattn.bench.gpu.tune import triton_version
     from tgattn.engine.triton import aot
     from tgattn.engine.triton.tile_config import candidates
 
-    rows = []
+    rows, version = [], triton_version()
     with tempfile.TemporaryDirectory() as cache:
         for target in targets:
             for c in candidates():
                 start = time.perf_counter()
                 res, _ = aot.compile_launch(aot.candidate_launch(c, target), target, cache)
                 rows.append(dict(
-                    target=target.name, kernel=c.kernel, dtype=c.dtype, head_dim=c.head_dim, block_m=c.block_m,
+                    triton=version, target=target.name, kernel=c.kernel, dtype=c.dtype, head_dim=c.head_dim, block_m=c.block_m,
                     block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, registers=res.registers,
                     spill_stores=res.spill_stores, spill_loads=res.spill_loads, stack=res.stack, shared=res.shared,
                     smem_limit=target.smem_per_block, compile_s=round(time.perf_counter() - start, 2)))
@@ -278,7 +279,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no line per compile")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every configuration the tile kernels' sweep may pick (tile shape x warps x "
-                             "stages), written as tune_candidates.csv (~20 minutes of one CPU core)")
+                             "stages), written as tune_candidates.csv beside the rows of other Triton releases (~20 minutes of one CPU core)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: this command needs Triton's compiler; run it without TRITON_INTERPRET=1",
@@ -288,7 +289,10 @@ def main(argv=None) -> int:
     if args.tune_candidates:
         rows = compile_candidates(targets, None if args.quiet else lambda r: print(
             " ".join(str(r[k]) for k in CANDIDATE_FIELDS), flush=True))
-        write_csv(rows, args.out / "tune_candidates.csv", CANDIDATE_FIELDS)
+        path = args.out / "tune_candidates.csv"
+        if path.exists():  # the rows of other Triton releases stay: the sweep reads its own release's
+            rows = [r for r in read_rows(path) if r["triton"] != rows[0]["triton"]] + rows
+        write_csv(rows, path, CANDIDATE_FIELDS)
         return 0
 
     def progress(r):

@@ -5,7 +5,7 @@ For bfloat16 and float16 at head dims 64 and 128, on a long structured set (a sl
 :data:`~tgattn.engine.triton.tile_config.SHAPES` gets its own tile plan, and each tile kernel
 (forward, dq, dk-dv) runs at every launch option (warps x pipeline stages) that
 ``data/gpu/tune_candidates.csv`` (:func:`clean_candidates`: every candidate compiled for sm_80 /
-sm_90 by ``python -m tgattn.bench.gpu_compiled --tune-candidates``) says compiles for this card's
+sm_90 by ``python -m tgattn.bench.gpu_compiled --tune-candidates``, per Triton release) says compiles for this card's
 target without spills and within its shared memory, timed with CUDA events (the minimum of
 ``repeats`` after a warm-up); a shape at which one kernel has no such option is left out (one plan
 serves the three; by the committed table: sm_80 keeps only 64 x 64, sm_90 all three shapes at
@@ -58,20 +58,55 @@ def target_name(arch: int) -> str:
     return "sm_90" if arch >= 90 else "sm_80"
 
 
-def clean_candidates(arch: int, path: Path = CANDIDATES) -> List[Candidate]:
+def triton_version() -> Optional[str]:
+    """The installed Triton's version (``None`` without one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("triton")
+    except PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    return tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:3])
+
+
+def candidate_rows(path: Path = CANDIDATES, version: Optional[str] = None) -> Tuple[str, List[dict]]:
+    """``(version, rows)``: the rows of the candidates table at ``path`` that Triton ``version``
+    (default: the installed one) compiled; where the table has none of that version, those of its
+    newest (the card's own compiler's spill report then backs the sweep: :func:`precompile`).
+    Registers and spills differ between Triton releases (3.7 and 3.9: a few registers, and which
+    candidates spill), so the table keeps each release's rows.
+
+    Example:
+        >>> candidate_rows(version="3.7.1")[0], len(candidate_rows(version="3.7.1")[1])
+        ('3.7.1', 384)
+    """
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    versions = sorted({r["triton"] for r in rows}, key=_release)
+    if not versions:
+        raise ValueError(f"{path} holds no compiled candidates")
+    version = version or triton_version()
+    chosen = version if version in versions else versions[-1]
+    return chosen, [r for r in rows if r["triton"] == chosen]
+
+
+def clean_candidates(arch: int, path: Path = CANDIDATES, version: Optional[str] = None) -> List[Candidate]:
     """The candidates (:func:`~tgattn.engine.triton.tile_config.candidates`, in its order) that the
-    table at ``path`` says compile for ``arch``'s target without spills and within its shared memory.
+    table at ``path`` says compile for ``arch``'s target without spills and within its shared memory,
+    under Triton ``version`` (:func:`candidate_rows`).
 
     Example:
         >>> clean = clean_candidates(90)
         >>> 0 < len(clean) < len(candidates()), clean[0].block_m, clean[0].num_warps
         (True, 64, 4)
     """
-    with open(path) as f:
-        fit = {(r["kernel"], r["dtype"], int(r["head_dim"]), int(r["block_m"]), int(r["block_n"]), int(r["num_warps"]),
-                int(r["num_stages"])) for r in csv.DictReader(f)
-               if r["target"] == target_name(arch) and int(r["spill_stores"]) == int(r["spill_loads"]) == 0
-               and int(r["shared"]) <= int(r["smem_limit"])}
+    fit = {(r["kernel"], r["dtype"], int(r["head_dim"]), int(r["block_m"]), int(r["block_n"]), int(r["num_warps"]),
+            int(r["num_stages"])) for r in candidate_rows(path, version)[1]
+           if r["target"] == target_name(arch) and int(r["spill_stores"]) == int(r["spill_loads"]) == 0
+           and int(r["shared"]) <= int(r["smem_limit"])}
     return [c for c in candidates() if (c.kernel, c.dtype, c.head_dim, c.block_m, c.block_n, c.num_warps,
                                         c.num_stages) in fit]
 
