@@ -239,7 +239,8 @@ def test_the_committed_tune_candidates_compile_to_the_same_registers_spills_and_
     """Rows of data/gpu/tune_candidates.csv (every configuration the tile sweep may pick, for sm_80 and
     sm_90: ``python -m tgattn.bench.gpu_compiled --tune-candidates``) compiled again: the same numbers.
     A spread of rows, a spilling one and one over the shared memory a block may take among them."""
-    from tgattn.bench.gpu.tune import candidate_rows, triton_version
+    from tgattn.bench.gpu.tune import candidate_rows
+    from tgattn.engine.triton.aot import triton_version
 
     version, rows = candidate_rows(CANDIDATES)
     if version != triton_version():

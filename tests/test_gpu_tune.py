@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from tgattn.bench.gpu.tune import CANDIDATES, candidate_rows, clean_candidates, triton_version
+from tgattn.bench.gpu.tune import CANDIDATES, candidate_rows, clean_candidates
+from tgattn.engine.triton.aot import triton_version
 from tgattn.engine.triton import tile_config
 from tgattn.engine.triton.tile_config import TABLE_FIELDS, default_config, read_table
 

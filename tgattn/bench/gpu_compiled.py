@@ -76,11 +76,10 @@ CANDIDATE_FIELDS = ("triton", "target", "kernel", "dtype", "head_dim", "block_m"
 def compile_candidates(targets, progress=None) -> List[dict]:
     """One row per (target, candidate of the tile kernels' sweep: :func:`~tgattn.engine.triton.tile_config.candidates`),
     each compiled with a softcap and the remainder's merge (:func:`~tgattn.engine.triton.aot.candidate_launch`)."""
-    from tgattn.bench.gpu.tune import triton_version
     from tgattn.engine.triton import aot
     from tgattn.engine.triton.tile_config import candidates
 
-    rows, version = [], triton_version()
+    rows, version = [], aot.triton_version()
     with tempfile.TemporaryDirectory() as cache:
         for target in targets:
             for c in candidates():

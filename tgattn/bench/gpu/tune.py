@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ...engine.triton.aot import triton_version
 from ...engine.triton.tile_config import KERNELS, SHAPES, TABLE, TUNED_DIMS, TUNED_DTYPES, Candidate, candidates
 
 CANDIDATES = TABLE.parent / "tune_candidates.csv"  # the candidates compiled for sm_80 / sm_90 (committed)
@@ -56,16 +57,6 @@ SWEEP_FIELDS = ("card", "dtype", "head_dim", "block_m", "block_n", "kernel", "nu
 def target_name(arch: int) -> str:
     """The compiled target a card of compute capability ``arch`` runs: ``sm_90`` from 90 up, else ``sm_80``."""
     return "sm_90" if arch >= 90 else "sm_80"
-
-
-def triton_version() -> Optional[str]:
-    """The installed Triton's version (``None`` without one)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("triton")
-    except PackageNotFoundError:
-        return None
 
 
 def _release(version: str) -> Tuple[int, ...]:

@@ -60,6 +60,16 @@ OCCUPANCY_FLOOR_WARPS = 8
 TILE_FLOOR_WARPS = 4
 
 
+def triton_version() -> Optional[str]:
+    """The installed Triton's version (``None`` without one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("triton")
+    except PackageNotFoundError:
+        return None
+
+
 @dataclass(frozen=True)
 class Target:
     """A GPU to compile for, with its published per-SM limits (CUDA C++ Programming Guide, table
