@@ -188,8 +188,11 @@ def test_tile_columns_and_predictions_come_from_the_contract_names(monkeypatch):
     assert both["tc_over_pred"] == pytest.approx(2.0) and both["tc_over_roofline"] == pytest.approx(9.0)
     # grouped-query heads packed into the tiles' rows: a quarter of the rows a tile, a quarter of the heads
     seen.clear()
+    labels = []
+    monkeypatch.setattr(gpu_suite, "launch_options", lambda *key: labels.append(key) or "")
     gpu_suite.plan_case(c, s, torch.bfloat16, "h100", group=4)
     assert seen["blocks"] == (4, 16) and {call[0] for call in seen["calls"]} == {2}
+    assert labels == [(torch.bfloat16, 64, 16, 16)]  # the options' key: a tile's rows (4 queries x 4 heads)
 
 
 def test_ratios_divide_by_the_tc_row_of_the_same_mode_with_and_without_setup():

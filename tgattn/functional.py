@@ -267,6 +267,8 @@ def attention_with_edge_terms(
             sinks = check_sinks(sinks, q)
         s = es.structure if prepared else engine.structure_of(ei, q.shape[0], k.shape[0])
         maps = tuple(t.weight for t in (key, value) if t is not None)
+        key_maps = None if key is None else key.weight  # one tensor for both terms when they share it
+        value_maps = None if value is None else key_maps if shared else value.weight
         if engine.dispatch.edge_terms_on_fused(
             s, backend, q, k, v, features, maps, bias, edge_scale=edge_scale is not None, softcap=softcap is not None,
             sinks=sinks,
@@ -274,8 +276,6 @@ def attention_with_edge_terms(
             s, k, v = on_touched_keys(s, k, v)
             k, v = engine.dispatch.query_heads(k, v, q.shape[1])  # after the gather: memory follows the edges
             if edge_terms._native(q, k, v, features, *maps):  # the maps inside the kernel's node
-                key_maps = None if key is None else key.weight
-                value_maps = None if value is None else key_maps if shared else value.weight
                 return engine.dispatch.run_mapped_edge_terms(
                     q, k, v, s, bias, scale, dropout_p, return_weights, features, key_maps, value_maps,
                     generator=generator, **mods,
@@ -293,8 +293,6 @@ def attention_with_edge_terms(
         if engine.dispatch.edge_terms_on_triton(s, backend, q, edge_scale=edge_scale is not None,
                                                 softcap=softcap is not None):
             k, v = engine.dispatch.query_heads(k, v, q.shape[1])
-            key_maps = None if key is None else key.weight
-            value_maps = None if value is None else key_maps if shared else value.weight
             return engine.dispatch.run_triton_edge_terms(
                 q, k, v, s, bias, scale, dropout_p, return_weights, features, key_maps, value_maps, sinks=sinks,
             )
