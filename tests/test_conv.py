@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch_geometric.nn import TransformerConv
 from torch_geometric.utils import add_self_loops
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tgattn import GraphAttentionConv, builders
 from tgattn.reference import dense_attention
@@ -228,6 +229,43 @@ def test_projection_hooks_still_run_and_agree_with_the_stacked_product():
     torch.testing.assert_close(conv(x, ei), stacked, **TOL)
     handle.remove()
     assert seen == [torch.Size([6, 6])]
+
+
+class _Products(TorchDispatchMode):
+    """Counts the matrix products (``mm`` / ``addmm``) dispatched under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("root_weight", [True, False])
+def test_dense_features_with_a_gradient_take_one_stacked_product(root_weight):
+    # With x's gradient wanted, queries, keys, values (and root term) come from one product, whose
+    # backward gives x's gradient in one product; a hook on a projection makes them run one by one.
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    ei = random_graph(7, 7, 18, seed=8)
+    conv = GraphAttentionConv(5, 3, 2, root_weight=root_weight).double()
+    params = [x, *conv.parameters()]
+    with _Products() as products:
+        stacked = conv(x, ei)
+    assert products.count == 1
+    grads = torch.autograd.grad(stacked.square().sum(), params)
+    handle = conv.lin_key.register_forward_hook(lambda module, args, out: None)
+    with _Products() as products:
+        separate = conv(x, ei)
+    handle.remove()
+    assert products.count == 3 + root_weight
+    torch.testing.assert_close(stacked, separate, **TOL)
+    for got, want in zip(grads, torch.autograd.grad(separate.square().sum(), params)):
+        torch.testing.assert_close(got, want, **TOL)
+    with _Products() as products:  # dense x without a gradient: one product each (the concatenated
+        conv(x.detach(), ei)      # output gradients would cost more than three products save)
+    assert products.count == 3 + root_weight
 
 
 def test_add_self_loops_without_edge_features_equals_pyg_loops():

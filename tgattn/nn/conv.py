@@ -476,17 +476,24 @@ def _split_rows(es: EdgeSet) -> Optional[_AttendedRows]:
 
 
 def _linears(x: Tensor, lins: List[Linear]) -> List[Tensor]:
-    """``[lin(x) for lin in lins]``, as one matrix product over the stacked weights where ``x`` is sparse.
+    """``[lin(x) for lin in lins]``, as one matrix product over the stacked weights where that is cheaper:
+    where ``x`` is sparse, or where its gradient is wanted.
 
     One product instead of several reads ``x`` once and pays one call: on sparse features
-    (Planetoid's bag of words) the Cora training step of the GAT network got 12 % faster. Dense
-    products run at the compute ceiling either way, and the stacked product's backward first
-    concatenates its outputs' gradients (a copy of ``[N, sum of outputs]``): on the dense features
-    of a NeighborLoader batch (93,524 x 100, three projections of 64) the forward and backward of
-    one product took 166 ms, of three 138 ms. So dense inputs, projections that are not sized yet
-    (``in_channels=-1``) and projections with hooks run one by one, through their modules.
+    (Planetoid's bag of words) the Cora training step of the GAT network got 12 % faster. Its
+    backward first concatenates its outputs' gradients (a copy of ``[N, sum of outputs]``), which
+    dense features pay for unless the product also gives ``x``'s gradient: then that is one product,
+    ``[N, sum of outputs] @ W``, where separate projections take three and add them up twice.
+    Forward and backward of q, k, v, one thread, N = 3,040 (min of 100, interleaved), separate ->
+    stacked: 64 -> 3 x 16 with x's gradient 865 -> 720 us (the molecule step's second layer; the
+    step 0.94x), 3 x 8 0.69x, 3 x 32 0.94x, 64 -> 3 x 64 1.05x, 128 -> 3 x 64 0.95x; without x's
+    gradient 64 -> 3 x 64 1.26x, 3 x 16 1.10x (and on the dense features of a NeighborLoader batch,
+    93,524 x 100 to three projections of 64, 166 against 138 ms). So dense inputs without a
+    gradient, projections not sized yet (``in_channels=-1``) and projections with hooks run one by
+    one, through their modules.
     """
-    if len(lins) < 2 or x.layout == torch.strided or any(_hooked(lin) for lin in lins):
+    dense_without_grad = x.layout == torch.strided and not (x.requires_grad and torch.is_grad_enabled())
+    if len(lins) < 2 or dense_without_grad or any(_hooked(lin) or lin.in_channels < 0 for lin in lins):
         return [lin(x) for lin in lins]
     weight = torch.cat([lin.weight for lin in lins])  # [sum of outputs, F]
     bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
