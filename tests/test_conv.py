@@ -5,6 +5,7 @@ from torch_geometric.utils import add_self_loops
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tgattn import GraphAttentionConv, builders
+from tgattn.nn.conv import STACK_WIDTH
 from tgattn.reference import dense_attention
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -265,6 +266,10 @@ def test_dense_features_with_a_gradient_take_one_stacked_product(root_weight):
         torch.testing.assert_close(got, want, **TOL)
     with _Products() as products:  # dense x without a gradient: one product each (the concatenated
         conv(x.detach(), ei)      # output gradients would cost more than three products save)
+    assert products.count == 3 + root_weight
+    wide = GraphAttentionConv(5, STACK_WIDTH + 1, 1, root_weight=root_weight).double()  # wide enough alone
+    with _Products() as products:
+        wide(x, ei)
     assert products.count == 3 + root_weight
 
 

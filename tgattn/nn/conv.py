@@ -475,25 +475,32 @@ def _split_rows(es: EdgeSet) -> Optional[_AttendedRows]:
     return _AttendedRows(queries, attended, source, (deg == 0).nonzero().flatten())
 
 
+# The widest projection (outputs) that stacks with its siblings when x's gradient is wanted (_linears).
+STACK_WIDTH = 32
+
+
 def _linears(x: Tensor, lins: List[Linear]) -> List[Tensor]:
     """``[lin(x) for lin in lins]``, as one matrix product over the stacked weights where that is cheaper:
-    where ``x`` is sparse, or where its gradient is wanted.
+    where ``x`` is sparse, or where its gradient is wanted and the projections are narrow.
 
     One product instead of several reads ``x`` once and pays one call: on sparse features
     (Planetoid's bag of words) the Cora training step of the GAT network got 12 % faster. Its
     backward first concatenates its outputs' gradients (a copy of ``[N, sum of outputs]``), which
-    dense features pay for unless the product also gives ``x``'s gradient: then that is one product,
-    ``[N, sum of outputs] @ W``, where separate projections take three and add them up twice.
-    Forward and backward of q, k, v, one thread, N = 3,040 (min of 100, interleaved), separate ->
-    stacked: 64 -> 3 x 16 with x's gradient 865 -> 720 us (the molecule step's second layer; the
-    step 0.94x), 3 x 8 0.69x, 3 x 32 0.94x, 64 -> 3 x 64 1.05x, 128 -> 3 x 64 0.95x; without x's
-    gradient 64 -> 3 x 64 1.26x, 3 x 16 1.10x (and on the dense features of a NeighborLoader batch,
-    93,524 x 100 to three projections of 64, 166 against 138 ms). So dense inputs without a
-    gradient, projections not sized yet (``in_channels=-1``) and projections with hooks run one by
-    one, through their modules.
+    dense features pay for unless the product also gives ``x``'s gradient from narrow projections:
+    ``[N, sum of outputs] @ W`` is then one product where three products of ``[N, o] @ [o, F]`` (at
+    most ``STACK_WIDTH`` outputs, too few for the library's blocking) run far below its speed, plus
+    two sums. Forward and backward of three projections of 64 features with x's gradient, one
+    thread, separate -> stacked: 16 outputs each 0.87x at N = 3,040 (the molecule step's second
+    layer; that step 0.97x), 0.66-0.76x at N = 12,160 to 93,524; 8 outputs 0.69x, 32 outputs
+    0.86-0.94x; 47 outputs 0.96-1.07x, 64 outputs 1.05x. Without x's gradient: 64 -> 3 x 64 1.26x,
+    3 x 16 1.10x (on the dense features of a NeighborLoader batch, 93,524 x 100 to three projections
+    of 64, 166 against 138 ms). So dense inputs without a gradient or with wider projections,
+    projections not sized yet (``in_channels=-1``) and projections with hooks run one by one,
+    through their modules.
     """
-    dense_without_grad = x.layout == torch.strided and not (x.requires_grad and torch.is_grad_enabled())
-    if len(lins) < 2 or dense_without_grad or any(_hooked(lin) or lin.in_channels < 0 for lin in lins):
+    wanted = x.requires_grad and torch.is_grad_enabled() and all(lin.out_channels <= STACK_WIDTH for lin in lins)
+    if (len(lins) < 2 or (x.layout == torch.strided and not wanted)
+            or any(_hooked(lin) or lin.in_channels < 0 for lin in lins)):
         return [lin(x) for lin in lins]
     weight = torch.cat([lin.weight for lin in lins])  # [sum of outputs, F]
     bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
