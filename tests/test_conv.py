@@ -233,14 +233,15 @@ def test_projection_hooks_still_run_and_agree_with_the_stacked_product():
 
 
 class _Products(TorchDispatchMode):
-    """Counts the matrix products (``mm`` / ``addmm``) dispatched under it."""
+    """Counts the matrix products (``mm`` / ``addmm``) dispatched under it, and the ``addmm`` apart."""
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.count = self.addmm = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
+        self.addmm += func.overloadpacket is torch.ops.aten.addmm
         return func(*args, **(kwargs or {}))
 
 
@@ -267,6 +268,7 @@ def test_dense_features_with_a_gradient_take_one_stacked_product(root_weight):
     with _Products() as products:  # dense x without a gradient: one product each (the concatenated
         conv(x.detach(), ei)      # output gradients would cost more than three products save)
     assert products.count == 3 + root_weight
+    assert products.addmm == 0  # on the CPU the biases are added after the products (_affine)
     wide = GraphAttentionConv(5, STACK_WIDTH + 1, 1, root_weight=root_weight).double()  # wide enough alone
     with _Products() as products:
         wide(x, ei)
