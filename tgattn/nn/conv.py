@@ -494,8 +494,8 @@ def _linears(x: Tensor, lins: List[Linear]) -> List[Tensor]:
     layer; that step 0.97x), 0.66-0.76x at N = 12,160 to 93,524; 8 outputs 0.69x, 32 outputs
     0.86-0.94x; 47 outputs 0.96-1.07x, 64 outputs 1.05x. Without x's gradient: 64 -> 3 x 64 1.26x,
     3 x 16 1.10x (on the dense features of a NeighborLoader batch, 93,524 x 100 to three projections
-    of 64, 166 against 138 ms). So dense inputs without a gradient or with wider projections,
-    projections not sized yet (``in_channels=-1``) and projections with hooks run one by one,
+    of 64, 166 against 138 ms). So dense inputs without a gradient or with wider projections run
+    one by one (:func:`_affine`), and projections not sized yet (``in_channels=-1``) or with hooks
     through their modules.
     """
     if any(_hooked(lin) or lin.in_channels < 0 for lin in lins):
